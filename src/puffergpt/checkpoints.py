@@ -1,0 +1,323 @@
+"""GPT-2 checkpoints in Hugging Face layout: load, download, verify, make.
+
+A checkpoint is a directory with ``config.json`` and ``model.safetensors``, with
+GPT-2's tensor names (``wte.weight``, ``h.0.attn.c_attn.weight``, ...) and
+Hugging Face's Conv1D orientation: a linear layer's weight is (in, out), so
+``y = x @ W + b``. fp16 and bf16 tensors are upcast to float32 on load.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from puffergpt.tokenizer import VOCAB_SIZE
+
+
+class CheckpointError(Exception):
+    """A checkpoint that can't be found, fetched or read; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class GPT2Config:
+    n_vocab: int = VOCAB_SIZE
+    n_ctx: int = 1024  # n_positions: the context limit
+    n_embd: int = 768
+    n_layer: int = 12
+    n_head: int = 12
+    eps: float = 1e-5
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "GPT2Config":
+        """From a Hugging Face ``config.json`` (GPT-2's field names)."""
+        if cfg.get("model_type", "gpt2") != "gpt2":
+            raise CheckpointError(f"config.json has model_type {cfg.get('model_type')!r}; puffergpt runs GPT-2 checkpoints only")
+        act = cfg.get("activation_function", "gelu_new")
+        if act not in ("gelu_new", "gelu_pytorch_tanh"):
+            raise CheckpointError(f"config.json has activation_function {act!r}; puffergpt implements GPT-2's tanh GELU (gelu_new) only")
+        if cfg.get("n_inner") not in (None, 4 * cfg.get("n_embd", 768)):
+            raise CheckpointError("config.json sets n_inner; puffergpt expects GPT-2's 4 * n_embd")
+        c = cls(
+            n_vocab=cfg.get("vocab_size", VOCAB_SIZE),
+            n_ctx=cfg.get("n_positions", cfg.get("n_ctx", 1024)),
+            n_embd=cfg.get("n_embd", 768),
+            n_layer=cfg.get("n_layer", 12),
+            n_head=cfg.get("n_head", 12),
+            eps=cfg.get("layer_norm_epsilon", 1e-5),
+        )
+        if c.n_embd % c.n_head:
+            raise CheckpointError(f"config.json: n_embd {c.n_embd} is not a multiple of n_head {c.n_head}")
+        return c
+
+    def to_hf(self) -> dict:
+        return {
+            "model_type": "gpt2",
+            "architectures": ["GPT2LMHeadModel"],
+            "vocab_size": self.n_vocab,
+            "n_positions": self.n_ctx,
+            "n_ctx": self.n_ctx,
+            "n_embd": self.n_embd,
+            "n_layer": self.n_layer,
+            "n_head": self.n_head,
+            "n_inner": None,
+            "activation_function": "gelu_new",
+            "layer_norm_epsilon": self.eps,
+            "bos_token_id": 50256,
+            "eos_token_id": 50256,
+            "tie_word_embeddings": True,
+        }
+
+
+def expected_shapes(c: GPT2Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor a GPT-2 checkpoint must hold, with its shape."""
+    C = c.n_embd
+    shapes = {"wte.weight": (c.n_vocab, C), "wpe.weight": (c.n_ctx, C), "ln_f.weight": (C,), "ln_f.bias": (C,)}
+    for i in range(c.n_layer):
+        p = f"h.{i}."
+        shapes |= {
+            p + "ln_1.weight": (C,), p + "ln_1.bias": (C,),
+            p + "attn.c_attn.weight": (C, 3 * C), p + "attn.c_attn.bias": (3 * C,),
+            p + "attn.c_proj.weight": (C, C), p + "attn.c_proj.bias": (C,),
+            p + "ln_2.weight": (C,), p + "ln_2.bias": (C,),
+            p + "mlp.c_fc.weight": (C, 4 * C), p + "mlp.c_fc.bias": (4 * C,),
+            p + "mlp.c_proj.weight": (4 * C, C), p + "mlp.c_proj.bias": (C,),
+        }
+    return shapes
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    name: str  # what the user asked for: "gpt2", "demo", or a path
+    config: GPT2Config
+    params: dict[str, np.ndarray] = field(repr=False)  # GPT-2 names -> float32 arrays
+    source: dict = field(default_factory=dict)  # repo, revision, sha256 where known
+
+    def n_params(self) -> int:
+        return sum(v.size for v in self.params.values())
+
+
+# --- where checkpoints come from ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class HubModel:
+    repo: str
+    revision: str
+    sha256: str | None = None  # of model.safetensors; None where not pinned
+    size: int | None = None
+
+
+HUB_MODELS = {
+    "gpt2": HubModel("openai-community/gpt2", "607a30d783dfa663caf39e06633721c8d4cfcd7e",
+                     "248dfc3911869ec493c76e65bf2fcf7f615828b0254c12b473182f0f81d3a707", 548_105_171),
+    # The rest of the family loads through the same code; they are not pinned here.
+    "gpt2-medium": HubModel("openai-community/gpt2-medium", "main"),
+    "gpt2-large": HubModel("openai-community/gpt2-large", "main"),
+    "gpt2-xl": HubModel("openai-community/gpt2-xl", "main"),
+    "distilgpt2": HubModel("distilbert/distilgpt2", "main"),
+}
+
+OFFLINE_HINT = (
+    "Offline, use one of: --model demo (a small model that ships with puffergpt), "
+    "--model PATH (a directory with config.json and model.safetensors in Hugging Face layout), "
+    "or `puffergpt make-model OUT --preset gpt2` for random weights with GPT-2 small's shapes."
+)
+
+
+def demo_dir() -> Path:
+    return Path(str(resources.files("puffergpt") / "models" / "demo"))
+
+
+def resolve(model: str, cache_dir: Path | None = None) -> tuple[Path, dict]:
+    """A model name or path -> (local checkpoint directory, source info)."""
+    if model == "demo":
+        return demo_dir(), {"name": "demo"}
+    if model in HUB_MODELS:
+        return download(HUB_MODELS[model], cache_dir), {"name": model} | asdict(HUB_MODELS[model])
+    p = Path(model).expanduser()
+    if p.is_dir():
+        return p, {"name": model, "path": str(p.resolve())}
+    if p.exists():
+        raise CheckpointError(f"{model} is a file, not a checkpoint directory (it needs config.json and model.safetensors)")
+    known = ", ".join(["demo", *HUB_MODELS])
+    raise CheckpointError(f"unknown model {model!r}: use one of {known}, or the path of a checkpoint directory")
+
+
+def sha256_file(path: Path, progress: bool = False) -> str:
+    from tqdm import tqdm
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f, tqdm(total=path.stat().st_size, unit="B", unit_scale=True,
+                                     desc=f"sha256 {path.name}", disable=not progress) as bar:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+            bar.update(len(chunk))
+    return h.hexdigest()
+
+
+def fetch_verified(fetch: Callable[[Path], Path], dest: Path, sha256: str | None, size: int | None = None) -> Path:
+    """Run ``fetch(tmpdir) -> file``, check its size and sha256, then move it to ``dest``.
+
+    The file becomes visible at ``dest`` only once verified, so an interrupted or
+    corrupt download never passes for a good one.
+    """
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=".download-") as tmp:
+        got = Path(fetch(Path(tmp)))
+        if size is not None and got.stat().st_size != size:
+            raise CheckpointError(f"{dest.name}: downloaded {got.stat().st_size:,} bytes, expected {size:,}; the download is incomplete or not the pinned file. Run the command again.")
+        if sha256 is not None:
+            digest = sha256_file(got, progress=True)
+            if digest != sha256:
+                raise CheckpointError(f"{dest.name}: sha256 {digest} does not match the pinned {sha256}; the file was discarded. Run the command again, or use a local checkpoint.")
+        os.replace(got, dest)
+    return dest
+
+
+def default_cache_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("puffergpt")) / "checkpoints"
+
+
+def download(m: HubModel, cache_dir: Path | None = None) -> Path:
+    """Download a hub checkpoint once into the cache, verified, and return its directory."""
+    out = (cache_dir or default_cache_dir()) / m.repo.replace("/", "--") / m.revision
+    if (out / "config.json").exists() and (out / "model.safetensors").exists():
+        return out
+
+    def hub(filename: str) -> Callable[[Path], Path]:
+        def fetch(tmp: Path) -> Path:
+            from huggingface_hub import hf_hub_download
+
+            return Path(hf_hub_download(m.repo, filename, revision=m.revision, local_dir=tmp))
+        return fetch
+
+    try:
+        fetch_verified(hub("model.safetensors"), out / "model.safetensors", m.sha256, m.size)
+        fetch_verified(hub("config.json"), out / "config.json", None)
+    except CheckpointError:
+        raise
+    except Exception as e:  # network errors come in many types across huggingface_hub versions
+        raise CheckpointError(f"could not download {m.repo}@{m.revision[:12]} from the Hugging Face hub ({type(e).__name__}: {e}). {OFFLINE_HINT}") from None
+    return out
+
+
+# --- reading and writing ----------------------------------------------------------------
+
+def load(model: str, cache_dir: Path | None = None) -> Checkpoint:
+    """Load a checkpoint by name ("gpt2", "demo", ...) or directory, as float32."""
+    path, source = resolve(model, cache_dir)
+    return load_dir(path, name=model, source=source)
+
+
+def load_dir(path: Path, name: str | None = None, source: dict | None = None) -> Checkpoint:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    path = Path(path)
+    cfg_path, st_path = path / "config.json", path / "model.safetensors"
+    for p in (cfg_path, st_path):
+        if not p.exists():
+            raise CheckpointError(f"{path} is not a checkpoint: {p.name} is missing (it needs config.json and model.safetensors)")
+    try:
+        config = GPT2Config.from_hf(json.loads(cfg_path.read_text()))
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_path} is not valid JSON: {e}") from None
+    try:
+        raw = _load_tensors(st_path, load_file)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{st_path} could not be read as safetensors: {e}") from None
+    params = {}
+    for key, shape in expected_shapes(config).items():
+        if key not in raw:
+            raise CheckpointError(f"{st_path}: tensor {key} is missing")
+        if tuple(raw[key].shape) != shape:
+            raise CheckpointError(f"{st_path}: tensor {key} has shape {tuple(raw[key].shape)}, expected {shape} from config.json")
+        params[key] = np.ascontiguousarray(raw[key], dtype=np.float32)
+    return Checkpoint(name or str(path), config, params, source or {"path": str(path)})
+
+
+def _load_tensors(st_path: Path, load_file) -> dict[str, np.ndarray]:
+    """Tensors by GPT-2 name; bf16 (which numpy lacks) is widened by hand."""
+    try:
+        raw = load_file(str(st_path))
+    except (TypeError, ValueError):  # bf16 has no numpy dtype: read the raw bits
+        raw = _load_bf16(st_path)
+    # GPT2LMHeadModel.save_pretrained prefixes "transformer."; the hub files don't.
+    return {k.removeprefix("transformer."): v for k, v in raw.items()}
+
+
+def _load_bf16(st_path: Path) -> dict[str, np.ndarray]:
+    data = st_path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for k, info in header.items():
+        if k == "__metadata__":
+            continue
+        a, b = info["data_offsets"]
+        buf = data[8 + n + a: 8 + n + b]
+        if info["dtype"] == "BF16":
+            bits = np.frombuffer(buf, dtype=np.uint16).astype(np.uint32) << 16
+            out[k] = bits.view(np.float32).reshape(info["shape"])
+        else:
+            dt = {"F32": np.float32, "F16": np.float16, "F64": np.float64}[info["dtype"]]
+            out[k] = np.frombuffer(buf, dtype=dt).reshape(info["shape"])
+    return out
+
+
+def save_dir(path: Path, config: GPT2Config, params: dict[str, np.ndarray], dtype=np.float32) -> Path:
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v, dtype=dtype) for k, v in params.items()}, str(path / "model.safetensors"), metadata={"format": "pt"})
+    (path / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")
+    return path
+
+
+# --- seeded random checkpoints -----------------------------------------------------------
+
+PRESETS = {
+    # tiny: GPT-2's full vocabulary (so the real tokenizer works), everything else small.
+    "tiny": GPT2Config(n_vocab=VOCAB_SIZE, n_ctx=128, n_embd=64, n_layer=2, n_head=4),
+    "gpt2": GPT2Config(),
+}
+
+
+def random_params(c: GPT2Config, seed: int) -> dict[str, np.ndarray]:
+    """GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer),
+    layer norms at gain 1. Biases get N(0, 0.02) too (GPT-2 starts them at 0), so that
+    a test exercises the bias column of every document."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for k, shape in expected_shapes(c).items():
+        if ".ln_" in k or k.startswith("ln_f"):
+            out[k] = (1.0 + 0.1 * rng.standard_normal(shape)) if k.endswith("weight") else 0.05 * rng.standard_normal(shape)
+        else:
+            std = 0.02 / np.sqrt(2 * c.n_layer) if k.endswith("c_proj.weight") else 0.02
+            out[k] = std * rng.standard_normal(shape)
+        out[k] = out[k].astype(np.float32)
+    return out
+
+
+def make_model(out: Path, preset: str, seed: int) -> Path:
+    if preset not in PRESETS:
+        raise CheckpointError(f"unknown preset {preset!r}: use one of {', '.join(PRESETS)}")
+    out = Path(out)
+    if out.exists() and any(out.iterdir()):
+        raise CheckpointError(f"{out} exists and is not empty; choose a new directory")
+    return save_dir(out, PRESETS[preset], random_params(PRESETS[preset], seed))

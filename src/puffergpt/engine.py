@@ -1,0 +1,148 @@
+"""The search-driven engine: GPT-2's products as vector searches.
+
+``SearchProducts`` implements the seam of ``reference.py``: the forward pass is
+the same code, and only the products differ. No weight matrix is held here:
+
+- ``embed``: the wte and wpe rows of the tokens, fetched by id (one request);
+- ``linear``: one search per product, every row of the matrix, all the tokens
+  being read as queries of that one request (``documents.py`` turns distances
+  back into outputs);
+- ``attention_scores``: the new keys are written to this text's namespace,
+  tagged layer, head and position; then one request searches, for all heads and
+  tokens at once, each query against the keys of its head at or before its own
+  position. Values stay in the server (``reference.Cache``);
+- ``top_k``: the final vector searches the token vectors, the k best come back.
+
+Layer-norm parameters are fetched once, when the products are opened for a text.
+Every request is logged with its kind, rows scored, bytes and latency.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+import numpy as np
+
+from puffergpt import loading
+from puffergpt.checkpoints import GPT2Config
+from puffergpt.documents import Encoding
+from puffergpt.stores.base import Query, Store, StoreError
+
+KEY_SCHEMA = {"layer": "int", "head": "int", "pos": "int"}
+
+
+@dataclass
+class Request:
+    kind: str  # h.3.mlp.c_fc, h.3.attn.keys, h.3.attn.scores, embed, wte.top_k, ln
+    op: str  # search, write, fetch
+    queries: int
+    rows: int  # documents scored (search), written or fetched
+    bytes: int  # bytes of documents scanned or written
+    returned: int  # hits returned
+    ms: float
+
+    def to_json(self) -> dict:
+        return {**self.__dict__, "ms": round(self.ms, 3)}
+
+
+class Engine:
+    """A model loaded into a store. ``open()`` gives the products for one text."""
+
+    def __init__(self, store: Store, model: str, key: str | None = None):
+        self.store = store
+        self.model = model
+        self.key = key or loading.model_key(model)
+        self.manifest = loading.manifest(store, self.key, model)
+        self.config = GPT2Config(**self.manifest["config"])
+        self.encoding = Encoding(self.manifest["metric"])
+        # Keys use the most precise metric this store has (they carry no bias and no fixed norm).
+        self.key_metric = store.metrics[0]
+        if self.key_metric != "inner_product":
+            raise StoreError(f"the {store.name} store has no inner-product search for attention keys")
+
+    def open(self) -> "SearchProducts":
+        return SearchProducts(self)
+
+
+class SearchProducts:
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.store = engine.store
+        self.config = c = engine.config
+        self.enc = engine.encoding
+        self.key = engine.key
+        self.M = {name: m["M"] for name, m in engine.manifest["matrices"].items()}
+        self.log: list[Request] = []
+        self.keys_ns = f"text-{uuid.uuid4().hex[:16]}"
+        self.store.create_namespace(self.keys_ns, c.head_dim, KEY_SCHEMA)
+        # Layer norms: the only parameters the server keeps, 2 x C numbers each.
+        names = loading.norms(c)
+        ns = loading.namespace(self.key, c.n_embd)
+        t = time.perf_counter()
+        v = self.store.fetch(ns, [f"{n}.{r}" for n in names for r in (0, 1)])[:, : c.n_embd]
+        self._log("ln", "fetch", 1, len(v), v.nbytes, len(v), t)
+        self.ln = {n: (v[2 * i].copy(), v[2 * i + 1].copy()) for i, n in enumerate(names)}
+
+    def _log(self, kind, op, queries, rows, nbytes, returned, t0) -> None:
+        self.log.append(Request(kind, op, queries, rows, int(nbytes), returned, (time.perf_counter() - t0) * 1e3))
+
+    def close(self) -> None:
+        self.store.drop_namespace(self.keys_ns)
+
+    # --- the seam ---
+    def embed(self, ids, pos):
+        C = self.config.n_embd
+        ns = loading.namespace(self.key, C)
+        t = time.perf_counter()
+        docs = self.store.fetch(ns, [f"wte.{i}" for i in ids] + [f"wpe.{p}" for p in pos])
+        self._log("embed", "fetch", 1, len(docs), docs.nbytes, len(docs), t)
+        rows = self.enc.rows(docs, C)  # (2T, C)
+        return rows[: len(ids)] + rows[len(ids):]  # wte[ids] + wpe[pos]
+
+    def norm(self, name):
+        return self.ln[name]
+
+    def linear(self, name, x):
+        n_in = x.shape[1]
+        ns = loading.namespace(self.key, n_in)
+        q = self.enc.queries(x)  # (T, in) -> (T, dim)
+        rows = self.engine.manifest["matrices"][name]["rows"]
+        t = time.perf_counter()
+        hits = self.store.search(ns, [Query(v, (("matrix", "=", name),)) for v in q], self.enc.metric, include=("row",))
+        self._log(name, "search", len(q), rows * len(q), rows * q.shape[1] * 4 * len(q), len(hits.query), t)
+        dist = np.zeros((len(q), rows), np.float64)
+        dist[hits.query, hits.attrs["row"]] = hits.distance
+        if len(hits.query) != rows * len(q):
+            raise StoreError(f"{name}: the search returned {len(hits.query)} of {rows * len(q)} rows; the store is incomplete: run `puffergpt verify`")
+        return self.enc.outputs(dist, q, self.M[name])  # (T, out)
+
+    def attention_scores(self, layer, q, k, pos):
+        H, T, hd = q.shape
+        S = int(pos[-1]) + 1
+        heads, ts = np.meshgrid(np.arange(H), np.arange(T), indexing="ij")  # (H, T) each
+        t = time.perf_counter()
+        self.store.upsert(self.keys_ns, [f"h.{layer}.{h}.{pos[i]}" for h, i in zip(heads.ravel(), ts.ravel())],
+                          k.reshape(H * T, hd), {"layer": [layer] * (H * T), "head": heads.ravel(), "pos": pos[ts.ravel()]})
+        self._log(f"h.{layer}.attn.keys", "write", 0, H * T, k.nbytes, 0, t)
+        queries = [Query(q[h, i], (("layer", "=", layer), ("head", "=", int(h)), ("pos", "<=", int(pos[i]))))
+                   for h, i in zip(heads.ravel(), ts.ravel())]
+        t = time.perf_counter()
+        hits = self.store.search(self.keys_ns, queries, self.engine.key_metric, include=("pos",))
+        scored = int(H * (pos + 1).sum())
+        self._log(f"h.{layer}.attn.scores", "search", len(queries), scored, scored * hd * 4, len(hits.query), t)
+        scores = np.full((H * T, S), -np.inf, np.float32)
+        scores[hits.query, hits.attrs["pos"]] = hits.distance
+        return scores.reshape(H, T, S)
+
+    def top_k(self, x, k):
+        C = self.config.n_embd
+        q = self.enc.queries(x[None])  # (1, dim)
+        t = time.perf_counter()
+        hits = self.store.search(loading.namespace(self.key, C), [Query(q[0], (("matrix", "=", "wte"),), top_k=k)],
+                                 self.enc.metric, include=("row",))
+        V = self.config.n_vocab
+        self._log("wte.top_k", "search", 1, V, V * q.shape[1] * 4, len(hits.query), t)
+        logits = self.enc.outputs(hits.distance[None], q, self.M["wte"])[0]
+        return hits.attrs["row"].astype(np.int64), logits

@@ -1,0 +1,221 @@
+"""Writing a checkpoint into a store as documents, and the manifest that vouches for it.
+
+Layout, for a model stored under key K with width C (see documents.py for the vectors):
+
+- namespace ``K.C`` holds every matrix whose input has C numbers: each layer's
+  ``attn.c_attn``, ``attn.c_proj`` and ``mlp.c_fc``, the token embeddings ``wte``
+  (which are also the next-token matrix), the position embeddings ``wpe``, and the
+  layer-norm parameters (``h.0.ln_1`` row 0 is the gain, row 1 the bias);
+- namespace ``K.4C`` holds each layer's ``mlp.c_proj``, whose input has 4C.
+
+A document's id is its matrix and row, ``h.3.mlp.c_fc.17``; its attributes are
+``matrix`` and ``row``, so a filter on ``matrix`` picks one whole matrix.
+
+``load`` is idempotent and resumable: it upserts matrix by matrix, records the
+matrices done, and ends by reading every document back against its checksum,
+rewriting any matrix that does not match. Only then does it write the manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from puffergpt.checkpoints import Checkpoint, GPT2Config
+from puffergpt.documents import ENCODING_VERSION, Encoding
+from puffergpt.stores.base import Store, StoreError
+
+SCHEMA = {"matrix": "str", "row": "int"}
+BATCH = 2048
+
+
+class NotLoaded(StoreError):
+    """The store does not hold a complete, current copy of the model."""
+
+
+def model_key(model: str) -> str:
+    """The name a model is stored under: its own name, or for a directory its base name
+    and a hash of its full path (two checkpoints never share a key)."""
+    p = Path(model).expanduser()
+    if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_\-]*", model) and not p.exists():
+        return model
+    base = re.sub(r"[^A-Za-z0-9_\-]", "-", p.resolve().name)[:40] or "model"
+    return f"{base}-{hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:8]}"
+
+
+def namespace(key: str, n_in: int) -> str:
+    return f"{key}.{n_in}"
+
+
+def matrices(c: GPT2Config) -> Iterator[tuple[str, int]]:
+    """(matrix name, input width) of every matrix stored as documents."""
+    for i in range(c.n_layer):
+        yield f"h.{i}.attn.c_attn", c.n_embd
+        yield f"h.{i}.attn.c_proj", c.n_embd
+        yield f"h.{i}.mlp.c_fc", c.n_embd
+        yield f"h.{i}.mlp.c_proj", 4 * c.n_embd
+    yield "wte", c.n_embd
+    yield "wpe", c.n_embd
+
+
+def norms(c: GPT2Config) -> list[str]:
+    return [f"h.{i}.{n}" for i in range(c.n_layer) for n in ("ln_1", "ln_2")] + ["ln_f"]
+
+
+def matrix_documents(ckpt: Checkpoint, name: str, enc: Encoding) -> tuple[np.ndarray, float]:
+    """The documents of one matrix, one per output row: (rows, dim), and their length M."""
+    p = ckpt.params
+    if name in ("wte", "wpe"):
+        return enc.documents(p[f"{name}.weight"])  # embeddings: rows are the vectors, bias 0
+    return enc.documents(p[f"{name}.weight"].T, p[f"{name}.bias"])  # Conv1D (in, out) -> rows (out, in)
+
+
+def norm_documents(ckpt: Checkpoint, name: str, dim: int) -> np.ndarray:
+    """Layer-norm gain (row 0) and bias (row 1) as raw vectors, zero-padded to the namespace's length."""
+    v = np.stack([ckpt.params[f"{name}.weight"], ckpt.params[f"{name}.bias"]])
+    return np.pad(v, ((0, 0), (0, dim - v.shape[1])))
+
+
+def checksum(docs: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(docs, np.float32).tobytes()).hexdigest()
+
+
+def ids(name: str, rows: int) -> list[str]:
+    return [f"{name}.{r}" for r in range(rows)]
+
+
+def plan(ckpt: Checkpoint, enc: Encoding, key: str) -> Iterator[tuple[str, str, Callable[[], tuple[np.ndarray, float]], list[str]]]:
+    """(namespace, matrix, documents(), ids) for everything a model stores, in load order."""
+    c = ckpt.config
+    for name, n_in in matrices(c):
+        rows = c.n_vocab if name == "wte" else c.n_ctx if name == "wpe" else ckpt.params[f"{name}.bias"].shape[0]
+        yield namespace(key, n_in), name, (lambda name=name: matrix_documents(ckpt, name, enc)), ids(name, rows)
+    dim = enc.dim(c.n_embd)
+    for name in norms(c):
+        yield namespace(key, c.n_embd), name, (lambda name=name: (norm_documents(ckpt, name, dim), 0.0)), ids(name, 2)
+
+
+def _write(store: Store, ns: str, name: str, docs: np.ndarray, doc_ids: list[str], bar, interrupt) -> None:
+    for s in range(0, len(doc_ids), BATCH):
+        e = min(s + BATCH, len(doc_ids))
+        store.upsert(ns, doc_ids[s:e], docs[s:e], {"matrix": [name] * (e - s), "row": np.arange(s, e)})
+        bar.update(e - s)
+        if interrupt:
+            interrupt()
+
+
+def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, progress: bool = True,
+         interrupt: Callable[[], None] | None = None) -> dict:
+    """Write ``ckpt`` into ``store`` under ``key``; returns the manifest. ``interrupt`` is
+    called after each batch (tests use it to stop a load half-way)."""
+    from tqdm import tqdm
+
+    metric = metric or store.metrics[0]
+    if metric not in store.metrics:
+        raise StoreError(f"the {store.name} store has no exact {metric!r} search; it has {', '.join(store.metrics)}")
+    enc = Encoding(metric)
+    c = ckpt.config
+    ident = {"checkpoint": ckpt.source, "config": asdict(c), "metric": metric, "version": ENCODING_VERSION,
+             "weights_sha256": weights_digest(ckpt)}
+    old = store.get_meta(f"manifest:{key}")
+    if old and old.get("complete") and all(old.get(k) == v for k, v in ident.items()) and _counts_ok(store, old):
+        return old  # already loaded: nothing to do
+    progress_key = f"loading:{key}"
+    state = store.get_meta(progress_key)
+    if not state or state.get("ident") != ident:  # another checkpoint or encoding: start over
+        for ns in store.namespaces(f"{key}."):
+            store.drop_namespace(ns)
+        state = {"ident": ident, "done": {}}
+        store.put_meta(progress_key, state)
+    store.put_meta(f"manifest:{key}", {"complete": False, **ident})  # the engine refuses it until the end
+    for n_in in sorted({n for _, n in matrices(c)}):
+        store.create_namespace(namespace(key, n_in), enc.dim(n_in), SCHEMA)
+
+    items = list(plan(ckpt, enc, key))
+    total = sum(len(i) for _, _, _, i in items)
+    done_rows = sum(len(i) for _, name, _, i in items if name in state["done"])
+    mats = {}
+    with tqdm(total=total, initial=done_rows, unit="doc", desc=f"load {key}", disable=not progress) as bar:
+        for ns, name, make, doc_ids in items:
+            docs, M = make()
+            mats[name] = {"namespace": ns, "rows": len(doc_ids), "M": M, "sha256": checksum(docs)}
+            if state["done"].get(name) != mats[name]["sha256"]:
+                _write(store, ns, name, docs, doc_ids, bar, interrupt)
+                state["done"][name] = mats[name]["sha256"]
+                store.put_meta(progress_key, state)
+    # Read everything back; rewrite what does not match (a resumed or damaged load).
+    for ns, name, make, doc_ids in items:
+        if verify_matrix(store, ns, name, doc_ids, mats[name]["sha256"]) is not None:
+            docs, _ = make()
+            store.delete(ns, (("matrix", "=", name),))
+            _write(store, ns, name, docs, doc_ids, tqdm(disable=True), None)
+            problem = verify_matrix(store, ns, name, doc_ids, mats[name]["sha256"])
+            if problem:
+                raise StoreError(f"{name}: {problem} even after rewriting it; the store is not keeping what it is given")
+    counts = {}
+    for ns, _, _, doc_ids in items:
+        counts[ns] = counts.get(ns, 0) + len(doc_ids)
+    manifest = {"complete": True, "key": key, **ident, "documents": total,
+                "namespaces": counts, "matrices": mats}
+    store.put_meta(f"manifest:{key}", manifest)
+    return manifest
+
+
+def weights_digest(ckpt: Checkpoint) -> str:
+    """A digest of the float32 weights, so a reload notices a changed checkpoint."""
+    h = hashlib.sha256()
+    for k in sorted(ckpt.params):
+        h.update(k.encode())
+        h.update(np.ascontiguousarray(ckpt.params[k]).tobytes())
+    return h.hexdigest()
+
+
+def verify_matrix(store: Store, ns: str, name: str, doc_ids: list[str], sha256: str) -> str | None:
+    """None if the stored documents of a matrix match their checksum, else what is wrong."""
+    n = store.count(ns, (("matrix", "=", name),))
+    if n != len(doc_ids):
+        return f"{n} documents stored, {len(doc_ids)} expected"
+    try:
+        docs = np.concatenate([store.fetch(ns, doc_ids[s:s + BATCH]) for s in range(0, len(doc_ids), BATCH)])
+    except StoreError as e:
+        return str(e)
+    return None if checksum(docs) == sha256 else "its documents do not match the checksum in the manifest (altered)"
+
+
+def _counts_ok(store: Store, manifest: dict) -> bool:
+    try:
+        return all(store.count(ns) == n for ns, n in manifest["namespaces"].items())
+    except StoreError:
+        return False
+
+
+def manifest(store: Store, key: str, model: str) -> dict:
+    """The manifest of a complete, current load, or NotLoaded saying which command fixes it."""
+    fix = f"run `puffergpt load --model {model} --backend {store.name}`"
+    m = store.get_meta(f"manifest:{key}")
+    if m is None:
+        raise NotLoaded(f"model {model!r} is not loaded into the {store.name} store: {fix}")
+    if m.get("version") != ENCODING_VERSION:
+        raise NotLoaded(f"model {model!r} was stored with encoding version {m.get('version')}, this puffergpt reads version {ENCODING_VERSION}: {fix} to rewrite it")
+    if not m.get("complete"):
+        raise NotLoaded(f"the load of model {model!r} did not finish: {fix} to complete it")
+    for ns, n in m["namespaces"].items():
+        got = store.count(ns) if ns in store.namespaces(ns) else 0
+        if got != n:
+            raise NotLoaded(f"namespace {ns} holds {got} documents, the manifest says {n}: {fix} to repair it, or `puffergpt verify` to see which matrix")
+    return m
+
+
+def verify(store: Store, m: dict) -> dict[str, str]:
+    """Every matrix that does not match the manifest, with what is wrong."""
+    bad = {}
+    for name, info in m["matrices"].items():
+        problem = verify_matrix(store, info["namespace"], name, ids(name, info["rows"]), info["sha256"])
+        if problem:
+            bad[name] = problem
+    return bad

@@ -1,0 +1,110 @@
+"""The store protocol: what puffergpt needs from a vector database.
+
+Small on purpose, so that it maps onto an embedded engine, PostgreSQL with
+pgvector and turbopuffer alike:
+
+- namespaces: create (with a vector length and typed attributes), drop, list;
+- upsert documents (id, vector, attributes) in batches, overwriting by id;
+- exact search, one or many queries per request, each with its own filter and
+  top_k (None: every matching document), under one metric;
+- fetch vectors by id; delete by filter; count;
+- a little JSON metadata (the manifest of a loaded model).
+
+A filter is a tuple of (attribute, op, value) conditions, all of which must hold;
+op is one of ``=``, ``<``, ``<=``, ``>``, ``>=``, ``in``.
+"""
+
+from __future__ import annotations
+
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+Filter = tuple[tuple[str, str, Any], ...]
+OPS = ("=", "<", "<=", ">", ">=", "in")
+ATTR_TYPES = ("int", "str")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+
+
+class StoreError(Exception):
+    """The store can't do what was asked; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Query:
+    vector: np.ndarray  # (dim,)
+    filter: Filter = ()
+    top_k: int | None = None  # None: every matching document, in no particular order
+
+
+@dataclass
+class Hits:
+    """The results of a batch of queries, flattened: hit i answers query ``query[i]``.
+
+    Within one query, top-k hits come best first."""
+
+    query: np.ndarray  # (n,) int
+    distance: np.ndarray  # (n,) float: the metric's value (inner_product: larger is closer)
+    attrs: dict[str, np.ndarray] = field(default_factory=dict)  # the attributes asked for
+
+
+def check_name(ns: str) -> str:
+    if not isinstance(ns, str) or not _NAME.match(ns):
+        raise StoreError(f"invalid namespace name {ns!r}: use letters, digits, '.', '_' and '-' (at most 128)")
+    return ns
+
+
+def check_filter(f: Filter, schema: dict[str, str]) -> None:
+    for cond in f:
+        if len(cond) != 3 or cond[1] not in OPS:
+            raise StoreError(f"invalid filter condition {cond!r}: (attribute, op, value) with op one of {OPS}")
+        if cond[0] not in schema and cond[0] != "id":
+            raise StoreError(f"filter on unknown attribute {cond[0]!r} (the namespace has {sorted(schema)})")
+
+
+class Store(ABC):
+    """One vector database. Subclasses live one per module in ``puffergpt.stores``."""
+
+    name: str
+    metrics: tuple[str, ...]  # the metrics it searches exactly, most precise first
+    max_queries: int  # queries one search request may carry
+
+    @abstractmethod
+    def create_namespace(self, ns: str, dim: int, schema: dict[str, str]) -> None:
+        """Create ns for vectors of length dim with typed attributes; a no-op if it exists alike."""
+
+    @abstractmethod
+    def drop_namespace(self, ns: str) -> None: ...
+
+    @abstractmethod
+    def namespaces(self, prefix: str = "") -> list[str]: ...
+
+    @abstractmethod
+    def upsert(self, ns: str, ids: Sequence[str], vectors: np.ndarray, attrs: dict[str, Sequence]) -> None:
+        """Write documents, replacing any with the same id."""
+
+    @abstractmethod
+    def search(self, ns: str, queries: Sequence[Query], metric: str, include: Sequence[str] = ()) -> Hits:
+        """Exact search: the true metric value to every document that matches each filter."""
+
+    @abstractmethod
+    def fetch(self, ns: str, ids: Sequence[str]) -> np.ndarray:
+        """Vectors of the given ids, in that order: (n, dim). A missing id is an error."""
+
+    @abstractmethod
+    def delete(self, ns: str, filter: Filter) -> None: ...
+
+    @abstractmethod
+    def count(self, ns: str, filter: Filter = ()) -> int: ...
+
+    @abstractmethod
+    def put_meta(self, key: str, value: dict) -> None: ...
+
+    @abstractmethod
+    def get_meta(self, key: str) -> dict | None: ...
+
+    def close(self) -> None:
+        pass

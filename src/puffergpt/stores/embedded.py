@@ -1,0 +1,211 @@
+"""The embedded backend: DuckDB, in-process, one file under the data directory.
+
+Chosen by measurement (benchmarks/embedded_dbs.py): of the embedded engines that
+search exactly, DuckDB's ``array_inner_product`` over a FLOAT[n] column returned
+a whole 3,072-row matrix fastest, and it batches many queries into one join.
+A namespace is a table; documents of one matrix are written together, so DuckDB's
+zone maps skip the other matrices' row groups under a filter.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Sequence
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name
+
+_SQL_TYPES = {"int": "BIGINT", "str": "VARCHAR"}
+# metric -> (SQL expression over t.vector and q.v, whether larger is closer)
+_METRICS = {
+    "inner_product": ("array_inner_product(t.vector, q.v)", True),
+    "euclidean_squared": ("pow(array_distance(t.vector, q.v)::DOUBLE, 2)", False),
+    "cosine_distance": ("array_cosine_distance(t.vector, q.v)", False),
+}
+DB_FILE = "puffergpt.duckdb"
+
+
+def _table(ns: str) -> str:
+    return '"ns:' + check_name(ns) + '"'  # names are checked, so quoting is safe
+
+
+def _col(name: str) -> str:
+    if not name.isidentifier():
+        raise StoreError(f"invalid attribute name {name!r}")
+    return '"' + name + '"'
+
+
+def _vectors(a: np.ndarray, dim: int) -> pa.FixedSizeListArray:
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if a.ndim != 2 or a.shape[1] != dim:
+        raise StoreError(f"vectors have shape {a.shape}, the namespace holds vectors of length {dim}")
+    return pa.FixedSizeListArray.from_arrays(pa.array(a.ravel()), dim)
+
+
+class EmbeddedStore(Store):
+    name = "embedded"
+    metrics = ("inner_product", "euclidean_squared", "cosine_distance")
+    max_queries = 4096
+
+    def __init__(self, data_dir: Path, read_only: bool = False):
+        self.path = Path(data_dir) / DB_FILE
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.con = duckdb.connect(str(self.path), read_only=read_only)
+        except (OSError, duckdb.IOException) as e:
+            raise StoreError(f"can't open the data directory {data_dir}: {e}. Choose another with --data DIR.") from None
+        if not read_only:
+            self._run("CREATE TABLE IF NOT EXISTS _namespaces (name VARCHAR PRIMARY KEY, dim INTEGER, schema VARCHAR)")
+            self._run("CREATE TABLE IF NOT EXISTS _meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
+        self._ns: dict[str, tuple[int, dict]] = {}
+
+    def _run(self, sql: str, params: list | None = None) -> list:
+        # DuckDB 2 wants every result consumed before the next statement.
+        return self.con.execute(sql, params).fetchall()
+
+    def _one(self, sql: str, params: list | None = None):
+        rows = self._run(sql, params)
+        return rows[0] if rows else None
+
+    # --- namespaces ---
+    def _info(self, ns: str) -> tuple[int, dict]:
+        if ns not in self._ns:
+            row = self._one("SELECT dim, schema FROM _namespaces WHERE name = ?", [check_name(ns)])
+            if row is None:
+                raise StoreError(f"namespace {ns!r} does not exist")
+            self._ns[ns] = (row[0], json.loads(row[1]))
+        return self._ns[ns]
+
+    def create_namespace(self, ns, dim, schema):
+        check_name(ns)
+        if self._one("SELECT 1 FROM _namespaces WHERE name = ?", [ns]):
+            if self._info(ns) != (dim, schema):
+                raise StoreError(f"namespace {ns!r} exists with another layout {self._info(ns)}; drop it first")
+            return
+        for k, t in schema.items():
+            if t not in _SQL_TYPES:
+                raise StoreError(f"attribute {k!r} has type {t!r}; use one of {sorted(_SQL_TYPES)}")
+        cols = "".join(f", {_col(k)} {_SQL_TYPES[t]}" for k, t in schema.items())
+        self._run("BEGIN")
+        self._run(f"CREATE TABLE {_table(ns)} (id VARCHAR PRIMARY KEY, vector FLOAT[{int(dim)}]{cols})")
+        self._run("INSERT INTO _namespaces VALUES (?, ?, ?)", [ns, int(dim), json.dumps(schema)])
+        self._run("COMMIT")
+
+    def drop_namespace(self, ns):
+        self._run("BEGIN")
+        self._run(f"DROP TABLE IF EXISTS {_table(ns)}")
+        self._run("DELETE FROM _namespaces WHERE name = ?", [ns])
+        self._run("COMMIT")
+        self._ns.pop(ns, None)
+
+    def namespaces(self, prefix=""):
+        rows = self._run("SELECT name FROM _namespaces WHERE starts_with(name, ?) ORDER BY name", [prefix])
+        return [r[0] for r in rows]
+
+    # --- documents ---
+    def upsert(self, ns, ids, vectors, attrs):
+        dim, schema = self._info(ns)
+        if set(attrs) != set(schema):
+            raise StoreError(f"upsert to {ns!r} needs attributes {sorted(schema)}, got {sorted(attrs)}")
+        if len(ids) != len(vectors) or any(len(v) != len(ids) for v in attrs.values()):
+            raise StoreError("upsert: ids, vectors and attributes differ in length")
+        if len(set(ids)) != len(ids):
+            raise StoreError("upsert: an id appears twice in one batch")
+        batch = pa.table({"id": pa.array(list(ids), pa.string()), "vector": _vectors(vectors, dim),
+                          **{k: pa.array(np.asarray(attrs[k]).tolist()) for k in schema}})
+        names = ", ".join(["id", "vector", *map(_col, schema)])
+        self.con.register("_batch", batch)
+        try:
+            self._run(f"INSERT OR REPLACE INTO {_table(ns)} ({names}) SELECT {names} FROM _batch")
+        finally:
+            self.con.unregister("_batch")
+
+    def fetch(self, ns, ids):
+        dim, _ = self._info(ns)
+        tbl = self.con.sql(f"SELECT id, vector FROM {_table(ns)} WHERE id IN (SELECT unnest(?::VARCHAR[]))", params=[list(ids)]).to_arrow_table()
+        got = dict(zip(tbl.column("id").to_pylist(), range(tbl.num_rows)))
+        missing = [i for i in ids if i not in got]
+        if missing:
+            raise StoreError(f"namespace {ns!r} has no document {missing[0]!r} ({len(missing)} missing); the store is incomplete: run `puffergpt load` again")
+        vecs = tbl.column("vector").combine_chunks().flatten().to_numpy().reshape(-1, dim)
+        return vecs[[got[i] for i in ids]]
+
+    def _where(self, f: Filter, schema: dict, params: list, q_cols: dict | None = None) -> str:
+        """SQL for a filter. Conditions named in q_cols compare against that query column."""
+        check_filter(f, schema)
+        conds = []
+        for i, (attr, op, value) in enumerate(f):
+            rhs = q_cols[i] if q_cols and i in q_cols else "?"
+            if rhs == "?":
+                params.append(list(value) if op == "in" else value)
+            conds.append(f"list_contains({rhs}, t.{_col(attr)})" if op == "in" else f"t.{_col(attr)} {op} {rhs}")
+        return " AND ".join(conds) or "TRUE"
+
+    def delete(self, ns, filter):
+        _, schema = self._info(ns)
+        params: list = []
+        self._run(f"DELETE FROM {_table(ns)} t WHERE {self._where(filter, schema, params)}", params)
+
+    def count(self, ns, filter=()):
+        _, schema = self._info(ns)
+        params: list = []
+        return self._one(f"SELECT count(*) FROM {_table(ns)} t WHERE {self._where(filter, schema, params)}", params)[0]
+
+    def search(self, ns, queries, metric, include=()):
+        dim, schema = self._info(ns)
+        if metric not in _METRICS:
+            raise StoreError(f"the embedded store has no metric {metric!r}; it has {', '.join(self.metrics)}")
+        for a in include:
+            if a not in schema and a != "id":
+                raise StoreError(f"unknown attribute {a!r} to include (the namespace has {sorted(schema)})")
+        if len(queries) > self.max_queries:
+            raise StoreError(f"{len(queries)} queries in one request; the embedded store takes at most {self.max_queries}")
+        # Queries with filters of one shape and one top_k share a single SQL join.
+        groups: dict[tuple, list[int]] = {}
+        for i, q in enumerate(queries):
+            shape = (tuple((a, op) for a, op, _ in q.filter), q.top_k)
+            groups.setdefault(shape, []).append(i)
+        parts = [self._search_group(ns, dim, schema, [queries[i] for i in idx], np.asarray(idx), metric, include)
+                 for idx in groups.values()]
+        return Hits(np.concatenate([p.query for p in parts]), np.concatenate([p.distance for p in parts]),
+                    {a: np.concatenate([p.attrs[a] for p in parts]) for a in include})
+
+    def _search_group(self, ns, dim, schema, qs: list[Query], index: np.ndarray, metric, include) -> Hits:
+        expr, larger_closer = _METRICS[metric]
+        f0 = qs[0].filter
+        # Conditions equal across the batch become constants (so zone maps skip row groups);
+        # the others become columns of the query table, joined per query.
+        varying = [i for i in range(len(f0)) if any(q.filter[i][2] != f0[i][2] for q in qs)]
+        cols = {"qi": pa.array(np.arange(len(qs), dtype=np.int32)), "v": _vectors(np.stack([q.vector for q in qs]), dim)}
+        for i in varying:
+            cols[f"f{i}"] = pa.array([list(q.filter[i][2]) if f0[i][1] == "in" else q.filter[i][2] for q in qs])
+        params: list = []
+        where = self._where(f0, schema, params, {i: f"q.f{i}" for i in varying})
+        sel = "".join(f", t.{_col(a)}" for a in include)
+        sql = f"SELECT q.qi, {expr} AS d{sel} FROM {_table(ns)} t, _queries q WHERE {where}"
+        k = qs[0].top_k
+        if k is not None:
+            order = "DESC" if larger_closer else "ASC"
+            sql += f" QUALIFY row_number() OVER (PARTITION BY q.qi ORDER BY d {order}, t.id) <= {int(k)} ORDER BY q.qi, d {order}, t.id"
+        self.con.register("_queries", pa.table(cols))
+        try:
+            r = self.con.execute(sql, params).fetchnumpy()
+        finally:
+            self.con.unregister("_queries")
+        return Hits(index[np.asarray(r["qi"], dtype=np.int64)], np.asarray(r["d"], dtype=np.float64),
+                    {a: np.asarray(r[a]) for a in include})
+
+    # --- metadata ---
+    def put_meta(self, key, value):
+        self._run("INSERT OR REPLACE INTO _meta VALUES (?, ?)", [key, json.dumps(value)])
+
+    def get_meta(self, key):
+        row = self._one("SELECT value FROM _meta WHERE key = ?", [key])
+        return json.loads(row[0]) if row else None
+
+    def close(self):
+        self.con.close()
