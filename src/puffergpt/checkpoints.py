@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import tempfile
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -43,6 +42,12 @@ class GPT2Config:
     @classmethod
     def from_hf(cls, cfg: dict) -> "GPT2Config":
         """From a Hugging Face ``config.json`` (GPT-2's field names)."""
+        if not isinstance(cfg, dict):
+            raise CheckpointError("config.json must hold a JSON object")
+        for k in ("vocab_size", "n_positions", "n_ctx", "n_embd", "n_layer", "n_head"):
+            v = cfg.get(k, 1)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise CheckpointError(f"config.json: {k} must be a positive integer, got {v!r}")
         if cfg.get("model_type", "gpt2") != "gpt2":
             raise CheckpointError(f"config.json has model_type {cfg.get('model_type')!r}; puffergpt runs GPT-2 checkpoints only")
         act = cfg.get("activation_function", "gelu_new")
@@ -140,19 +145,31 @@ def demo_dir() -> Path:
     return Path(str(resources.files("puffergpt") / "models" / "demo"))
 
 
+def check_model(model: str) -> None:
+    """Raise unless ``model`` is a known name or an existing directory (no download)."""
+    p = Path(model).expanduser()
+    if model == "demo" or model in HUB_MODELS:
+        return
+    if p.is_dir():
+        missing = [f for f in ("config.json", "model.safetensors") if not (p / f).exists()]
+        if missing:
+            raise CheckpointError(f"{model} is not a checkpoint: {' and '.join(missing)} missing (it needs config.json and model.safetensors)")
+        return
+    if Path(model).expanduser().exists():
+        raise CheckpointError(f"{model} is a file, not a checkpoint directory (it needs config.json and model.safetensors)")
+    known = ", ".join(["demo", *HUB_MODELS])
+    raise CheckpointError(f"unknown model {model!r}: use one of {known}, or the path of a checkpoint directory")
+
+
 def resolve(model: str, cache_dir: Path | None = None) -> tuple[Path, dict]:
     """A model name or path -> (local checkpoint directory, source info)."""
+    check_model(model)
     if model == "demo":
         return demo_dir(), {"name": "demo"}
     if model in HUB_MODELS:
         return download(HUB_MODELS[model], cache_dir), {"name": model} | asdict(HUB_MODELS[model])
     p = Path(model).expanduser()
-    if p.is_dir():
-        return p, {"name": model, "path": str(p.resolve())}
-    if p.exists():
-        raise CheckpointError(f"{model} is a file, not a checkpoint directory (it needs config.json and model.safetensors)")
-    known = ", ".join(["demo", *HUB_MODELS])
-    raise CheckpointError(f"unknown model {model!r}: use one of {known}, or the path of a checkpoint directory")
+    return p, {"name": model, "path": str(p.resolve())}
 
 
 def sha256_file(path: Path, progress: bool = False) -> str:
@@ -274,8 +291,10 @@ def _load_bf16(st_path: Path) -> dict[str, np.ndarray]:
             bits = np.frombuffer(buf, dtype=np.uint16).astype(np.uint32) << 16
             out[k] = bits.view(np.float32).reshape(info["shape"])
         else:
-            dt = {"F32": np.float32, "F16": np.float16, "F64": np.float64}[info["dtype"]]
-            out[k] = np.frombuffer(buf, dtype=dt).reshape(info["shape"])
+            dt = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64,
+                  "I32": np.int32, "U8": np.uint8, "I8": np.int8, "BOOL": np.bool_}.get(info["dtype"])
+            if dt is not None:  # other dtypes are buffers GPT-2 does not need
+                out[k] = np.frombuffer(buf, dtype=dt).reshape(info["shape"])
     return out
 
 

@@ -3,16 +3,19 @@ variables are read here and nowhere else."""
 
 from __future__ import annotations
 
+import codecs
 import json
-import os
-import sys
 import time
 from pathlib import Path
+
+from contextlib import contextmanager
 
 import click
 
 from puffergpt import checkpoints, tokenizer
+from puffergpt.documents import METRICS
 from puffergpt.sampling import Sampling
+from puffergpt.stores import BACKENDS
 
 MODEL_HELP = "gpt2 (downloaded once), demo (ships with puffergpt), another GPT-2 family name, or a checkpoint directory"
 
@@ -48,35 +51,133 @@ def make_model(out: Path, preset: str, seed: int) -> None:
     click.echo(f"wrote {path} ({preset}: {c.n_layer} layers, width {c.n_embd}, {c.n_head} heads, vocab {c.n_vocab}, seed {seed})")
 
 
+def data_option(f):
+    return click.option("--data", "data_dir", type=click.Path(path_type=Path), envvar="PUFFERGPT_DATA",
+                        default=None, help="where the embedded store keeps its files [env PUFFERGPT_DATA; default: the user data dir]")(f)
+
+
+def backend_option(f):
+    return click.option("--backend", type=click.Choice(BACKENDS), default="embedded", show_default=True,
+                        help="the vector database that holds the weights")(f)
+
+
+def open_store(backend: str, data_dir: Path | None):
+    import platformdirs
+
+    from puffergpt.stores import open_store as _open
+
+    return _open(backend, data_dir or Path(platformdirs.user_data_dir("puffergpt")))
+
+
+@contextmanager
+def clear_errors():
+    """Known failures become one clear line and a non-zero exit, not a traceback."""
+    from puffergpt.stores import StoreError
+
+    try:
+        yield
+    except (checkpoints.CheckpointError, StoreError, ValueError, OSError) as e:
+        fail(str(e))
+
+
+@main.command()
+@click.option("--model", default="demo", show_default=True, help=MODEL_HELP)
+@backend_option
+@data_option
+@click.option("--metric", type=click.Choice(METRICS), default=None,
+              help="the encoding of rows as documents [default: the store's most precise]")
+@click.option("--repair", is_flag=True, help="read every document back and rewrite what does not match")
+def load(model, backend, data_dir, metric, repair) -> None:
+    """Write a model's weights into the store, one document a row."""
+    from puffergpt import loading
+
+    with clear_errors():
+        ckpt = checkpoints.load(model)
+        store = open_store(backend, data_dir)
+        t0 = time.perf_counter()
+        m = loading.load(store, ckpt, loading.model_key(model), metric=metric, repair=repair)
+        store.close()
+    click.echo(f"{model}: {m['documents']:,} documents in {len(m['namespaces'])} namespaces, "
+               f"metric {m['metric']}, ready ({time.perf_counter() - t0:.1f} s)")
+
+
+@main.command()
+@click.option("--model", default="demo", show_default=True, help=MODEL_HELP)
+@backend_option
+@data_option
+def verify(model, backend, data_dir) -> None:
+    """Read every document back and check it against the manifest."""
+    from puffergpt import loading
+
+    with clear_errors():
+        store = open_store(backend, data_dir)
+        key = loading.model_key(model)
+        m = store.get_meta(f"manifest:{key}")
+        if not m or not m.get("complete"):
+            fail(f"model {model!r} has no complete load in the {backend} store: run `puffergpt load --model {model}`")
+        bad = loading.verify(store, m)
+    if bad:
+        for name, problem in bad.items():
+            click.echo(f"{name}: {problem}", err=True)
+        fail(f"{len(bad)} matrices do not match the manifest: run `puffergpt load --model {model} --repair` to rewrite them")
+    click.echo(f"{model}: all {m['documents']:,} documents match the manifest")
+
+
 @main.command()
 @click.argument("prompt")
 @click.option("--model", default="demo", show_default=True, help=MODEL_HELP)
-@click.option("--engine", type=click.Choice(["reference"]), default="reference", show_default=True,
-              help="reference: the numpy GPT-2")
+@click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
+              help="search: every product a vector search; reference: the numpy GPT-2")
+@backend_option
+@data_option
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="0 is greedy")
 @click.option("--top-k", type=int, default=40, show_default=True)
 @click.option("--seed", type=int, default=None, help="makes sampling reproducible")
 @click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="tokens to generate")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object a token, then a summary line")
-def generate(prompt, model, engine, temperature, top_k, seed, n_tokens, as_json) -> None:
+def generate(prompt, model, engine, backend, data_dir, temperature, top_k, seed, n_tokens, as_json) -> None:
     """Continue PROMPT."""
-    from puffergpt.reference import NumpyProducts
     from puffergpt.text import Text
 
     if not prompt:
         fail("the prompt is empty: give some text to continue")
     if n_tokens < 0:
         fail(f"-n must be >= 0, got {n_tokens}")
-    ckpt = load_checkpoint(model)
     ids = tokenizer.encode(prompt)
     s = Sampling(temperature, top_k, seed)
+    with clear_errors():
+        products, store = make_products(engine, model, backend, data_dir)
+        try:
+            text = Text(products)
+            s.check(text.config.n_vocab)
+            text.check_tokens(ids, extra=n_tokens)
+            run_generate(text, prompt, ids, n_tokens, s, as_json, {"model": model, "engine": engine, "backend": backend if engine == "search" else None})
+        finally:
+            if store is not None:
+                products.close()
+                store.close()
+
+
+def make_products(engine: str, model: str, backend: str, data_dir: Path | None):
+    """The products for one text, and the store behind them (None for numpy)."""
+    if engine == "reference":
+        from puffergpt.reference import NumpyProducts
+
+        return NumpyProducts(checkpoints.load(model)), None
+    from puffergpt.engine import Engine
+
+    checkpoints.check_model(model)  # a bad name or path says so before the store is opened
+    store = open_store(backend, data_dir)
     try:
-        s.check(ckpt.config.n_vocab)
-        text = Text(NumpyProducts(ckpt))
-        text.check_tokens(ids, extra=n_tokens)
-    except ValueError as e:
-        fail(str(e))
+        return Engine(store, model).open(), store
+    except BaseException:
+        store.close()
+        raise
+
+
+def run_generate(text, prompt, ids, n_tokens, s, as_json, summary) -> None:
     t0, steps = time.perf_counter(), []
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
     if not as_json:
         click.echo(prompt, nl=False)
     for step in text.generate(ids, n_tokens, s):
@@ -84,14 +185,24 @@ def generate(prompt, model, engine, temperature, top_k, seed, n_tokens, as_json)
         if as_json:
             click.echo(json.dumps(step.to_json()))
         else:
-            click.echo(step.text, nl=False)
-    summary = {"model": model, "engine": engine, "prompt_tokens": len(ids), "new_tokens": len(steps),
-               "ms": round((time.perf_counter() - t0) * 1e3, 1)}
+            click.echo(utf8.decode(tokenizer.token_bytes(step.token_id)), nl=False)
+    if not as_json:
+        click.echo(utf8.decode(b"", final=True), nl=False)
+    pre = text.prefill
+    decode_requests = sum(len(st.requests) for st in steps[1:])
+    summary |= {
+        "prompt_tokens": len(ids), "new_tokens": len(steps), "ms": round((time.perf_counter() - t0) * 1e3, 1),
+        "prefill": {"tokens": len(ids), "requests": len(pre.get("requests", [])), "ms": round(pre.get("ms", 0.0), 1)},
+        "decode": {"tokens": max(len(steps) - 1, 0), "requests": decode_requests,
+                   "ms": round(sum(st.ms for st in steps[1:]), 1)},
+    }
     if as_json:
         click.echo(json.dumps({"summary": summary}))
     else:
         click.echo()
-        click.echo(f"[{summary['new_tokens']} tokens in {summary['ms']:.0f} ms]", err=True)
+        p, d = summary["prefill"], summary["decode"]
+        click.echo(f"[prefill: {p['tokens']} tokens, {p['requests']} requests, {p['ms']:.0f} ms | "
+                   f"decode: {d['tokens']} tokens, {d['requests']} requests, {d['ms']:.0f} ms]", err=True)
 
 
 if __name__ == "__main__":

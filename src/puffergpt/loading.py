@@ -110,9 +110,10 @@ def _write(store: Store, ns: str, name: str, docs: np.ndarray, doc_ids: list[str
 
 
 def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, progress: bool = True,
-         interrupt: Callable[[], None] | None = None) -> dict:
-    """Write ``ckpt`` into ``store`` under ``key``; returns the manifest. ``interrupt`` is
-    called after each batch (tests use it to stop a load half-way)."""
+         repair: bool = False, interrupt: Callable[[], None] | None = None) -> dict:
+    """Write ``ckpt`` into ``store`` under ``key``; returns the manifest. A complete load is
+    left as it is unless ``repair``, which reads every document back and rewrites what
+    differs. ``interrupt`` is called after each batch (tests use it to stop a load half-way)."""
     from tqdm import tqdm
 
     metric = metric or store.metrics[0]
@@ -123,7 +124,7 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
     ident = {"checkpoint": ckpt.source, "config": asdict(c), "metric": metric, "version": ENCODING_VERSION,
              "weights_sha256": weights_digest(ckpt)}
     old = store.get_meta(f"manifest:{key}")
-    if old and old.get("complete") and all(old.get(k) == v for k, v in ident.items()) and _counts_ok(store, old):
+    if not repair and old and old.get("complete") and all(old.get(k) == v for k, v in ident.items()) and _counts_ok(store, old):
         return old  # already loaded: nothing to do
     progress_key = f"loading:{key}"
     state = store.get_meta(progress_key)
@@ -196,7 +197,7 @@ def _counts_ok(store: Store, manifest: dict) -> bool:
 
 def manifest(store: Store, key: str, model: str) -> dict:
     """The manifest of a complete, current load, or NotLoaded saying which command fixes it."""
-    fix = f"run `puffergpt load --model {model} --backend {store.name}`"
+    fix = f"run `puffergpt load --model {model} {store.cli_args()}`"
     m = store.get_meta(f"manifest:{key}")
     if m is None:
         raise NotLoaded(f"model {model!r} is not loaded into the {store.name} store: {fix}")

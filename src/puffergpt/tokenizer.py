@@ -60,6 +60,10 @@ def decode(ids: list[int]) -> str:
     return get_encoding().decode(list(ids), errors="replace")
 
 
+def token_bytes(token_id: int) -> bytes:
+    return get_encoding().decode_single_token_bytes(int(token_id))
+
+
 def token_text(token_id: int) -> str:
     """One token as text (a lone byte of a multi-byte character shows as U+FFFD)."""
     return get_encoding().decode_single_token_bytes(int(token_id)).decode("utf-8", errors="replace")

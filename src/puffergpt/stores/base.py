@@ -106,5 +106,9 @@ class Store(ABC):
     @abstractmethod
     def get_meta(self, key: str) -> dict | None: ...
 
+    def cli_args(self) -> str:
+        """The CLI options that reach this same store, for messages that name a command."""
+        return f"--backend {self.name}"
+
     def close(self) -> None:
         pass

@@ -46,6 +46,13 @@ def _vectors(a: np.ndarray, dim: int) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(a.ravel()), dim)
 
 
+def concat(parts: list[Hits], include) -> Hits:
+    if len(parts) == 1:
+        return parts[0]
+    return Hits(np.concatenate([p.query for p in parts]), np.concatenate([p.distance for p in parts]),
+                {a: np.concatenate([p.attrs[a] for p in parts]) for a in include})
+
+
 class EmbeddedStore(Store):
     name = "embedded"
     metrics = ("inner_product", "euclidean_squared", "cosine_distance")
@@ -169,10 +176,8 @@ class EmbeddedStore(Store):
         for i, q in enumerate(queries):
             shape = (tuple((a, op) for a, op, _ in q.filter), q.top_k)
             groups.setdefault(shape, []).append(i)
-        parts = [self._search_group(ns, dim, schema, [queries[i] for i in idx], np.asarray(idx), metric, include)
-                 for idx in groups.values()]
-        return Hits(np.concatenate([p.query for p in parts]), np.concatenate([p.distance for p in parts]),
-                    {a: np.concatenate([p.attrs[a] for p in parts]) for a in include})
+        return concat([self._search_group(ns, dim, schema, [queries[i] for i in idx], np.asarray(idx), metric, include)
+                       for idx in groups.values()], include)
 
     def _search_group(self, ns, dim, schema, qs: list[Query], index: np.ndarray, metric, include) -> Hits:
         expr, larger_closer = _METRICS[metric]
@@ -188,9 +193,14 @@ class EmbeddedStore(Store):
         sel = "".join(f", t.{_col(a)}" for a in include)
         sql = f"SELECT q.qi, {expr} AS d{sel} FROM {_table(ns)} t, _queries q WHERE {where}"
         k = qs[0].top_k
-        if k is not None:
-            order = "DESC" if larger_closer else "ASC"
-            sql += f" QUALIFY row_number() OVER (PARTITION BY q.qi ORDER BY d {order}, t.id) <= {int(k)} ORDER BY q.qi, d {order}, t.id"
+        if k is None:
+            return self._run_group(sql, params, cols, index, include)
+        # Top-k: ORDER BY .. LIMIT per query; DuckDB runs it as a heap, far cheaper than a window.
+        order = "DESC" if larger_closer else "ASC"
+        sql += f" AND q.qi = ? ORDER BY d {order}, t.id LIMIT {int(k)}"
+        return concat([self._run_group(sql, params + [i], cols, index, include) for i in range(len(qs))], include)
+
+    def _run_group(self, sql, params, cols, index, include) -> Hits:
         self.con.register("_queries", pa.table(cols))
         try:
             r = self.con.execute(sql, params).fetchnumpy()
@@ -206,6 +216,9 @@ class EmbeddedStore(Store):
     def get_meta(self, key):
         row = self._one("SELECT value FROM _meta WHERE key = ?", [key])
         return json.loads(row[0]) if row else None
+
+    def cli_args(self):
+        return f"--backend embedded --data {self.path.parent}"
 
     def close(self):
         self.con.close()

@@ -1,0 +1,142 @@
+"""The store protocol, on every backend: what the engine relies on, checked against numpy."""
+
+import numpy as np
+import pytest
+
+from puffergpt.stores import BACKENDS, Query, StoreError, open_store
+
+SCHEMA = {"matrix": "str", "row": "int"}
+
+
+@pytest.fixture(params=BACKENDS)
+def store(request, tmp_path):
+    s = open_store(request.param, tmp_path)
+    yield s
+    s.close()
+
+
+def fill(store, ns="m", n=50, dim=8, seed=0):
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((n, dim)).astype(np.float32), rng.standard_normal((n, dim)).astype(np.float32)
+    store.create_namespace(ns, dim, SCHEMA)
+    store.upsert(ns, [f"a.{i}" for i in range(n)], a, {"matrix": ["a"] * n, "row": np.arange(n)})
+    store.upsert(ns, [f"b.{i}" for i in range(n)], b, {"matrix": ["b"] * n, "row": np.arange(n)})
+    return a, b
+
+
+def test_upsert_overwrites_by_id(store):
+    a, _ = fill(store)
+    new = np.ones((2, 8), np.float32)
+    store.upsert("m", ["a.3", "a.4"], new, {"matrix": ["a", "a"], "row": [3, 4]})
+    assert store.count("m") == 100
+    np.testing.assert_array_equal(store.fetch("m", ["a.4", "a.2", "a.3"]), np.stack([new[1], a[2], new[0]]))
+
+
+def test_search_returns_every_matching_row_with_exact_distances(store):
+    a, b = fill(store)
+    q = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
+    for metric in store.metrics:
+        hits = store.search("m", [Query(v, (("matrix", "=", "a"),)) for v in q], metric, include=("row", "matrix"))
+        assert len(hits.query) == 3 * 50 and set(hits.attrs["matrix"]) == {"a"}
+        got = np.full((3, 50), np.nan)
+        got[hits.query, hits.attrs["row"]] = hits.distance
+        qq, aa = q.astype(np.float64), a.astype(np.float64)
+        want = {"inner_product": qq @ aa.T,
+                "euclidean_squared": ((qq[:, None] - aa[None]) ** 2).sum(-1),
+                "cosine_distance": 1 - (qq @ aa.T) / np.outer(np.linalg.norm(qq, axis=1), np.linalg.norm(aa, axis=1))}[metric]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=metric)
+
+
+def test_top_k_is_best_first_per_query(store):
+    a, _ = fill(store)
+    q = np.random.default_rng(6).standard_normal((4, 8)).astype(np.float32)
+    hits = store.search("m", [Query(v, (("matrix", "=", "a"),), top_k=5) for v in q], store.metrics[0], include=("row",))
+    for i in range(4):
+        rows = hits.attrs["row"][hits.query == i]
+        if store.metrics[0] == "inner_product":
+            want = np.argsort(-(a @ q[i]))[:5]
+        else:
+            want = np.argsort(((a - q[i]) ** 2).sum(1))[:5]
+        np.testing.assert_array_equal(rows, want)
+
+
+def test_batched_queries_with_their_own_filters(store):
+    """Attention's shape: each query has its own head and its own last position."""
+    rng = np.random.default_rng(7)
+    keys = rng.standard_normal((2, 10, 4)).astype(np.float32)  # (head, pos, hd)
+    store.create_namespace("k", 4, {"layer": "int", "head": "int", "pos": "int"})
+    hs, ps = np.meshgrid(range(2), range(10), indexing="ij")
+    store.upsert("k", [f"{h}.{p}" for h, p in zip(hs.ravel(), ps.ravel())], keys.reshape(20, 4),
+                 {"layer": [0] * 20, "head": hs.ravel(), "pos": ps.ravel()})
+    q = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    last = [2, 5, 9]
+    queries = [Query(q[h, t], (("layer", "=", 0), ("head", "=", h), ("pos", "<=", last[t]))) for h in range(2) for t in range(3)]
+    hits = store.search("k", queries, "inner_product" if "inner_product" in store.metrics else store.metrics[0], include=("pos",))
+    for qi, (h, t) in enumerate((h, t) for h in range(2) for t in range(3)):
+        sel = hits.query == qi
+        assert sorted(hits.attrs["pos"][sel]) == list(range(last[t] + 1))
+        if "inner_product" in store.metrics:
+            np.testing.assert_allclose(hits.distance[sel][np.argsort(hits.attrs["pos"][sel])],
+                                       keys[h, : last[t] + 1] @ q[h, t], rtol=1e-5, atol=1e-6)
+
+
+def test_filters_in_and_ranges(store):
+    fill(store)
+    assert store.count("m", (("matrix", "in", ["a", "b"]), ("row", "<", 10))) == 20
+    assert store.count("m", (("matrix", "=", "b"), ("row", ">=", 45))) == 5
+
+
+def test_delete_drop_and_list(store):
+    fill(store)
+    fill(store, ns="other")
+    store.delete("m", (("matrix", "=", "a"), ("row", ">", 9)))
+    assert store.count("m") == 60
+    assert store.namespaces() == ["m", "other"]
+    store.drop_namespace("other")
+    assert store.namespaces() == ["m"]
+    with pytest.raises(StoreError, match="does not exist"):
+        store.count("other")
+
+
+def test_meta_round_trip(store):
+    assert store.get_meta("x") is None
+    store.put_meta("x", {"a": [1, 2], "b": "c"})
+    store.put_meta("x", {"a": [3]})
+    assert store.get_meta("x") == {"a": [3]}
+
+
+def test_errors_are_clear(store):
+    fill(store)
+    with pytest.raises(StoreError, match="no document 'a.999'"):
+        store.fetch("m", ["a.1", "a.999"])
+    with pytest.raises(StoreError, match="invalid namespace"):
+        store.create_namespace('x"; DROP TABLE _meta; --', 4, SCHEMA)
+    with pytest.raises(StoreError, match="unknown attribute"):
+        store.count("m", (("nope", "=", 1),))
+    with pytest.raises(StoreError, match="length 8"):
+        store.upsert("m", ["z"], np.zeros((1, 3), np.float32), {"matrix": ["a"], "row": [0]})
+    with pytest.raises(StoreError, match="another layout"):
+        store.create_namespace("m", 9, SCHEMA)
+    with pytest.raises(StoreError, match="no metric"):
+        store.search("m", [Query(np.zeros(8, np.float32))], "manhattan")
+    assert store.count("m") == 100  # nothing was lost on the way
+    assert store.get_meta("x") is None
+
+
+def test_filter_values_are_parameters_not_sql(store):
+    fill(store)
+    assert store.count("m", (("matrix", "=", "a' OR '1'='1"),)) == 0
+    assert store.count("m") == 100
+
+
+def test_data_directory_that_cannot_be_written(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StoreError, match="can't open the data directory"):
+        open_store("embedded", blocker / "data")
+    assert blocker.read_text() == "not a directory"
+
+
+def test_unknown_backend(tmp_path):
+    with pytest.raises(StoreError, match="unknown backend 'faiss'"):
+        open_store("faiss", tmp_path)

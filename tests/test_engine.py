@@ -1,0 +1,118 @@
+"""The search-driven engine against the numpy reference: same scores, same tokens."""
+
+import numpy as np
+import pytest
+
+from puffergpt import tokenizer
+from puffergpt.engine import Engine
+from puffergpt.reference import NumpyProducts
+from puffergpt.sampling import Sampling
+from puffergpt.text import Text
+
+from conftest import PROMPTS, assert_close
+
+# Max abs difference of the top-40 logits from the reference, per encoding (see README).
+LOGIT_BOUNDS = {"inner_product": 1e-3, "euclidean_squared": 2e-2, "cosine_distance": 1e-3}
+
+
+def run_both(ckpt, store, key, prompt, n, metric):
+    """Greedy-generate with the engine and the reference side by side; compare every step."""
+    ids = tokenizer.encode(prompt)
+    engine_text = Text(Engine(store, ckpt.name, key).open())
+    ref_text = Text(NumpyProducts(ckpt))
+    worst, got_ids, want_ids = 0.0, [], []
+    try:
+        pairs = zip(engine_text.generate(ids, n, Sampling(0, 40)), ref_text.generate(ids, n, Sampling(0, 40)), strict=True)
+        for step, (got, want) in enumerate(pairs):
+            got_ids.append(got.token_id)
+            want_ids.append(want.token_id)
+            g = {c["token_id"]: c["logit"] for c in got.candidates}
+            w = {c["token_id"]: c["logit"] for c in want.candidates}
+            assert list(g) == list(w) or set(g) == set(w), f"{prompt!r} step {step}: top-40 ids differ"
+            worst = max(worst, assert_close(f"{prompt!r} step {step} top-40 logits", [g[t] for t in w], list(w.values()), LOGIT_BOUNDS[metric]))
+            assert got.token_id == want.token_id, f"{prompt!r} step {step}: token {got.token_id} != reference {want.token_id}"
+    finally:
+        engine_text.products.close()
+    return worst, got_ids, want_ids
+
+
+@pytest.mark.parametrize("model", ["tiny", "demo"])
+def test_engine_equals_reference_on_ten_prompts(request, loaded, model):
+    ckpt = request.getfixturevalue(model)
+    store, key = loaded(ckpt)
+    worst = 0.0
+    for prompt in PROMPTS:
+        diff, got, want = run_both(ckpt, store, key, prompt, 32, "inner_product")
+        assert got == want
+        worst = max(worst, diff)
+    print(f"{model} inner_product: worst top-40 logit diff {worst:.3g}")
+
+
+@pytest.mark.parametrize("metric", ["euclidean_squared", "cosine_distance"])
+def test_padded_encodings_on_the_demo_model(loaded, demo, metric):
+    store, key = loaded(demo, metric)
+    worst = 0.0
+    for prompt in PROMPTS[:3]:
+        diff, got, want = run_both(demo, store, key, prompt, 8, metric)
+        worst = max(worst, diff)
+    print(f"demo {metric}: worst top-40 logit diff {worst:.3g}")
+
+
+def test_request_counts(loaded, tiny):
+    store, key = loaded(tiny)
+    products = Engine(store, tiny.name, key).open()
+    text = Text(products)
+    L = tiny.config.n_layer
+    steps = list(text.generate(tokenizer.encode("one two three four five six"), 3, Sampling(0, 40)))
+    per_token = 1 + 6 * L + 1  # embed, per layer (c_attn, keys write, scores, c_proj, c_fc, c_proj), wte top-k
+    assert [len(s.requests) for s in steps] == [per_token] * 3  # the 6-token prefill costs what one token does
+    kinds = [r.kind for r in steps[1].requests]
+    assert kinds[:7] == ["embed", "h.0.attn.c_attn", "h.0.attn.keys", "h.0.attn.scores", "h.0.attn.c_proj", "h.0.mlp.c_fc", "h.0.mlp.c_proj"]
+    assert kinds[-1] == "wte.top_k"
+    fc = steps[1].requests[5]
+    assert fc.rows == 4 * tiny.config.n_embd and fc.returned == fc.rows  # one request, every row
+    assert steps[0].requests[5].queries == 6  # prefill: all six tokens in that one request
+    products.close()
+
+
+def test_no_weights_in_the_server(loaded, tiny):
+    """Walk everything a text and its products hold: only layer norms and activations."""
+    store, key = loaded(tiny)
+    products = Engine(store, tiny.name, key).open()
+    text = Text(products)
+    list(text.generate(tokenizer.encode("Hello world"), 4, Sampling(0, 40)))
+    arrays, seen = [], set()
+
+    def walk(o):
+        if id(o) in seen or o is store:
+            return
+        seen.add(id(o))
+        if isinstance(o, np.ndarray):
+            arrays.append(o)
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (list, tuple, set)):
+            for v in o:
+                walk(v)
+        elif hasattr(o, "__dict__"):
+            walk(vars(o))
+
+    walk(text)
+    C = tiny.config.n_embd
+    values = {id(v) for v in text.cache.values}
+    held = [a for a in arrays if id(a) not in values]
+    assert sum(a.shape == (C,) for a in held) == 2 * (2 * tiny.config.n_layer + 1)  # the walk found the layer norms
+    big = [a.shape for a in held if a.size > C]
+    assert big == [], f"the server holds arrays larger than a layer norm: {big}"
+    wte = tiny.params["wte.weight"]
+    assert not any(np.array_equal(a, wte[t]) for a in held for t in text.tokens)  # not even the rows it read
+    products.close()
+
+
+def test_closing_drops_the_keys_namespace(loaded, tiny):
+    store, key = loaded(tiny)
+    products = Engine(store, tiny.name, key).open()
+    assert products.keys_ns in store.namespaces("text-")
+    products.close()
+    assert products.keys_ns not in store.namespaces("text-")

@@ -1,0 +1,117 @@
+"""Loading a checkpoint as documents: counts, manifest, resume, damage detection."""
+
+import numpy as np
+import pytest
+
+from puffergpt import checkpoints, loading
+from puffergpt.checkpoints import expected_shapes
+from puffergpt.documents import ENCODING_VERSION
+from puffergpt.engine import Engine
+from puffergpt.stores import open_store
+from puffergpt.stores.base import StoreError
+
+
+def expected_documents(c):
+    """One document per output row of each matrix, per embedding row, and 2 per layer norm."""
+    shapes = expected_shapes(c)
+    n = c.n_vocab + c.n_ctx + 2 * (2 * c.n_layer + 1)
+    return n + sum(shapes[k][1] for k in shapes if k.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")))
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = open_store("embedded", tmp_path)
+    yield s
+    s.close()
+
+
+def test_load_writes_every_row_once(store, tiny):
+    m = loading.load(store, tiny, "tiny", progress=False)
+    c = tiny.config
+    assert m["complete"] and m["version"] == ENCODING_VERSION and m["metric"] == "inner_product"
+    assert m["documents"] == expected_documents(c) == sum(store.count(ns) for ns in store.namespaces("tiny."))
+    assert set(m["namespaces"]) == {f"tiny.{c.n_embd}", f"tiny.{4 * c.n_embd}"}
+    assert m["matrices"]["h.1.mlp.c_fc"]["rows"] == 4 * c.n_embd
+    assert m["weights_sha256"] == loading.weights_digest(tiny)
+    assert loading.verify(store, m) == {}
+
+
+def test_load_is_idempotent(store, tiny):
+    m1 = loading.load(store, tiny, "tiny", progress=False)
+    m2 = loading.load(store, tiny, "tiny", progress=False)
+    assert m1 == m2 and sum(store.count(ns) for ns in store.namespaces("tiny.")) == m1["documents"]
+
+
+def test_interrupted_load_resumes_to_the_same_manifest(tmp_path, tiny):
+    clean = open_store("embedded", tmp_path / "clean")
+    want = loading.load(clean, tiny, "tiny", progress=False)
+    store = open_store("embedded", tmp_path / "broken")
+    batches = iter(range(100))
+
+    def stop_after_ten():
+        if next(batches) == 10:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        loading.load(store, tiny, "tiny", progress=False, interrupt=stop_after_ten)
+    with pytest.raises(loading.NotLoaded, match="did not finish.*puffergpt load"):
+        Engine(store, "tiny")
+    got = loading.load(store, tiny, "tiny", progress=False)
+    assert got == want
+    assert {ns: store.count(ns) for ns in store.namespaces("tiny.")} == want["namespaces"]  # no duplicates, no gaps
+
+
+def test_a_removed_document_is_detected_and_named(store, tiny):
+    m = loading.load(store, tiny, "tiny", progress=False)
+    ns = m["matrices"]["h.1.mlp.c_fc"]["namespace"]
+    store.delete(ns, (("matrix", "=", "h.1.mlp.c_fc"), ("row", "=", 7)))
+    with pytest.raises(loading.NotLoaded, match=f"namespace {ns} holds .*puffergpt load"):
+        Engine(store, "tiny")
+    assert list(loading.verify(store, m)) == ["h.1.mlp.c_fc"]
+    loading.load(store, tiny, "tiny", progress=False)  # load repairs it
+    assert loading.verify(store, m) == {}
+
+
+def test_an_altered_document_is_detected_and_named(store, tiny):
+    m = loading.load(store, tiny, "tiny", progress=False)
+    ns = m["matrices"]["h.0.attn.c_attn"]["namespace"]
+    v = store.fetch(ns, ["h.0.attn.c_attn.5"])
+    store.upsert(ns, ["h.0.attn.c_attn.5"], v + 1e-3, {"matrix": ["h.0.attn.c_attn"], "row": [5]})
+    bad = loading.verify(store, m)
+    assert list(bad) == ["h.0.attn.c_attn"] and "altered" in bad["h.0.attn.c_attn"]
+    assert loading.load(store, tiny, "tiny", progress=False) == m  # counts look right: a plain load keeps it
+    assert loading.verify(store, m) != {}
+    loading.load(store, tiny, "tiny", progress=False, repair=True)
+    assert loading.verify(store, m) == {}
+
+
+def test_engine_refuses_missing_or_old_stores(store, tiny):
+    with pytest.raises(loading.NotLoaded, match="not loaded.*puffergpt load --model tiny"):
+        Engine(store, "tiny")
+    m = loading.load(store, tiny, "tiny", progress=False)
+    store.put_meta("manifest:tiny", {**m, "version": ENCODING_VERSION - 1})
+    with pytest.raises(loading.NotLoaded, match="encoding version .*puffergpt load"):
+        Engine(store, "tiny")
+
+
+def test_two_models_side_by_side(tmp_path, store, tiny):
+    other = checkpoints.load(str(checkpoints.make_model(tmp_path / "other", "tiny", seed=1)))
+    loading.load(store, tiny, "tiny", progress=False)
+    loading.load(store, other, "other", progress=False)
+    assert Engine(store, "tiny").manifest["weights_sha256"] != Engine(store, "other").manifest["weights_sha256"]
+    assert loading.verify(store, Engine(store, "tiny").manifest) == {}
+
+
+def test_a_changed_checkpoint_is_reloaded(tmp_path, store, tiny):
+    loading.load(store, tiny, "tiny", progress=False)
+    other = checkpoints.load(str(checkpoints.make_model(tmp_path / "other", "tiny", seed=1)))
+    m = loading.load(store, other, "tiny", progress=False)
+    assert m["weights_sha256"] == loading.weights_digest(other)
+    assert loading.verify(store, m) == {}
+
+
+def test_a_metric_the_store_lacks(store, tiny):
+    store.metrics = ("inner_product",)  # a store with fewer metrics
+    with pytest.raises(StoreError, match="no exact 'cosine_distance' search"):
+        loading.load(store, tiny, "tiny", metric="cosine_distance", progress=False)
+    assert store.namespaces() == []
