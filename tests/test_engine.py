@@ -20,9 +20,11 @@ def run_both(ckpt, store, key, prompt, n, metric):
     ids = tokenizer.encode(prompt)
     engine_text = Text(Engine(store, ckpt.name, key).open())
     ref_text = Text(NumpyProducts(ckpt))
+    engine_text.append(ids)
+    ref_text.append(ids)
     worst, got_ids, want_ids = 0.0, [], []
     try:
-        pairs = zip(engine_text.generate(ids, n, Sampling(0, 40)), ref_text.generate(ids, n, Sampling(0, 40)), strict=True)
+        pairs = zip(engine_text.generate(n, Sampling(0, 40)), ref_text.generate(n, Sampling(0, 40)), strict=True)
         for step, (got, want) in enumerate(pairs):
             got_ids.append(got.token_id)
             want_ids.append(want.token_id)
@@ -63,7 +65,8 @@ def test_request_counts(loaded, tiny):
     products = Engine(store, tiny.name, key).open()
     text = Text(products)
     L = tiny.config.n_layer
-    steps = list(text.generate(tokenizer.encode("one two three four five six"), 3, Sampling(0, 40)))
+    text.append(tokenizer.encode("one two three four five six"))
+    steps = list(text.generate(3, Sampling(0, 40)))
     per_token = 1 + 6 * L + 1  # embed, per layer (c_attn, keys write, scores, c_proj, c_fc, c_proj), wte top-k
     assert [len(s.requests) for s in steps] == [per_token] * 3  # the 6-token prefill costs what one token does
     kinds = [r.kind for r in steps[1].requests]
@@ -80,7 +83,8 @@ def test_no_weights_in_the_server(loaded, tiny):
     store, key = loaded(tiny)
     products = Engine(store, tiny.name, key).open()
     text = Text(products)
-    list(text.generate(tokenizer.encode("Hello world"), 4, Sampling(0, 40)))
+    text.append(tokenizer.encode("Hello world"))
+    list(text.generate(4, Sampling(0, 40)))
     arrays, seen = [], set()
 
     def walk(o):
@@ -100,8 +104,8 @@ def test_no_weights_in_the_server(loaded, tiny):
 
     walk(text)
     C = tiny.config.n_embd
-    values = {id(v) for v in text.cache.values}
-    held = [a for a in arrays if id(a) not in values]
+    activations = {id(v) for v in text.cache.values + text.hidden}  # values and hidden states, not weights
+    held = [a for a in arrays if id(a) not in activations]
     assert sum(a.shape == (C,) for a in held) == 2 * (2 * tiny.config.n_layer + 1)  # the walk found the layer norms
     big = [a.shape for a in held if a.size > C]
     assert big == [], f"the server holds arrays larger than a layer norm: {big}"

@@ -180,7 +180,8 @@ def run_generate(text, prompt, ids, n_tokens, s, as_json, summary) -> None:
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
     if not as_json:
         click.echo(prompt, nl=False)
-    for step in text.generate(ids, n_tokens, s):
+    text.append(ids)
+    for step in text.generate(n_tokens, s):
         steps.append(step)
         if as_json:
             click.echo(json.dumps(step.to_json()))
@@ -192,7 +193,7 @@ def run_generate(text, prompt, ids, n_tokens, s, as_json, summary) -> None:
     decode_requests = sum(len(st.requests) for st in steps[1:])
     summary |= {
         "prompt_tokens": len(ids), "new_tokens": len(steps), "ms": round((time.perf_counter() - t0) * 1e3, 1),
-        "prefill": {"tokens": len(ids), "requests": len(pre.get("requests", [])), "ms": round(pre.get("ms", 0.0), 1)},
+        "prefill": {"tokens": len(ids), "requests": pre.get("requests", 0), "ms": round(pre.get("ms", 0.0), 1)},
         "decode": {"tokens": max(len(steps) - 1, 0), "requests": decode_requests,
                    "ms": round(sum(st.ms for st in steps[1:]), 1)},
     }

@@ -1,15 +1,26 @@
-"""A text: the tokens read so far and the loop that writes new ones.
+"""Texts: what a user works on. Type, generate, look at the candidates, step back,
+take another candidate, cut.
 
-A text drives any ``Products`` (numpy or searches) through the one forward pass
-in ``reference.py``. It reads a prompt in one batched forward (prefill), then
-decodes a token at a time, sampling from the top-k candidates.
+A text drives any ``Products`` (numpy or searches) through the one forward pass in
+``reference.py``. It remembers what the model has read, so that only positions the
+model has not read cost requests:
+
+- ``tokens[:length]`` is the text; tokens after ``length`` are kept after a step back
+  (stepping back deletes nothing) and are dropped only when a new token replaces them;
+- ``tokens[:read_upto]`` have been read: their keys are in the text's namespace, their
+  values in ``cache``, their final hidden states in ``hidden`` (the query for the next token);
+- ``steps[p]`` holds, for each generated position p, its candidates and what they cost.
+
+Reading is batched: all unread tokens go through each matrix in one request (prefill).
 """
 
 from __future__ import annotations
 
+import threading
 import time
+import uuid
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -18,83 +29,252 @@ from puffergpt.reference import Cache, Products, forward
 from puffergpt.sampling import Sampling, pick, probabilities
 
 
+class TextError(ValueError):
+    """An operation a text can't do as asked; the text is left as it was."""
+
+
 @dataclass
 class Step:
-    """One generated token, with what it cost."""
+    """One generated position: the candidates it was chosen from, and what it cost."""
 
     position: int
     token_id: int
-    candidates: list[dict]  # {"token_id", "text", "logit", "prob"}, best first
-    requests: list[dict] = field(default_factory=list)  # the searches that produced it
+    ids: np.ndarray  # candidate token ids, best first
+    logits: np.ndarray  # their scores, as the search returned them
+    temperature: float
+    requests: list = field(default_factory=list)  # the requests that produced it, in order
     ms: float = 0.0
+    read: int = 0  # tokens the model read for it: many for a prefill, 1 for a decode, 0 if replayed
 
     @property
     def text(self) -> str:
         return tokenizer.token_text(self.token_id)
 
+    @property
+    def phase(self) -> str:
+        return "prefill" if self.read > 1 else "decode"
+
+    def candidates(self, temperature: float | None = None) -> list[dict]:
+        t = self.temperature if temperature is None else temperature
+        probs = probabilities(self.logits, t)
+        return [{"token_id": int(i), "text": tokenizer.token_text(int(i)), "logit": float(l), "prob": float(p)}
+                for i, l, p in zip(self.ids, self.logits, probs)]
+
     def to_json(self) -> dict:
         return {"position": self.position, "token_id": self.token_id, "text": self.text,
-                "candidates": self.candidates, "requests": len(self.requests), "ms": round(self.ms, 3)}
+                "candidates": self.candidates(), "requests": len(self.requests), "ms": round(self.ms, 3)}
 
 
 class Text:
-    def __init__(self, products: Products):
+    def __init__(self, products: Products, text_id: str | None = None):
+        self.id = text_id or uuid.uuid4().hex[:12]
         self.products = products
         self.config = products.config
         self.tokens: list[int] = []
+        self.length = 0
+        self.read_upto = 0
         self.cache = Cache()
-        self.read_upto = 0  # positions < read_upto are in the cache
+        self.hidden: list[np.ndarray] = []
+        self.steps: dict[int, Step] = {}
+        self.lock = threading.RLock()
+        self.last_used = time.monotonic()
         self.prefill: dict = {}
 
-    def _log(self) -> list[dict]:
+    # --- what it costs ---
+    def _log(self) -> list:
         return getattr(self.products, "log", [])
 
-    def check_tokens(self, ids: list[int], extra: int = 0) -> None:
-        if any(not 0 <= t < self.config.n_vocab for t in ids):
-            bad = next(t for t in ids if not 0 <= t < self.config.n_vocab)
-            raise ValueError(f"token id {bad} is outside the vocabulary (0..{self.config.n_vocab - 1})")
-        n = len(self.tokens) + len(ids) + extra
+    @property
+    def text(self) -> list[int]:
+        return self.tokens[: self.length]
+
+    # --- checks: every operation validates before it changes anything ---
+    def check_tokens(self, ids: list[int], extra: int = 0, at: int | None = None) -> None:
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < self.config.n_vocab:
+                raise TextError(f"token id {t!r} is outside the vocabulary (0..{self.config.n_vocab - 1})")
+        n = (self.length if at is None else at) + len(ids) + extra
         if n > self.config.n_ctx:
-            raise ValueError(f"{n} tokens would not fit the model's context of {self.config.n_ctx} tokens")
+            raise TextError(f"{n} tokens would not fit the model's context of {self.config.n_ctx} tokens")
 
-    def read(self, ids: list[int]) -> np.ndarray:
-        """Append tokens and read them in one batched forward; the last hidden state (C,)."""
+    def _position(self, p, lo: int, hi: int, what: str) -> int:
+        if isinstance(p, bool) or not isinstance(p, (int, np.integer)):
+            raise TextError(f"{what}: position must be an integer, got {p!r}")
+        if not lo <= p <= hi:
+            raise TextError(f"{what}: position {p} is outside {lo}..{hi} (the text has {self.length} tokens)")
+        return int(p)
+
+    # --- editing: none of these costs a request ---
+    def _replace_from(self, p: int, new: list[int]) -> None:
+        """tokens[p:] = new; forget what was read or generated from the first change on."""
+        old = self.tokens[p:]
+        same = 0
+        while same < min(len(old), len(new)) and old[same] == new[same]:
+            same += 1
+        first = p + same  # the first position whose token changes or goes
+        self.tokens = self.tokens[:p] + new
+        self.length = len(self.tokens)
+        if same < max(len(old), len(new)):
+            self.read_upto = min(self.read_upto, first)
+            del self.hidden[self.read_upto:]
+            # A step's candidates depend only on the tokens before it, so the step at
+            # `first` survives, with the token now there.
+            self.steps = {q: st for q, st in self.steps.items() if q <= first}
+            if first in self.steps and first < self.length:
+                self.steps[first].token_id = self.tokens[first]
+
+    def _set(self, p: int, tok: int) -> None:
+        """Put tok at position p, the end of the text. The same token as one kept after
+        a step back keeps everything known after it, so a replay is free."""
+        if p < len(self.tokens) and self.tokens[p] == tok:
+            self.length = p + 1
+        else:
+            self._replace_from(p, [tok])
+
+    def append(self, ids: list[int]) -> None:
+        """Add the user's tokens at the end of the text (they are read when needed)."""
         self.check_tokens(ids)
-        self.tokens += ids
-        h = forward(self.products, np.asarray(self.tokens[self.read_upto:]), self.read_upto, self.cache)
-        self.read_upto = len(self.tokens)
-        return h[-1]
+        self._replace_from(self.length, list(map(int, ids)))
 
-    def candidates(self, h: np.ndarray, s: Sampling) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        ids, logits = self.products.top_k(h, s.top_k)
-        return ids, logits, probabilities(logits, s.temperature)
+    def step_back(self, p: int) -> None:
+        """Make the text tokens[:p]; later tokens stay known, and nothing is deleted."""
+        self.length = self._position(p, 1, self.length, "step back")
 
-    def generate(self, prompt: list[int], n: int, s: Sampling) -> Iterator[Step]:
-        """Read the prompt, then write up to n tokens (stopping at <|endoftext|>)."""
-        if not prompt:
-            raise ValueError("the prompt is empty: give at least one token")
-        if n < 0:
-            raise ValueError(f"the number of new tokens must be >= 0, got {n}")
+    def step_forward(self, p: int) -> None:
+        """Return to a longer text after a step back; costs nothing the model has read."""
+        self.length = self._position(p, self.length, len(self.tokens), "step forward")
+
+    def cut(self, p: int) -> None:
+        """Drop every token from position p on."""
+        p = self._position(p, 1, self.length, "cut")
+        self._replace_from(p, [])
+
+    def branch(self, p: int, token_id: int | None = None, rank: int | None = None) -> None:
+        """Put another token at position p: a token id, or the candidate of that rank at p."""
+        p = self._position(p, 1, self.length, "branch")
+        if (token_id is None) == (rank is None):
+            raise TextError("branch: give a token id or a candidate rank, not both or neither")
+        if rank is not None:
+            if p not in self.steps:
+                raise TextError(f"branch: position {p} has no candidates (it was not generated)")
+            ids = self.steps[p].ids
+            if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < len(ids):
+                raise TextError(f"branch: candidate rank {rank!r} is outside 0..{len(ids) - 1}")
+            token_id = int(ids[rank])
+        self.check_tokens([token_id], at=p)
+        self._set(p, int(token_id))
+
+    # --- reading and writing: these cost requests ---
+    def _read(self) -> int:
+        """Read every unread token of the text in one batched forward; how many were read."""
+        n = self.length - self.read_upto
+        if n > 0:
+            h = forward(self.products, np.asarray(self.tokens[self.read_upto: self.length]), self.read_upto, self.cache)
+            self.hidden[self.read_upto:] = list(h)
+            self.read_upto = self.length
+        return n
+
+    def _candidates(self, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """Top-k at the end of the text: replayed from an earlier step when it can be."""
+        p = self.length
+        old = self.steps.get(p)
+        if old is not None and len(old.ids) >= k:
+            return old.ids[:k], old.logits[:k], 0
+        read = 0
+        if self.read_upto < p:
+            read = self._read()
+        ids, logits = self.products.top_k(self.hidden[p - 1], k)
+        return np.asarray(ids), np.asarray(logits, np.float64), read
+
+    def generate(self, n: int, s: Sampling, should_stop: Callable[[], bool] | None = None) -> Iterator[Step]:
+        """Write up to n tokens at the end of the text, stopping at <|endoftext|> or when
+        should_stop() says so (checked before each token; the text stays consistent)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise TextError(f"the number of new tokens must be an integer >= 0, got {n!r}")
         s.check(self.config.n_vocab)
-        self.check_tokens(prompt, extra=n)
+        if self.length == 0:
+            raise TextError("the text is empty: give at least one token")
+        self.check_tokens([], extra=n)
         rng = np.random.default_rng(s.seed)
-        log0, t0 = len(self._log()), time.perf_counter()
-        h = self.read(prompt)
-        self.prefill = {"tokens": len(prompt), "requests": self._log()[log0:], "ms": 0.0}
-        for i in range(n):
-            ids, logits, probs = self.candidates(h, s)  # the last prefill/decode step's top-k
-            if i == 0:
-                self.prefill["ms"] = (time.perf_counter() - t0) * 1e3
-            choice = pick(probs, rng)
-            tok = int(ids[choice])
-            cands = [{"token_id": int(t), "text": tokenizer.token_text(int(t)), "logit": float(l), "prob": float(p)}
-                     for t, l, p in zip(ids, logits, probs)]
-            step = Step(len(self.tokens), tok, cands, self._log()[log0:], (time.perf_counter() - t0) * 1e3)
+        for _ in range(n):
+            if should_stop is not None and should_stop():
+                return
+            with self.lock:
+                log0, t0 = len(self._log()), time.perf_counter()
+                ids, logits, read = self._candidates(s.top_k)
+                tok = int(ids[pick(probabilities(logits, s.temperature), rng)])
+                p = self.length
+                step = Step(p, tok, ids, logits, s.temperature, list(self._log()[log0:]),
+                            (time.perf_counter() - t0) * 1e3, read)
+                if read and not self.prefill:
+                    self.prefill = {"tokens": read, "requests": len(step.requests), "ms": step.ms}
+                self._set(p, tok)
+                self.steps[p] = step
+                self.last_used = time.monotonic()
             yield step
             if tok == tokenizer.EOT:
                 return
-            log0, t0 = len(self._log()), time.perf_counter()
-            if i + 1 < n:
-                h = self.read([tok])
-            else:
-                self.tokens.append(tok)  # written but not yet read by the model
+
+    def close(self) -> None:
+        close = getattr(self.products, "close", None)
+        if close:
+            close()
+
+
+class Texts:
+    """The open texts of one engine: a bound on how many, and expiry when idle."""
+
+    def __init__(self, open_products: Callable[[], Products], max_open: int = 32, idle_s: float = 1800):
+        self.open_products = open_products
+        self.max_open = max_open
+        self.idle_s = idle_s
+        self._texts: dict[str, Text] = {}
+        self._lock = threading.Lock()
+
+    def create(self, ids: list[int]) -> Text:
+        self.expire()
+        with self._lock:
+            if len(self._texts) >= self.max_open:
+                raise TextError(f"{self.max_open} texts are open already: close one first")
+            text = Text(self.open_products())
+            self._texts[text.id] = text
+        try:
+            text.append(ids)
+        except TextError:
+            self.close(text.id)
+            raise
+        return text
+
+    def get(self, text_id: str) -> Text:
+        with self._lock:
+            text = self._texts.get(text_id)
+        if text is None:
+            raise KeyError(f"no open text {text_id!r} (closed, expired, or never opened)")
+        text.last_used = time.monotonic()
+        return text
+
+    def close(self, text_id: str) -> None:
+        with self._lock:
+            text = self._texts.pop(text_id, None)
+        if text is None:
+            raise KeyError(f"no open text {text_id!r} (closed, expired, or never opened)")
+        with text.lock:
+            text.close()
+
+    def expire(self, now: float | None = None) -> list[str]:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            old = [i for i, t in self._texts.items() if now - t.last_used > self.idle_s]
+        for i in old:
+            try:
+                self.close(i)
+            except KeyError:
+                pass
+        return old
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def close_all(self) -> None:
+        for i in list(self._texts):
+            self.close(i)

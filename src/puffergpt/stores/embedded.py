@@ -9,7 +9,9 @@ zone maps skip the other matrices' row groups under a filter.
 
 from __future__ import annotations
 
+import functools
 import json
+import threading
 from pathlib import Path
 from typing import Sequence
 
@@ -46,6 +48,15 @@ def _vectors(a: np.ndarray, dim: int) -> pa.FixedSizeListArray:
     return pa.FixedSizeListArray.from_arrays(pa.array(a.ravel()), dim)
 
 
+def _locked(method):
+    """One DuckDB connection serves every thread of the process, one call at a time."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.lock:
+            return method(self, *args, **kwargs)
+    return run
+
+
 def concat(parts: list[Hits], include) -> Hits:
     if len(parts) == 1:
         return parts[0]
@@ -59,6 +70,7 @@ class EmbeddedStore(Store):
     max_queries = 4096
 
     def __init__(self, data_dir: Path, read_only: bool = False):
+        self.lock = threading.RLock()
         self.path = Path(data_dir) / DB_FILE
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -87,6 +99,7 @@ class EmbeddedStore(Store):
             self._ns[ns] = (row[0], json.loads(row[1]))
         return self._ns[ns]
 
+    @_locked
     def create_namespace(self, ns, dim, schema):
         check_name(ns)
         if self._one("SELECT 1 FROM _namespaces WHERE name = ?", [ns]):
@@ -102,6 +115,7 @@ class EmbeddedStore(Store):
         self._run("INSERT INTO _namespaces VALUES (?, ?, ?)", [ns, int(dim), json.dumps(schema)])
         self._run("COMMIT")
 
+    @_locked
     def drop_namespace(self, ns):
         self._run("BEGIN")
         self._run(f"DROP TABLE IF EXISTS {_table(ns)}")
@@ -109,11 +123,13 @@ class EmbeddedStore(Store):
         self._run("COMMIT")
         self._ns.pop(ns, None)
 
+    @_locked
     def namespaces(self, prefix=""):
         rows = self._run("SELECT name FROM _namespaces WHERE starts_with(name, ?) ORDER BY name", [prefix])
         return [r[0] for r in rows]
 
     # --- documents ---
+    @_locked
     def upsert(self, ns, ids, vectors, attrs):
         dim, schema = self._info(ns)
         if set(attrs) != set(schema):
@@ -131,6 +147,7 @@ class EmbeddedStore(Store):
         finally:
             self.con.unregister("_batch")
 
+    @_locked
     def fetch(self, ns, ids):
         dim, _ = self._info(ns)
         tbl = self.con.sql(f"SELECT id, vector FROM {_table(ns)} WHERE id IN (SELECT unnest(?::VARCHAR[]))", params=[list(ids)]).to_arrow_table()
@@ -152,16 +169,19 @@ class EmbeddedStore(Store):
             conds.append(f"list_contains({rhs}, t.{_col(attr)})" if op == "in" else f"t.{_col(attr)} {op} {rhs}")
         return " AND ".join(conds) or "TRUE"
 
+    @_locked
     def delete(self, ns, filter):
         _, schema = self._info(ns)
         params: list = []
         self._run(f"DELETE FROM {_table(ns)} t WHERE {self._where(filter, schema, params)}", params)
 
+    @_locked
     def count(self, ns, filter=()):
         _, schema = self._info(ns)
         params: list = []
         return self._one(f"SELECT count(*) FROM {_table(ns)} t WHERE {self._where(filter, schema, params)}", params)[0]
 
+    @_locked
     def search(self, ns, queries, metric, include=()):
         dim, schema = self._info(ns)
         if metric not in _METRICS:
@@ -210,9 +230,11 @@ class EmbeddedStore(Store):
                     {a: np.asarray(r[a]) for a in include})
 
     # --- metadata ---
+    @_locked
     def put_meta(self, key, value):
         self._run("INSERT OR REPLACE INTO _meta VALUES (?, ?)", [key, json.dumps(value)])
 
+    @_locked
     def get_meta(self, key):
         row = self._one("SELECT value FROM _meta WHERE key = ?", [key])
         return json.loads(row[0]) if row else None
@@ -220,5 +242,6 @@ class EmbeddedStore(Store):
     def cli_args(self):
         return f"--backend embedded --data {self.path.parent}"
 
+    @_locked
     def close(self):
         self.con.close()
