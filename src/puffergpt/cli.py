@@ -158,6 +158,45 @@ def generate(prompt, model, engine, backend, data_dir, temperature, top_k, seed,
                 store.close()
 
 
+@main.command()
+@click.option("--model", default="gpt2", show_default=True, help=MODEL_HELP)
+@backend_option
+@data_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="the address to listen on")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+def serve(model, backend, data_dir, host, port) -> None:
+    """Serve the playground and the HTTP API; load the model first if needed."""
+    import uvicorn
+
+    from puffergpt import loading
+    from puffergpt.engine import Engine
+    from puffergpt.reference import NumpyProducts
+    from puffergpt.server import create_app
+
+    with clear_errors():
+        store = open_store(backend, data_dir)
+        key = loading.model_key(model)
+        try:
+            engine = Engine(store, model)
+        except loading.NotLoaded as e:
+            click.echo(f"{e.args[0].split(':')[0]}; loading it now", err=True)
+            try:
+                ckpt = checkpoints.load(model)
+            except checkpoints.CheckpointError as ce:
+                hint = " With make: `make run MODEL=demo`." if model in checkpoints.HUB_MODELS else ""
+                fail(f"{ce}{hint}")
+            loading.load(store, ckpt, key)
+            del ckpt  # the weights leave the server's memory once they are documents
+            engine = Engine(store, model)
+
+    def reference():  # Compare reads the checkpoint only while it compares
+        return NumpyProducts(checkpoints.load(model))
+
+    app = create_app(engine, reference=reference)
+    click.echo(f"puffergpt: {model} on {backend}, {engine.manifest['documents']:,} documents. Open http://{host}:{port}/")
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
 def make_products(engine: str, model: str, backend: str, data_dir: Path | None):
     """The products for one text, and the store behind them (None for numpy)."""
     if engine == "reference":

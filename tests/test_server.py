@@ -1,0 +1,161 @@
+"""The HTTP API: texts, streaming, OpenAI-compatible completions, bounds and errors."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from puffergpt import tokenizer
+from puffergpt.cli import serve
+from puffergpt.engine import Engine
+from puffergpt.reference import NumpyProducts, Reference
+from puffergpt.server import MAX_BODY, ServerConfig, create_app
+
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def client(loaded, tiny):
+    store, key = loaded(tiny)
+    app = create_app(Engine(store, tiny.name, key), ServerConfig(max_open_texts=4), reference=lambda: NumpyProducts(tiny))
+    with TestClient(app) as c:
+        yield c
+
+
+def events(resp) -> list[tuple[str, dict]]:
+    out = []
+    for block in resp.text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n"))
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def test_completions_greedy_equals_the_reference(client, tiny):
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 5})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    ids = tokenizer.encode(PROMPT)
+    want = Reference(tiny).greedy(ids, 8)
+    assert body["choices"][0]["text"] == tokenizer.decode(want)
+    assert body["usage"] == {"prompt_tokens": len(ids), "completion_tokens": 8, "total_tokens": len(ids) + 8}
+    assert body["choices"][0]["finish_reason"] == "length"
+    # logprobs: the model's own log-softmax over the top-40, from an independent numpy forward
+    lp = body["choices"][0]["logprobs"]
+    logits = Reference(tiny).logits(ids)[-1]
+    top = np.argsort(-logits)[:40]
+    logp = logits[top] - np.log(np.exp(logits[top] - logits[top].max()).sum()) - logits[top].max()
+    assert lp["tokens"][0] == tokenizer.token_text(want[0])
+    assert lp["token_logprobs"][0] == pytest.approx(float(logp[0]), abs=1e-4)
+    assert list(lp["top_logprobs"][0]) == [tokenizer.token_text(int(t)) for t in top[:5]]
+    assert lp["text_offset"][0] == len(PROMPT)
+
+
+def test_completions_stream(client):
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 5, "temperature": 0, "stream": True})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    lines = [ln for ln in r.text.split("\n") if ln]
+    assert all(ln.startswith("data: ") for ln in lines) and lines[-1] == "data: [DONE]"
+    chunks = [json.loads(ln[6:]) for ln in lines[:-1]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    streamed = "".join(c["choices"][0]["text"] for c in chunks)
+    plain = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 5, "temperature": 0}).json()
+    assert streamed == plain["choices"][0]["text"]
+
+
+def test_texts_api_round_trip(client, tiny):
+    t = client.post("/api/texts", json={"prompt": PROMPT}).json()
+    n = len(tokenizer.encode(PROMPT))
+    assert t["length"] == n and [x["text"] for x in t["tokens"]] == [tokenizer.token_text(i) for i in tokenizer.encode(PROMPT)]
+    r = client.post(f"/api/texts/{t['id']}/generate", json={"max_tokens": 4, "temperature": 0, "top_k": 40})
+    evs = events(r)
+    assert [e for e, _ in evs] == ["token"] * 4 + ["done"]
+    first = evs[0][1]
+    assert first["phase"] == "prefill" and first["read"] == n and len(first["candidates"]) == 40
+    assert [q["kind"] for q in first["request_log"]][-1] == "wte.top_k" and first["cost_usd"] > 0
+    assert evs[1][1]["phase"] == "decode"
+    assert [e[1]["token_id"] for e in evs[:4]] == Reference(tiny).greedy(tokenizer.encode(PROMPT), 4)
+    got = client.post(f"/api/texts/{t['id']}/branch", json={"position": n + 1, "rank": 3}).json()
+    assert got["length"] == n + 2
+    assert got["tokens"][n + 1]["token_id"] == evs[1][1]["candidates"][3]["token_id"]
+    back = client.post(f"/api/texts/{t['id']}/step_back", json={"position": n}).json()
+    assert back["length"] == n and back["known"] == n + 2
+    fwd = client.post(f"/api/texts/{t['id']}/step_forward", json={"position": n + 2}).json()
+    assert fwd["length"] == n + 2
+    cut = client.post(f"/api/texts/{t['id']}/cut", json={"position": n + 1}).json()
+    assert cut["length"] == cut["known"] == n + 1
+    assert client.get(f"/api/texts/{t['id']}").json()["length"] == n + 1
+    assert client.delete(f"/api/texts/{t['id']}").status_code == 200
+    assert client.get(f"/api/texts/{t['id']}").status_code == 404
+
+
+def test_compare(client):
+    r = client.post("/api/compare", json={"prompt": PROMPT}).json()
+    assert r["same_ids"] and len(r["rows"]) == 40 and r["max_abs_diff"] < 1e-3
+    assert r["search"]["requests"] > 0 and r["reference"]["requests"] == 0
+
+
+def test_info(client, tiny):
+    info = client.get("/api/info").json()
+    assert info["documents"] > tiny.config.n_vocab and info["requests_per_token"] == 2 + 6 * tiny.config.n_layer
+    assert info["rates"]["write_per_gb"] == 2.0
+
+
+@pytest.mark.parametrize("path, body, status, match", [
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": -1}, 422, "max_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "temperature": "hot"}, 422, "temperature"),
+    ("/v1/completions", {"prompt": PROMPT, "top_k": 0}, 422, "top_k"),
+    ("/v1/completions", {"prompt": ""}, 422, "prompt"),
+    ("/v1/completions", {"prompt": "word " * 200}, 400, "context"),
+    ("/api/texts", {"prompt": PROMPT, "evil": 1}, 422, "evil"),
+    ("/api/texts/nope/generate", {"max_tokens": 1}, 404, "no open text"),
+    ("/api/texts/nope/branch", {"position": 1, "rank": 0}, 404, "no open text"),
+])
+def test_bad_requests_get_4xx_with_a_message(client, path, body, status, match):
+    r = client.post(path, json=body)
+    assert r.status_code == status, r.text
+    assert match in r.text
+    assert client.get("/api/info").status_code == 200  # still serving
+
+
+def test_bad_edits_leave_the_text_alone(client):
+    t = client.post("/api/texts", json={"prompt": PROMPT}).json()
+    for path, body in [("branch", {"position": 99, "token_id": 1}), ("branch", {"position": 1, "token_id": 60000}),
+                       ("cut", {"position": -1}), ("step_back", {"position": 0}), ("branch", {"position": 1, "rank": 0})]:
+        r = client.post(f"/api/texts/{t['id']}/{path}", json=body)
+        assert r.status_code == 400 and r.json()["detail"], (path, body)
+    assert client.get(f"/api/texts/{t['id']}").json() == t
+    r = client.post(f"/api/texts/{t['id']}/generate", json={"max_tokens": 500})
+    assert r.status_code == 400 and "context" in r.json()["detail"]
+    client.delete(f"/api/texts/{t['id']}")
+
+
+def test_body_over_the_bound(client):
+    r = client.post("/api/texts", content=b'{"prompt": "' + b"a" * MAX_BODY + b'"}', headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "request body" in r.json()["detail"]
+
+
+def test_open_texts_are_bounded(client):
+    ids = [client.post("/api/texts", json={"prompt": "a"}).json()["id"] for _ in range(4)]
+    r = client.post("/api/texts", json={"prompt": "a"})
+    assert r.status_code == 400 and "texts are open" in r.json()["detail"]
+    for i in ids:
+        client.delete(f"/api/texts/{i}")
+
+
+def test_model_text_is_never_html(client):
+    r = client.post("/api/texts", json={"prompt": "<img src=x onerror=alert(1)>"})
+    assert r.headers["content-type"] == "application/json"
+    assert "".join(x["text"] for x in r.json()["tokens"]) == "<img src=x onerror=alert(1)>"
+    client.delete(f"/api/texts/{r.json()['id']}")
+
+
+def test_serve_binds_loopback_by_default():
+    host = next(p for p in serve.params if p.name == "host")
+    assert host.default == "127.0.0.1"
+
+
+def test_openapi_documents_the_api(client):
+    paths = client.get("/openapi.json").json()["paths"]
+    assert {"/v1/completions", "/api/texts", "/api/texts/{text_id}/generate", "/api/compare"} <= set(paths)
