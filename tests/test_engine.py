@@ -12,7 +12,7 @@ from puffergpt.text import Text
 from conftest import PROMPTS, assert_close
 
 # Max abs difference of the top-40 logits from the reference, per encoding (see README).
-LOGIT_BOUNDS = {"inner_product": 1e-3, "euclidean_squared": 2e-2, "cosine_distance": 1e-3}
+LOGIT_BOUNDS = {"inner_product": 1e-3, "euclidean_squared": 5e-3, "cosine_distance": 1e-3}
 
 
 def run_both(ckpt, store, key, prompt, n, metric):
@@ -28,8 +28,8 @@ def run_both(ckpt, store, key, prompt, n, metric):
         for step, (got, want) in enumerate(pairs):
             got_ids.append(got.token_id)
             want_ids.append(want.token_id)
-            g = {c["token_id"]: c["logit"] for c in got.candidates}
-            w = {c["token_id"]: c["logit"] for c in want.candidates}
+            g = {c["token_id"]: c["logit"] for c in got.candidates()}
+            w = {c["token_id"]: c["logit"] for c in want.candidates()}
             assert list(g) == list(w) or set(g) == set(w), f"{prompt!r} step {step}: top-40 ids differ"
             worst = max(worst, assert_close(f"{prompt!r} step {step} top-40 logits", [g[t] for t in w], list(w.values()), LOGIT_BOUNDS[metric]))
             assert got.token_id == want.token_id, f"{prompt!r} step {step}: token {got.token_id} != reference {want.token_id}"

@@ -82,7 +82,8 @@ def norm_documents(ckpt: Checkpoint, name: str, dim: int) -> np.ndarray:
 
 
 def checksum(docs: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(docs, np.float32).tobytes()).hexdigest()
+    # + 0 turns -0.0 into 0.0: stores may keep either, and they are the same number.
+    return hashlib.sha256(np.ascontiguousarray(np.asarray(docs, np.float32) + np.float32(0)).tobytes()).hexdigest()
 
 
 def ids(name: str, rows: int) -> list[str]:

@@ -1,0 +1,457 @@
+"""The pgvector backend: PostgreSQL with the ``vector`` extension, over psycopg 3.
+
+A namespace is a table ``"ns:<name>"`` (id text primary key, vector vector(dim),
+one typed column per attribute: int -> bigint, str -> text) with a B-tree on the
+attribute columns, so that a filter on ``matrix`` (or layer, head) reads only the
+rows it keeps. There is deliberately no ANN index: every search is an exact scan
+of the rows that match its filter, ordered by pgvector's operators
+
+- ``<#>`` negative inner product (returned negated: the inner product, larger is closer),
+- ``<->`` L2 distance (returned squared: ``euclidean_squared``),
+- ``<=>`` cosine distance.
+
+pgvector computes each of them in float32 over float32 vectors, as DuckDB does.
+
+Many queries travel in one round trip: their vectors, and the filter values that
+differ between them, are arrays unnested into a query relation ``q`` that joins
+the namespace's table (``CROSS JOIN LATERAL (... ORDER BY .. LIMIT k)`` for top-k).
+Filter values equal across the batch are plain parameters. Every value is a
+parameter and every identifier is quoted with ``psycopg.sql.Identifier``.
+
+``_namespaces`` (name, dim, schema) and ``_meta`` (key, value) hold the catalog
+and the manifests; both keep their JSON as written (type ``json``), so a manifest
+reads back with its keys in their order.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shlex
+import threading
+from typing import Any, Sequence
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import numpy as np
+
+from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name
+
+try:
+    import psycopg
+    from psycopg import errors as pgerrors
+    from psycopg import sql
+    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    from psycopg.types.json import Json
+    from pgvector.psycopg import register_vector
+except ImportError as e:  # pragma: no cover - the package's optional dependencies
+    raise StoreError(f"the pgvector backend needs psycopg 3 and pgvector ({e}): pip install 'psycopg[binary]' pgvector") from None
+
+_SQL_TYPES = {"int": "bigint", "str": "text"}
+# metric -> (the ordering expression over t.vector and q.v, smaller first; the value returned for it)
+_METRICS = {
+    "inner_product": ("(t.vector <#> q.v)", "-(t.vector <#> q.v)"),
+    "euclidean_squared": ("(t.vector <-> q.v)", "(t.vector <-> q.v) ^ 2"),
+    "cosine_distance": ("(t.vector <=> q.v)", "(t.vector <=> q.v)"),
+}
+CONNECT_TIMEOUT_S = 5
+FIX_DSN = "check --dsn or PUFFERGPT_DSN"
+
+
+def _table(ns: str) -> sql.Identifier:
+    return sql.Identifier("ns:" + check_name(ns))
+
+
+def _col(name: str) -> sql.Composed:
+    if not name.isidentifier():
+        raise StoreError(f"invalid attribute name {name!r}")
+    return sql.SQL("t.{}").format(sql.Identifier(name))
+
+
+def _vectors(a: np.ndarray, dim: int) -> np.ndarray:
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if a.ndim != 2 or a.shape[1] != dim:
+        raise StoreError(f"vectors have shape {a.shape}, the namespace holds vectors of length {dim}")
+    if not np.isfinite(a).all():
+        raise StoreError("vectors hold NaN or infinite numbers, which pgvector does not store")
+    return a
+
+
+def redact(dsn: str) -> str:
+    """The DSN without its password (for messages and commands a user may copy)."""
+    if "://" in dsn:
+        u = urlsplit(dsn)
+        netloc = u.netloc
+        if "@" in netloc:
+            cred, host = netloc.rsplit("@", 1)
+            netloc = cred.split(":", 1)[0] + "@" + host
+        query = urlencode([(k, v) for k, v in parse_qsl(u.query, keep_blank_values=True) if k != "password"], safe="/")
+        return urlunsplit((u.scheme, netloc, u.path, query, u.fragment))
+    try:
+        parts = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "<an invalid DSN>"
+    parts.pop("password", None)
+    return make_conninfo(**parts)
+
+
+def _where(dsn_parts: dict) -> str:
+    host = dsn_parts.get("host") or dsn_parts.get("hostaddr") or os.environ.get("PGHOST") or "localhost (the default socket)"
+    port = dsn_parts.get("port") or os.environ.get("PGPORT") or "5432"
+    return f"{host} port {port}"
+
+
+class _Gone(Exception):
+    """The connection broke during a call."""
+
+
+def _locked(method):
+    """One connection serves every thread of the process, one call at a time. A broken
+    connection becomes a StoreError that says what happened; the next call reconnects."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.lock:
+            if self.conn is None or self.conn.closed:
+                if self._closed:
+                    raise StoreError("the pgvector store is closed")
+                try:
+                    self._connect()
+                except StoreError as e:
+                    raise StoreError(f"the PostgreSQL server went away and can't be reached again: {e}") from None
+            try:
+                return method(self, *args, **kwargs)
+            except psycopg.OperationalError as e:
+                if self.conn is not None and (self.conn.closed or self.conn.broken):
+                    self._drop_connection()
+                    raise StoreError(f"the PostgreSQL server went away: {_msg(e)}; run the command again once it is back") from None
+                raise StoreError(f"PostgreSQL could not do it: {_msg(e)}") from None
+            except pgerrors.UndefinedTable as e:
+                self._ns.clear()  # another client dropped a namespace under us
+                raise StoreError(f"a namespace's table is gone ({_msg(e)}); run `puffergpt load` again") from None
+            except psycopg.Error as e:
+                raise StoreError(f"PostgreSQL refused it: {_msg(e)}") from None
+    return run
+
+
+def _msg(e: Exception) -> str:
+    return " ".join(str(e).split())
+
+
+def concat(parts: list[Hits], include) -> Hits:
+    if len(parts) == 1:
+        return parts[0]
+    return Hits(np.concatenate([p.query for p in parts]), np.concatenate([p.distance for p in parts]),
+                {a: np.concatenate([p.attrs[a] for p in parts]) for a in include})
+
+
+class PgvectorStore(Store):
+    name = "pgvector"
+    metrics = ("inner_product", "euclidean_squared", "cosine_distance")
+    max_queries = 4096
+
+    def __init__(self, dsn: str, connect_timeout: int = CONNECT_TIMEOUT_S):
+        if not dsn or not isinstance(dsn, str):
+            raise StoreError("the pgvector backend needs a PostgreSQL DSN: give --dsn or set PUFFERGPT_DSN")
+        try:
+            self.parts = conninfo_to_dict(dsn)
+        except psycopg.ProgrammingError as e:
+            raise StoreError(f"invalid DSN {redact(dsn)!r}: {_msg(e)}; {FIX_DSN}") from None
+        self.dsn = dsn
+        self.connect_timeout = connect_timeout
+        self.lock = threading.RLock()
+        self.conn: psycopg.Connection | None = None
+        self._closed = False
+        self._ns: dict[str, tuple[int, dict]] = {}
+        with self.lock:
+            self._connect()
+
+    # --- the connection ---
+    def _connect(self) -> None:
+        where = _where(self.parts)
+        options = {} if "connect_timeout" in self.parts else {"connect_timeout": self.connect_timeout}
+        try:
+            conn = psycopg.connect(self.dsn, autocommit=True, **options)
+        except psycopg.OperationalError as e:
+            m = _msg(e)
+            low = m.lower()
+            user = self.parts.get("user") or os.environ.get("PGUSER") or "the default user"
+            if "password authentication failed" in low or "no password supplied" in low or "authentication failed" in low:
+                raise StoreError(f"PostgreSQL at {where} refused user {user}: authentication failed ({m}); "
+                                 f"{FIX_DSN} (or PGPASSWORD, ~/.pgpass)") from None
+            if "database" in low and "does not exist" in low:
+                raise StoreError(f"PostgreSQL at {where} has no such database ({m}): create it (createdb) or {FIX_DSN}") from None
+            if "role" in low and "does not exist" in low:
+                raise StoreError(f"PostgreSQL at {where} has no such role ({m}); {FIX_DSN}") from None
+            raise StoreError(f"can't reach PostgreSQL at {where} ({m}); {FIX_DSN}, and that the server is running") from None
+        try:
+            self._prepare(conn, where)
+        except BaseException:
+            conn.close()
+            raise
+        self.conn = conn
+
+    def _prepare(self, conn, where: str) -> None:
+        try:
+            if conn.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() is None:
+                if conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone() is None:
+                    raise StoreError(f"the PostgreSQL server at {where} does not have pgvector: the 'vector' extension "
+                                     "must be installed in that server (https://github.com/pgvector/pgvector), "
+                                     f"or {FIX_DSN} to use another server")
+                try:
+                    conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+                except pgerrors.InsufficientPrivilege:
+                    db = conn.info.dbname
+                    raise StoreError(f"pgvector is installed in the server at {where}, but not enabled in database {db!r}, "
+                                     f"and user {conn.info.user!r} may not enable it: ask its owner or a superuser to run "
+                                     f"`CREATE EXTENSION vector;` in {db!r}, or {FIX_DSN}") from None
+                except pgerrors.UniqueViolation:
+                    pass  # another client enabled it at the same moment
+                except pgerrors.FeatureNotSupported as e:  # "extension is not available"
+                    raise StoreError(f"the PostgreSQL server at {where} does not have pgvector ({_msg(e)}): the 'vector' "
+                                     f"extension must be installed in that server, or {FIX_DSN}") from None
+            register_vector(conn)
+            for stmt in ("CREATE TABLE IF NOT EXISTS _namespaces (name text PRIMARY KEY, dim integer NOT NULL, schema json NOT NULL)",
+                         "CREATE TABLE IF NOT EXISTS _meta (key text PRIMARY KEY, value json NOT NULL)"):
+                try:
+                    conn.execute(stmt)
+                except pgerrors.UniqueViolation:
+                    pass  # created by another client at the same moment
+        except pgerrors.InsufficientPrivilege as e:
+            raise StoreError(f"user {conn.info.user!r} may not create tables in database {conn.info.dbname!r} at {where} "
+                             f"({_msg(e)}): grant it CREATE on the schema, or {FIX_DSN}") from None
+        except psycopg.OperationalError as e:
+            raise StoreError(f"the PostgreSQL server at {where} went away while connecting: {_msg(e)}; "
+                             "run the command again once it is back") from None
+        except psycopg.Error as e:
+            raise StoreError(f"PostgreSQL at {where} refused to set up the store: {_msg(e)}") from None
+
+    def _drop_connection(self) -> None:
+        try:
+            self.conn.close()
+        except Exception:
+            pass
+        self.conn = None
+        self._ns.clear()
+
+    def _run(self, query, params: Sequence | dict | None = None, binary: bool = True) -> list:
+        cur = self.conn.execute(query, params, binary=binary)
+        return cur.fetchall() if cur.description is not None else []
+
+    def _one(self, query, params=None):
+        rows = self._run(query, params)
+        return rows[0] if rows else None
+
+    # --- namespaces ---
+    def _info(self, ns: str) -> tuple[int, dict]:
+        if ns not in self._ns:
+            row = self._one("SELECT dim, schema FROM _namespaces WHERE name = %s", [check_name(ns)])
+            if row is None:
+                raise StoreError(f"namespace {ns!r} does not exist")
+            self._ns[ns] = (row[0], row[1])
+        return self._ns[ns]
+
+    @_locked
+    def create_namespace(self, ns, dim, schema):
+        check_name(ns)
+        if self._one("SELECT 1 FROM _namespaces WHERE name = %s", [ns]):
+            if self._info(ns) != (dim, schema):
+                raise StoreError(f"namespace {ns!r} exists with another layout {self._info(ns)}; drop it first")
+            return
+        for k, t in schema.items():
+            if t not in _SQL_TYPES:
+                raise StoreError(f"attribute {k!r} has type {t!r}; use one of {sorted(_SQL_TYPES)}")
+            if not k.isidentifier() or k in ("id", "vector"):
+                raise StoreError(f"invalid attribute name {k!r}")
+        cols = sql.SQL("").join(sql.SQL(", {} {}").format(sql.Identifier(k), sql.SQL(_SQL_TYPES[t])) for k, t in schema.items())
+        with self.conn.transaction():
+            self._run(sql.SQL("CREATE TABLE {} (id text PRIMARY KEY, vector vector({}) NOT NULL{})").format(
+                _table(ns), sql.Literal(int(dim)), cols))
+            # Vectors stay in the row (not TOASTed) while a row fits a page.
+            self._run(sql.SQL("ALTER TABLE {} ALTER COLUMN vector SET STORAGE MAIN").format(_table(ns)))
+            if schema:
+                self._run(sql.SQL("CREATE INDEX ON {} ({})").format(
+                    _table(ns), sql.SQL(", ").join(map(sql.Identifier, schema))))
+            self._run("INSERT INTO _namespaces VALUES (%s, %s, %s)", [ns, int(dim), Json(schema)])
+
+    @_locked
+    def drop_namespace(self, ns):
+        with self.conn.transaction():
+            self._run(sql.SQL("DROP TABLE IF EXISTS {}").format(_table(ns)))
+            self._run("DELETE FROM _namespaces WHERE name = %s", [ns])
+        self._ns.pop(ns, None)
+
+    @_locked
+    def namespaces(self, prefix=""):
+        rows = self._run("SELECT name FROM _namespaces WHERE starts_with(name, %s) ORDER BY name COLLATE \"C\"", [prefix])
+        return [r[0] for r in rows]
+
+    # --- documents ---
+    @_locked
+    def upsert(self, ns, ids, vectors, attrs):
+        dim, schema = self._info(ns)
+        if set(attrs) != set(schema):
+            raise StoreError(f"upsert to {ns!r} needs attributes {sorted(schema)}, got {sorted(attrs)}")
+        if len(ids) != len(vectors) or any(len(v) != len(ids) for v in attrs.values()):
+            raise StoreError("upsert: ids, vectors and attributes differ in length")
+        if len(set(ids)) != len(ids):
+            raise StoreError("upsert: an id appears twice in one batch")
+        vecs = _vectors(vectors, dim)
+        names = list(schema)
+        columns = [[str(i) for i in ids], list(vecs), *([int(x) for x in np.asarray(attrs[k]).tolist()] if schema[k] == "int"
+                                                        else [str(x) for x in np.asarray(attrs[k]).tolist()] for k in names)]
+        cols = sql.SQL(", ").join(map(sql.Identifier, ["id", "vector", *names]))
+        sets = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in ["vector", *names])
+        with self.conn.transaction():
+            self._run(sql.SQL("CREATE TEMP TABLE _batch (LIKE {}) ON COMMIT DROP").format(_table(ns)))
+            with self.conn.cursor().copy(sql.SQL("COPY _batch ({}) FROM STDIN (FORMAT BINARY)").format(cols)) as cp:
+                cp.set_types(["text", "vector", *(_SQL_TYPES[schema[k]] for k in names)])
+                for row in zip(*columns):
+                    cp.write_row(row)
+            self._run(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM _batch ON CONFLICT (id) DO UPDATE SET {}").format(
+                _table(ns), cols, cols, sets))
+
+    @_locked
+    def fetch(self, ns, ids):
+        dim, _ = self._info(ns)
+        ids = [str(i) for i in ids]
+        rows = self._run(sql.SQL("SELECT id, vector FROM {} WHERE id = ANY(%s::text[])").format(_table(ns)), [ids])
+        got = {r[0]: r[1] for r in rows}
+        missing = [i for i in ids if i not in got]
+        if missing:
+            raise StoreError(f"namespace {ns!r} has no document {missing[0]!r} ({len(missing)} missing); the store is incomplete: run `puffergpt load` again")
+        if not ids:
+            return np.zeros((0, dim), np.float32)
+        return np.stack([got[i].to_numpy() for i in ids])
+
+    def _where(self, f: Filter, schema: dict, params: list, q_cols: dict | None = None) -> sql.Composable:
+        """SQL for a filter. Conditions named in q_cols compare against that query column."""
+        check_filter(f, schema)
+        types = {"id": "str", **schema}
+        conds = []
+        for i, (attr, op, value) in enumerate(f):
+            typ = sql.SQL(_SQL_TYPES[types[attr]])
+            if q_cols and i in q_cols:
+                rhs = sql.SQL(q_cols[i])
+                if op == "in":  # a json array per query: does it hold this row's value?
+                    conds.append(sql.SQL("{} @> to_jsonb({})").format(rhs, _col(attr)))
+                else:
+                    conds.append(sql.SQL("{} {} {}").format(_col(attr), sql.SQL(op), rhs))
+            elif op == "in":
+                params.append(list(value))
+                conds.append(sql.SQL("{} = ANY(%s::{}[])").format(_col(attr), typ))
+            else:
+                params.append(value.item() if isinstance(value, np.generic) else value)
+                conds.append(sql.SQL("{} {} %s::{}").format(_col(attr), sql.SQL(op), typ))
+        return sql.SQL(" AND ").join(conds) if conds else sql.SQL("TRUE")
+
+    @_locked
+    def delete(self, ns, filter):
+        _, schema = self._info(ns)
+        params: list = []
+        self._run(sql.SQL("DELETE FROM {} t WHERE {}").format(_table(ns), self._where(filter, schema, params)), params)
+
+    @_locked
+    def count(self, ns, filter=()):
+        _, schema = self._info(ns)
+        params: list = []
+        return self._one(sql.SQL("SELECT count(*) FROM {} t WHERE {}").format(_table(ns), self._where(filter, schema, params)), params)[0]
+
+    @_locked
+    def search(self, ns, queries, metric, include=()):
+        dim, schema = self._info(ns)
+        if metric not in _METRICS:
+            raise StoreError(f"the pgvector store has no metric {metric!r}; it has {', '.join(self.metrics)}")
+        for a in include:
+            if a not in schema and a != "id":
+                raise StoreError(f"unknown attribute {a!r} to include (the namespace has {sorted(schema)})")
+        if len(queries) > self.max_queries:
+            raise StoreError(f"{len(queries)} queries in one request; the pgvector store takes at most {self.max_queries}")
+        if not queries:
+            return Hits(np.zeros(0, np.int64), np.zeros(0), {a: np.zeros(0, np.int64 if schema.get(a) == "int" else object) for a in include})
+        _vectors(np.stack([q.vector for q in queries]), dim)
+        for q in queries:
+            check_filter(q.filter, schema)
+        # Queries with filters of one shape and one top_k share a single statement.
+        groups: dict[tuple, list[int]] = {}
+        for i, q in enumerate(queries):
+            shape = (tuple((a, op) for a, op, _ in q.filter), q.top_k)
+            groups.setdefault(shape, []).append(i)
+        return concat([self._search_group(ns, schema, [queries[i] for i in idx], np.asarray(idx), metric, include)
+                       for idx in groups.values()], include)
+
+    def _search_group(self, ns, schema, qs: list[Query], index: np.ndarray, metric, include) -> Hits:
+        order, value = _METRICS[metric]
+        types = {"id": "str", **schema}
+        f0 = qs[0].filter
+        # Conditions equal across the batch become parameters (so the B-tree picks the rows);
+        # the others become columns of the query relation, one value per query.
+        varying = [i for i in range(len(f0)) if any(not _same(q.filter[i][2], f0[i][2]) for q in qs)]
+        arrays = [list(range(len(qs))), [np.asarray(q.vector, np.float32) for q in qs]]
+        q_types = [sql.SQL("int4[]"), sql.SQL("vector[]")]
+        for i in varying:
+            if f0[i][1] == "in":
+                arrays.append([Json(list(np.asarray(q.filter[i][2]).tolist())) for q in qs])
+                q_types.append(sql.SQL("jsonb[]"))
+            else:
+                arrays.append([_scalar(q.filter[i][2]) for q in qs])
+                q_types.append(sql.SQL(_SQL_TYPES[types[f0[i][0]]] + "[]"))
+        q_cols = {i: f"q.f{i}" for i in varying}
+        params: list = list(arrays)
+        where = self._where(f0, schema, params, q_cols)
+        names = sql.SQL(", ").join(sql.SQL("{}::{}").format(sql.Placeholder(), t) for t in q_types)
+        alias = sql.SQL(", ").join(sql.Identifier(c) for c in ["qi", "v", *(f"f{i}" for i in varying)])
+        rel = sql.SQL("unnest({}) AS q({})").format(names, alias)
+        k = qs[0].top_k
+        if k is None:
+            sel = sql.SQL("").join(sql.SQL(", {}").format(_col(a)) for a in include)
+            query = sql.SQL("SELECT q.qi, {} AS d{} FROM {} JOIN {} t ON {}").format(
+                sql.SQL(value), sel, rel, _table(ns), where)
+        else:
+            inner = sql.SQL("").join(sql.SQL(", {} AS {}").format(_col(a), sql.Identifier("a_" + a)) for a in include if a != "id")
+            sel = sql.SQL("").join(sql.SQL(", h.{}").format(sql.Identifier("id" if a == "id" else "a_" + a)) for a in include)
+            query = sql.SQL("SELECT q.qi, h.d{} FROM {} CROSS JOIN LATERAL "
+                            "(SELECT {} AS o, {} AS d, t.id{} FROM {} t WHERE {} ORDER BY o, t.id LIMIT {}) h "
+                            "ORDER BY q.qi, h.o, h.id").format(
+                sel, rel, sql.SQL(order), sql.SQL(value), inner, _table(ns), where, sql.Literal(max(int(k), 0)))
+        rows = self._run(query, params)
+        n = len(rows)
+        cols = list(zip(*rows)) if rows else [()] * (2 + len(include))
+        attrs = {}
+        for j, a in enumerate(include):
+            kind = types[a]
+            attrs[a] = np.fromiter(cols[2 + j], np.int64, n) if kind == "int" else np.array(cols[2 + j], dtype=object)
+        return Hits(index[np.fromiter(cols[0], np.int64, n)], np.fromiter(cols[1], np.float64, n), attrs)
+
+    # --- metadata ---
+    @_locked
+    def put_meta(self, key, value):
+        self._run("INSERT INTO _meta VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
+                  [str(key), Json(value, dumps=json.dumps)])
+
+    @_locked
+    def get_meta(self, key):
+        row = self._one("SELECT value::text FROM _meta WHERE key = %s", [str(key)])
+        return json.loads(row[0]) if row else None
+
+    def cli_args(self):
+        return f"--backend pgvector --dsn {shlex.quote(redact(self.dsn))}"
+
+    def close(self):
+        with self.lock:
+            self._closed = True
+            if self.conn is not None:
+                try:
+                    self.conn.close()
+                except Exception:
+                    pass
+                self.conn = None
+
+
+def _scalar(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple, np.ndarray)) or isinstance(b, (list, tuple, np.ndarray)):
+        return np.array_equal(np.asarray(a), np.asarray(b))
+    return a == b
