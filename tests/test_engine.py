@@ -120,3 +120,17 @@ def test_closing_drops_the_keys_namespace(loaded, tiny):
     assert products.keys_ns in store.namespaces("text-")
     products.close()
     assert products.keys_ns not in store.namespaces("text-")
+
+
+@pytest.mark.parametrize("metric", ["euclidean_squared", "cosine_distance"])
+def test_keys_without_an_inner_product(loaded, tiny, metric):
+    """The path of a store with no inner product (turbopuffer): each key carries |k|^2."""
+    store, key = loaded(tiny, metric)
+    ids = tokenizer.encode(PROMPTS[2])
+    text = Text(Engine(store, tiny.name, key, key_metric=metric).open())
+    text.append(ids)
+    got = [s.token_id for s in text.generate(12, Sampling(0, 40))]
+    text.close()
+    from puffergpt.reference import Reference
+
+    assert got == Reference(tiny).greedy(ids, 12)

@@ -197,6 +197,56 @@ def serve(model, backend, data_dir, host, port) -> None:
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
+@main.command()
+@click.option("--model", default="demo", show_default=True, help=MODEL_HELP)
+@click.option("--backends", default="embedded", show_default=True, help="comma-separated backends to run")
+@data_option
+@click.option("--quick", is_flag=True, help="fewer positions and tokens: a smoke run in about a minute")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="write the results as JSON")
+@click.option("--chart", "chart_out", type=click.Path(path_type=Path), default=None, help="write a PNG chart (needs matplotlib)")
+@click.option("--no-torch", is_flag=True, help="leave out transformers even if it is installed")
+def bench(model, backends, data_dir, quick, json_out, chart_out, no_torch) -> None:
+    """Time the engines side by side on one model: numpy, transformers, each backend."""
+    import tempfile
+
+    from puffergpt import bench as b
+    from puffergpt import loading
+    from puffergpt.engine import Engine
+
+    names = [n.strip() for n in backends.split(",") if n.strip()]
+    bad = [n for n in names if n not in BACKENDS]
+    if bad or not names:
+        fail(f"unknown backend {bad[0] if bad else backends!r}: use some of {', '.join(BACKENDS)}")
+    with clear_errors(), tempfile.TemporaryDirectory(prefix="puffergpt-bench-") as tmp:
+        path, _ = checkpoints.resolve(model)
+        ckpt = checkpoints.load(model)
+        engines, loads = {}, {}
+        for name in names:
+            store = open_store(name, data_dir or Path(tmp) / name)
+            t0 = time.perf_counter()
+            loading.load(store, ckpt, loading.model_key(model))
+            loads[name] = {"load_s": round(time.perf_counter() - t0, 2), "disk_mb": store_size_mb(store)}
+            engines[name] = Engine(store, model).open
+        report = b.bench(ckpt, str(path), engines, b.Plan.quick() if quick else b.Plan(), with_torch=not no_torch)
+        for r in report["results"]:
+            r.update(loads.get(r["engine"], {}))
+    click.echo(b.table(report))
+    if json_out:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+        click.echo(f"wrote {json_out}")
+    if chart_out:
+        b.chart(report, str(chart_out))
+        click.echo(f"wrote {chart_out}")
+
+
+def store_size_mb(store) -> float | None:
+    path = getattr(store, "path", None)
+    if path is None or not Path(path).exists():
+        return None
+    wal = Path(str(path) + ".wal")
+    return round((Path(path).stat().st_size + (wal.stat().st_size if wal.exists() else 0)) / 1e6, 1)
+
+
 def make_products(engine: str, model: str, backend: str, data_dir: Path | None):
     """The products for one text, and the store behind them (None for numpy)."""
     if engine == "reference":

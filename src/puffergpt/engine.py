@@ -33,6 +33,16 @@ from puffergpt.stores.base import Query, Store, StoreError
 KEY_SCHEMA = {"layer": "int", "head": "int", "pos": "int"}
 
 
+def key_scores(metric: str, dist: np.ndarray, qq: np.ndarray, kk: np.ndarray) -> np.ndarray:
+    """q.k from a distance, given |q|^2 and |k|^2 (keys have no fixed length to pad to,
+    so each key document carries its own |k|^2 as the attribute ``norm2``)."""
+    if metric == "inner_product":
+        return dist
+    if metric == "euclidean_squared":
+        return (qq + kk - dist) / 2  # |q - k|^2 = |q|^2 + |k|^2 - 2 q.k
+    return (1 - dist) * np.sqrt(qq * kk)  # cosine distance = 1 - q.k / (|q| |k|)
+
+
 @dataclass
 class Request:
     kind: str  # h.3.mlp.c_fc, h.3.attn.keys, h.3.attn.scores, embed, wte.top_k, ln
@@ -50,17 +60,18 @@ class Request:
 class Engine:
     """A model loaded into a store. ``open()`` gives the products for one text."""
 
-    def __init__(self, store: Store, model: str, key: str | None = None):
+    def __init__(self, store: Store, model: str, key: str | None = None, key_metric: str | None = None):
         self.store = store
         self.model = model
         self.key = key or loading.model_key(model)
         self.manifest = loading.manifest(store, self.key, model)
         self.config = GPT2Config(**self.manifest["config"])
         self.encoding = Encoding(self.manifest["metric"])
-        # Keys use the most precise metric this store has (they carry no bias and no fixed norm).
-        self.key_metric = store.metrics[0]
-        if self.key_metric != "inner_product":
-            raise StoreError(f"the {store.name} store has no inner-product search for attention keys")
+        # Keys use the most precise metric this store has.
+        self.key_metric = key_metric or store.metrics[0]
+        if self.key_metric not in store.metrics:
+            raise StoreError(f"the {store.name} store has no {self.key_metric!r} search")
+        self.key_schema = KEY_SCHEMA if self.key_metric == "inner_product" else KEY_SCHEMA | {"norm2": "float"}
 
     def open(self) -> "SearchProducts":
         return SearchProducts(self)
@@ -76,7 +87,7 @@ class SearchProducts:
         self.M = {name: m["M"] for name, m in engine.manifest["matrices"].items()}
         self.log: list[Request] = []
         self.keys_ns = f"text-{uuid.uuid4().hex[:16]}"
-        self.store.create_namespace(self.keys_ns, c.head_dim, KEY_SCHEMA)
+        self.store.create_namespace(self.keys_ns, c.head_dim, engine.key_schema, engine.key_metric)
         # Layer norms: the only parameters the server keeps, 2 x C numbers each.
         names = loading.norms(c)
         ns = loading.namespace(self.key, c.n_embd)
@@ -122,18 +133,27 @@ class SearchProducts:
         H, T, hd = q.shape
         S = int(pos[-1]) + 1
         heads, ts = np.meshgrid(np.arange(H), np.arange(T), indexing="ij")  # (H, T) each
+        keys = k.reshape(H * T, hd)
+        attrs = {"layer": [layer] * (H * T), "head": heads.ravel(), "pos": pos[ts.ravel()]}
+        metric = self.engine.key_metric
+        if metric != "inner_product":
+            attrs["norm2"] = (keys.astype(np.float64) ** 2).sum(axis=1)
         t = time.perf_counter()
-        self.store.upsert(self.keys_ns, [f"h.{layer}.{h}.{pos[i]}" for h, i in zip(heads.ravel(), ts.ravel())],
-                          k.reshape(H * T, hd), {"layer": [layer] * (H * T), "head": heads.ravel(), "pos": pos[ts.ravel()]})
+        self.store.upsert(self.keys_ns, [f"h.{layer}.{h}.{pos[i]}" for h, i in zip(heads.ravel(), ts.ravel())], keys, attrs)
         self._log(f"h.{layer}.attn.keys", "write", 0, H * T, k.nbytes, 0, t)
         queries = [Query(q[h, i], (("layer", "=", layer), ("head", "=", int(h)), ("pos", "<=", int(pos[i]))))
                    for h, i in zip(heads.ravel(), ts.ravel())]
         t = time.perf_counter()
-        hits = self.store.search(self.keys_ns, queries, self.engine.key_metric, include=("pos",))
+        include = ("pos",) if metric == "inner_product" else ("pos", "norm2")
+        hits = self.store.search(self.keys_ns, queries, metric, include=include)
         scored = int(H * (pos + 1).sum())
         self._log(f"h.{layer}.attn.scores", "search", len(queries), scored, scored * hd * 4, len(hits.query), t)
         scores = np.full((H * T, S), -np.inf, np.float32)
-        scores[hits.query, hits.attrs["pos"]] = hits.distance
+        if metric == "inner_product":
+            scores[hits.query, hits.attrs["pos"]] = hits.distance
+        else:
+            qq = (q.reshape(H * T, hd).astype(np.float64) ** 2).sum(axis=1)  # |q|^2 per query
+            scores[hits.query, hits.attrs["pos"]] = key_scores(metric, hits.distance, qq[hits.query], hits.attrs["norm2"])
         return scores.reshape(H, T, S)
 
     def top_k(self, x, k):

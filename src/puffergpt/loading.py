@@ -136,7 +136,7 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
         store.put_meta(progress_key, state)
     store.put_meta(f"manifest:{key}", {"complete": False, **ident})  # the engine refuses it until the end
     for n_in in sorted({n for _, n in matrices(c)}):
-        store.create_namespace(namespace(key, n_in), enc.dim(n_in), SCHEMA)
+        store.create_namespace(namespace(key, n_in), enc.dim(n_in), SCHEMA, metric)
 
     items = list(plan(ckpt, enc, key))
     total = sum(len(i) for _, _, _, i in items)

@@ -25,7 +25,7 @@ import numpy as np
 
 Filter = tuple[tuple[str, str, Any], ...]
 OPS = ("=", "<", "<=", ">", ">=", "in")
-ATTR_TYPES = ("int", "str")
+ATTR_TYPES = ("int", "float", "str")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
 
 
@@ -73,8 +73,9 @@ class Store(ABC):
     max_queries: int  # queries one search request may carry
 
     @abstractmethod
-    def create_namespace(self, ns: str, dim: int, schema: dict[str, str]) -> None:
-        """Create ns for vectors of length dim with typed attributes; a no-op if it exists alike."""
+    def create_namespace(self, ns: str, dim: int, schema: dict[str, str], metric: str | None = None) -> None:
+        """Create ns for vectors of length dim with typed attributes; a no-op if it exists alike.
+        ``metric`` is the one it will be searched with (stores that fix it per namespace need it)."""
 
     @abstractmethod
     def drop_namespace(self, ns: str) -> None: ...

@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name
 
-_SQL_TYPES = {"int": "BIGINT", "str": "VARCHAR"}
+_SQL_TYPES = {"int": "BIGINT", "float": "DOUBLE", "str": "VARCHAR"}
 # metric -> (SQL expression over t.vector and q.v, whether larger is closer)
 _METRICS = {
     "inner_product": ("array_inner_product(t.vector, q.v)", True),
@@ -100,7 +100,7 @@ class EmbeddedStore(Store):
         return self._ns[ns]
 
     @_locked
-    def create_namespace(self, ns, dim, schema):
+    def create_namespace(self, ns, dim, schema, metric=None):  # DuckDB searches any metric
         check_name(ns)
         if self._one("SELECT 1 FROM _namespaces WHERE name = ?", [ns]):
             if self._info(ns) != (dim, schema):
