@@ -56,6 +56,8 @@ def main() -> None:
           f"(SELECT unnest(range(len($1::FLOAT[{DIM}][]))) AS i, unnest($1::FLOAT[{DIM}][]) AS v) q WHERE d.matrix = 'a'")
     out[f"duckdb batched, {BATCH} queries (per query)"] = timeit(lambda: con.execute(qb, [X.tolist()]).fetchnumpy()) / BATCH
 
+    out |= lancedb_timing(tmp, W, other, x, ref)
+
     import sqlite_vec
     db = sqlite3.connect(f"{tmp}/bench.sqlite")
     if not hasattr(db, "enable_load_extension"):  # this Python's sqlite3 was built without extensions
@@ -72,6 +74,29 @@ def main() -> None:
     out["sqlite-vec vec_distance_l2, 1 query"] = timeit(lambda: db.execute(sq, [x.tobytes()]).fetchall())
 
     report(out)
+
+
+def lancedb_timing(tmp: str, W, other, x, ref) -> dict[str, float]:
+    """LanceDB, brute force (no index) under a prefilter, dot product."""
+    try:
+        import lancedb
+    except ImportError:
+        print("lancedb: skipped, not installed (pip install lancedb)")
+        return {}
+    import pyarrow as pa
+
+    db = lancedb.connect(f"{tmp}/lance")
+    rows = lambda name, M: pa.table({"matrix": [name] * ROWS, "row": np.arange(ROWS, dtype=np.int32),  # noqa: E731
+                                     "vector": pa.FixedSizeListArray.from_arrays(pa.array(M.ravel()), DIM)})
+    t = db.create_table("docs", rows("a", W))
+    t.add(rows("b", other))
+
+    def q():
+        return t.search(x).distance_type("dot").where("matrix = 'a'", prefilter=True).limit(ROWS).to_arrow()
+
+    r = q()
+    assert r.num_rows == ROWS and r["row"][0].as_py() == int(np.argmax(ref))  # every row, best first
+    return {"lancedb dot, 1 query (no index)": timeit(q)}
 
 
 def report(out: dict[str, float]) -> None:

@@ -109,7 +109,7 @@ def test_generate_json_contract(engine_data, cli_ckpt):
         assert t["token_id"] in {x["token_id"] for x in c}
     assert summary["engine"] == engine and summary["model"] == str(cli_ckpt)
     assert summary["prompt_tokens"] == len(prompt_ids) and summary["new_tokens"] == n
-    assert set(summary["prefill"]) == {"tokens", "requests", "ms"} == set(summary["decode"])
+    assert set(summary["prefill"]) == {"tokens", "requests", "round_trips", "ms", "cost_usd"} == set(summary["decode"])
     assert summary["prefill"]["tokens"] == len(prompt_ids)
     assert summary["decode"]["tokens"] == n - 1
     assert summary["decode"]["requests"] == sum(t["requests"] for t in tokens[1:])

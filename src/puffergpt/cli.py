@@ -278,21 +278,27 @@ def run_generate(text, prompt, ids, n_tokens, s, as_json, summary) -> None:
             click.echo(utf8.decode(tokenizer.token_bytes(step.token_id)), nl=False)
     if not as_json:
         click.echo(utf8.decode(b"", final=True), nl=False)
-    pre = text.prefill
-    decode_requests = sum(len(st.requests) for st in steps[1:])
-    summary |= {
-        "prompt_tokens": len(ids), "new_tokens": len(steps), "ms": round((time.perf_counter() - t0) * 1e3, 1),
-        "prefill": {"tokens": len(ids), "requests": pre.get("requests", 0), "ms": round(pre.get("ms", 0.0), 1)},
-        "decode": {"tokens": max(len(steps) - 1, 0), "requests": decode_requests,
-                   "ms": round(sum(st.ms for st in steps[1:]), 1)},
-    }
+    summary |= {"prompt_tokens": len(ids), "new_tokens": len(steps), "ms": round((time.perf_counter() - t0) * 1e3, 1),
+                "prefill": phase(steps[:1], len(ids)), "decode": phase(steps[1:], len(steps[1:]))}
     if as_json:
         click.echo(json.dumps({"summary": summary}))
     else:
         click.echo()
         p, d = summary["prefill"], summary["decode"]
-        click.echo(f"[prefill: {p['tokens']} tokens, {p['requests']} requests, {p['ms']:.0f} ms | "
-                   f"decode: {d['tokens']} tokens, {d['requests']} requests, {d['ms']:.0f} ms]", err=True)
+        click.echo(f"[prefill: {p['tokens']} tokens, {p['requests']} requests, {p['round_trips']} round trips, {p['ms']:.0f} ms | "
+                   f"decode: {d['tokens']} tokens, {d['requests']} requests, {d['round_trips']} round trips, {d['ms']:.0f} ms | "
+                   f"${p['cost_usd'] + d['cost_usd']:.6f} at turbopuffer's rates]", err=True)
+
+
+def phase(steps, tokens: int) -> dict:
+    """Totals over steps: requests, sequential round trips (each request waits for the one
+    before it), ms, and what they would cost on turbopuffer."""
+    from puffergpt import costs
+
+    reqs = [r for st in steps for r in st.requests]
+    return {"tokens": tokens, "requests": len(reqs), "round_trips": len(reqs),
+            "ms": round(sum(st.ms for st in steps), 1),
+            "cost_usd": sum(costs.request_cost(r.op, r.bytes, r.returned, r.queries) for r in reqs)}
 
 
 if __name__ == "__main__":

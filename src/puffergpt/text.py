@@ -78,7 +78,6 @@ class Text:
         self.steps: dict[int, Step] = {}
         self.lock = threading.RLock()
         self.last_used = time.monotonic()
-        self.prefill: dict = {}
 
     # --- what it costs ---
     def _log(self) -> list:
@@ -206,8 +205,6 @@ class Text:
                 p = self.length
                 step = Step(p, tok, ids, logits, s.temperature, list(self._log()[log0:]),
                             (time.perf_counter() - t0) * 1e3, read)
-                if read and not self.prefill:
-                    self.prefill = {"tokens": read, "requests": len(step.requests), "ms": step.ms}
                 self._set(p, tok)
                 self.steps[p] = step
                 self.last_used = time.monotonic()
