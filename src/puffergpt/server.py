@@ -29,6 +29,10 @@ MAX_BODY = 64 * 1024  # bytes of a request body
 MAX_PROMPT_CHARS = 16 * 1024
 MAX_NEW_TOKENS = 512
 STATIC = Path(str(resources.files("puffergpt") / "static"))
+# The pages load nothing from elsewhere and run no inline script.
+CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'")
+PAGE_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
 
 
 @dataclass(frozen=True)
@@ -105,11 +109,11 @@ def step_json(step: Step, full: bool = True) -> dict:
     return d
 
 
-def text_json(t: Text) -> dict:
+def text_json(t: Text, full: bool = True) -> dict:
     return {"id": t.id, "length": t.length, "known": len(t.tokens), "read_upto": t.read_upto,
             "tokens": [{"position": i, "token_id": tok, "text": tokenizer.token_text(tok), "generated": i in t.steps,
                         "prob": _chosen_prob(t.steps.get(i))} for i, tok in enumerate(t.tokens)],
-            "steps": {str(p): step_json(s) for p, s in sorted(t.steps.items())}}
+            "steps": {str(p): step_json(s, full) for p, s in sorted(t.steps.items())}}
 
 
 def _chosen_prob(step: Step | None) -> float | None:
@@ -165,18 +169,18 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
 
     @app.get("/", include_in_schema=False)
     def index():
-        return FileResponse(STATIC / "index.html")
+        return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)
 
     @app.get("/how", include_in_schema=False)
     def how():
-        return FileResponse(STATIC / "how.html")
+        return FileResponse(STATIC / "how.html", headers=PAGE_HEADERS)
 
     @app.get("/static/{name}", include_in_schema=False)
     def static(name: str):
         path = (STATIC / name).resolve()
         if path.parent != STATIC.resolve() or not path.is_file():
             raise HTTPException(404, "no such file")
-        return FileResponse(path)
+        return FileResponse(path, headers=PAGE_HEADERS)
 
     @app.get("/api/info")
     def info() -> dict:

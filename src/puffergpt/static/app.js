@@ -16,7 +16,10 @@
         else if (k === "text") el.textContent = String(v);
         else if (k === "dataset") Object.assign(el.dataset, v);
         else if (k === "style") Object.assign(el.style, v);
-        else if (k.startsWith("on") && typeof v === "function") el.addEventListener(k.slice(2), v);
+        else if (k.startsWith("on")) {
+          if (typeof v !== "function") throw new TypeError("event handlers must be functions");
+          el.addEventListener(k.slice(2), v);
+        }
         else el.setAttribute(k, v === true ? "" : String(v));
       }
     }
@@ -84,6 +87,13 @@
     if (x >= 0.01) return "$" + x.toFixed(4);
     const digits = Math.min(12, Math.max(2, 2 - Math.floor(Math.log10(x))));
     return "$" + x.toFixed(digits);
+  }
+  // Millionths of a dollar, 3 significant digits: a request costs a few of them.
+  function micro(x) {
+    const u = x * 1e6;
+    if (!u) return "0";
+    if (u >= 1000) return nf.format(Math.round(u));
+    return String(Number(u.toPrecision(3)));
   }
   const logit = (x) => x.toFixed(4);
   const baseName = (s) => String(s).split(/[\\/]/).filter(Boolean).pop() || String(s);
@@ -270,7 +280,7 @@
     return i >= 0 && step.probs_t1 ? step.probs_t1[i] : 0;
   }
   function shade(p) {
-    const light = 95 - 30 * Math.max(0, Math.min(1, p));
+    const light = 95 - 20 * Math.max(0, Math.min(1, p));
     return `hsl(245 85% ${light}%)`;
   }
 
@@ -443,7 +453,8 @@
     const summary = h("div", { class: "wf-summary" },
       h("div", { class: "stat" }, h("b", { text: int(log.length) }), h("span", { text: "requests" })),
       h("div", { class: "stat" }, h("b", { text: ms(step.ms) }), h("span", { text: "total" })),
-      h("div", { class: "stat" }, h("b", { text: usdPlain(step.cost_usd) }), h("span", { text: "at turbopuffer's rates" })),
+      h("div", { class: "stat", title: "at turbopuffer's list rates" }, h("b", { text: usdPlain(step.cost_usd) }),
+        h("span", { text: `cost · ${usd(step.cost_usd * 1e6)} per million tokens` })),
       h("div", { class: "stat" }, h("b", { text: step.read > 1 ? int(step.read) : step.read === 1 ? "1" : "0" }), h("span", { text: "tokens read" })));
     let note;
     if (!log.length) {
@@ -471,7 +482,7 @@
         h("td", { class: "bar-cell" }, h("div", { class: "track" },
           h("div", { class: "bar op-" + r.op, style: { left: left.toFixed(2) + "%", width: Math.min(width, 100 - left).toFixed(2) + "%" } }))),
         h("td", { class: "num", text: ms(r.ms) }),
-        h("td", { class: "num cost", text: usd(r.cost_usd) })));
+        h("td", { class: "num cost", title: usdPlain(r.cost_usd), text: micro(r.cost_usd) })));
     });
     const rest = step.ms - reqMs;
     if (log.length && rest > 0) {
@@ -488,7 +499,7 @@
       h("thead", null, h("tr", null,
         h("th", { class: "num", text: "#" }), h("th", { text: "request" }), h("th", { class: "num", text: "queries" }),
         h("th", { class: "num", text: "rows" }), h("th", { class: "num", text: "bytes" }), h("th", { text: "latency" }),
-        h("th", { class: "num", text: "ms" }), h("th", { class: "num", text: "cost" }))),
+        h("th", { class: "num", text: "ms" }), h("th", { class: "num", title: "millionths of a dollar at turbopuffer's list rates", text: "µ$" }))),
       h("tbody", null, rows));
     box.replaceChildren(summary, h("p", { class: "note", text: note }), log.length ? h("div", { class: "table-scroll wf-scroll" }, table) : "");
   }
@@ -537,9 +548,9 @@
         h("p", { class: "note", text: "Their candidates were already known from an earlier pass over the same prefix." })));
     }
     if (pre.length && dec.length) {
-      const saving = preTokens * (decReq / dec.length) / Math.max(1, preReq);
-      kids.push(h("p", { class: "saving" }, "Batched prefill: ", h("b", { text: `${int(preTokens)} tokens for the price of about ${(preReq / (decReq / dec.length)).toFixed(1)}` }),
-        ` in requests (${saving.toFixed(1)}× fewer round trips).`));
+      const oneByOne = preTokens * (decReq / dec.length);
+      kids.push(h("p", { class: "saving" }, "Batching: ", h("b", { text: `${int(preTokens)} prompt tokens cost ${int(preReq)} requests instead of ${int(Math.round(oneByOne))}` }),
+        ` — ${(oneByOne / Math.max(1, preReq)).toFixed(1)}× fewer round trips than reading them one by one.`));
     }
     box.replaceChildren(...kids);
   }
@@ -587,7 +598,7 @@
           dataset: { position: String(child.pos), tokenId: String(child.id) },
           title: `from position ${child.pos}: ${run.length} token${run.length === 1 ? "" : "s"}. Click to go to this branch.`,
           disabled: S.generating || S.busy,
-          onclick: () => goToPath(S.paths[end.pathIndex].ids),
+          onclick: () => goToPath(S.paths[end.pathIndex]),
         }, h("span", { class: "tree-pos", text: "@" + child.pos }), h("span", { class: "tree-text", text: label.replace(/\n/g, "↵") }));
         const li = h("li", null, btn);
         if (end.children.size > 1) li.appendChild(h("ul", null, segments(end, current === "all")));
@@ -718,9 +729,9 @@
 
   async function stop() {
     if (!S.textId || !S.generating) return;
+    setStatus("stopping…"); // before the request: the stream's `done` may come back first
     try {
       await api("POST", `/api/texts/${encodeURIComponent(S.textId)}/stop`);
-      setStatus("stopping…");
     } catch (e) { showError(e); }
   }
 
@@ -773,24 +784,33 @@
   }
 
   // Move to a recorded continuation: branch at the first token that differs, then put
-  // the rest back token by token (no search: the model reads them when it next generates).
-  async function goToPath(ids) {
+  // the rest back (no search: the model reads them, in one batch, when it next generates).
+  async function goToPath(path) {
+    const { ids, texts } = path;
     await edit(async () => {
       const cur = S.tokens.map((t) => t.id);
       let d = 0;
       while (d < Math.min(cur.length, ids.length) && cur[d] === ids[d]) d++;
-      if (d >= ids.length) {
+      if (d >= ids.length) { // the path is what the text knows already: step there, for free
         if (ids.length < S.length) await call("step_back", { position: ids.length });
         else if (ids.length > S.length) await call("step_forward", { position: ids.length });
         return;
       }
       if (d > S.length) await call("step_forward", { position: d });
-      for (let q = d; q < ids.length; q++) {
-        const key = keyAt(q);
-        await call("branch", { position: q, token_id: ids[q] });
-        if (q === d) S.chosen.set(key, ids[q]);
-      }
+      const key = keyAt(d);
+      await call("branch", { position: d, token_id: ids[d] });
+      S.chosen.set(key, ids[d]);
       S.selected = d;
+      // The rest in one append; where the tokenizer would split its text differently,
+      // the recorded tokens are put back one by one (a branch at the end of the text).
+      const rest = texts.slice(d + 1).join("");
+      if (rest) {
+        try { await call("append", { text: rest }); } catch (_) { /* the text is left as it was; put them back one by one */ }
+      }
+      let m = d + 1;
+      while (m < ids.length && m < S.length && S.tokens[m].id === ids[m]) m++;
+      for (let q = m; q < ids.length; q++) await call("branch", { position: q, token_id: ids[q] });
+      if (S.length > ids.length) await call("cut", { position: ids.length });
     });
   }
 
