@@ -6,7 +6,7 @@ import pytest
 from puffergpt.documents import METRICS, Encoding
 from puffergpt.stores import Query, open_store
 
-from conftest import assert_close
+from helpers import assert_close
 
 # Max abs error of y = x @ W + b for a (768 -> 3072) layer with GPT-2-like scales,
 # when the distances are computed exactly in float64 from float32 documents. The

@@ -9,7 +9,7 @@ from puffergpt.reference import NumpyProducts
 from puffergpt.sampling import Sampling
 from puffergpt.text import Text
 
-from conftest import PROMPTS, assert_close
+from helpers import PROMPTS, assert_close
 
 # Max abs difference of the top-40 logits from the reference, per encoding (see README).
 LOGIT_BOUNDS = {"inner_product": 1e-3, "euclidean_squared": 5e-3, "cosine_distance": 1e-3}

@@ -6,7 +6,7 @@ import pytest
 from puffergpt import checkpoints, tokenizer
 from puffergpt.reference import Cache, NumpyProducts, Reference, forward, gelu, layer_norm, softmax
 
-from conftest import PROMPTS, assert_close
+from helpers import PROMPTS, assert_close
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")  # noqa: F841
 transformers = pytest.importorskip("transformers")

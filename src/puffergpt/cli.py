@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import os
 import time
 from pathlib import Path
 
@@ -57,16 +58,20 @@ def data_option(f):
 
 
 def backend_option(f):
+    f = click.option("--dsn", envvar="PUFFERGPT_DSN", default=None,
+                     help="PostgreSQL connection string for --backend pgvector [env PUFFERGPT_DSN]")(f)
     return click.option("--backend", type=click.Choice(BACKENDS), default="embedded", show_default=True,
                         help="the vector database that holds the weights")(f)
 
 
-def open_store(backend: str, data_dir: Path | None):
+def open_store(backend: str, data_dir: Path | None, dsn: str | None = None):
+    """The store, with its settings from the options and, for turbopuffer, the environment."""
     import platformdirs
 
     from puffergpt.stores import open_store as _open
 
-    return _open(backend, data_dir or Path(platformdirs.user_data_dir("puffergpt")))
+    return _open(backend, data_dir or Path(platformdirs.user_data_dir("puffergpt")), dsn=dsn,
+                 api_key=os.environ.get("TURBOPUFFER_API_KEY"), region=os.environ.get("TURBOPUFFER_REGION"))
 
 
 @contextmanager
@@ -87,13 +92,13 @@ def clear_errors():
 @click.option("--metric", type=click.Choice(METRICS), default=None,
               help="the encoding of rows as documents [default: the store's most precise]")
 @click.option("--repair", is_flag=True, help="read every document back and rewrite what does not match")
-def load(model, backend, data_dir, metric, repair) -> None:
+def load(model, backend, dsn, data_dir, metric, repair) -> None:
     """Write a model's weights into the store, one document a row."""
     from puffergpt import loading
 
     with clear_errors():
         ckpt = checkpoints.load(model)
-        store = open_store(backend, data_dir)
+        store = open_store(backend, data_dir, dsn)
         t0 = time.perf_counter()
         m = loading.load(store, ckpt, loading.model_key(model), metric=metric, repair=repair)
         store.close()
@@ -105,12 +110,12 @@ def load(model, backend, data_dir, metric, repair) -> None:
 @click.option("--model", default="demo", show_default=True, help=MODEL_HELP)
 @backend_option
 @data_option
-def verify(model, backend, data_dir) -> None:
+def verify(model, backend, dsn, data_dir) -> None:
     """Read every document back and check it against the manifest."""
     from puffergpt import loading
 
     with clear_errors():
-        store = open_store(backend, data_dir)
+        store = open_store(backend, data_dir, dsn)
         key = loading.model_key(model)
         m = store.get_meta(f"manifest:{key}")
         if not m or not m.get("complete"):
@@ -135,7 +140,7 @@ def verify(model, backend, data_dir) -> None:
 @click.option("--seed", type=int, default=None, help="makes sampling reproducible")
 @click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="tokens to generate")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object a token, then a summary line")
-def generate(prompt, model, engine, backend, data_dir, temperature, top_k, seed, n_tokens, as_json) -> None:
+def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, seed, n_tokens, as_json) -> None:
     """Continue PROMPT."""
     from puffergpt.text import Text
 
@@ -146,7 +151,7 @@ def generate(prompt, model, engine, backend, data_dir, temperature, top_k, seed,
     ids = tokenizer.encode(prompt)
     s = Sampling(temperature, top_k, seed)
     with clear_errors():
-        products, store = make_products(engine, model, backend, data_dir)
+        products, store = make_products(engine, model, backend, data_dir, dsn)
         try:
             text = Text(products)
             s.check(text.config.n_vocab)
@@ -164,7 +169,7 @@ def generate(prompt, model, engine, backend, data_dir, temperature, top_k, seed,
 @data_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="the address to listen on")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-def serve(model, backend, data_dir, host, port) -> None:
+def serve(model, backend, dsn, data_dir, host, port) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
     import uvicorn
 
@@ -174,7 +179,7 @@ def serve(model, backend, data_dir, host, port) -> None:
     from puffergpt.server import create_app
 
     with clear_errors():
-        store = open_store(backend, data_dir)
+        store = open_store(backend, data_dir, dsn)
         key = loading.model_key(model)
         try:
             engine = Engine(store, model)
@@ -200,12 +205,13 @@ def serve(model, backend, data_dir, host, port) -> None:
 @main.command()
 @click.option("--model", default="demo", show_default=True, help=MODEL_HELP)
 @click.option("--backends", default="embedded", show_default=True, help="comma-separated backends to run")
+@click.option("--dsn", envvar="PUFFERGPT_DSN", default=None, help="PostgreSQL connection string for pgvector [env PUFFERGPT_DSN]")
 @data_option
 @click.option("--quick", is_flag=True, help="fewer positions and tokens: a smoke run in about a minute")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="write the results as JSON")
 @click.option("--chart", "chart_out", type=click.Path(path_type=Path), default=None, help="write a PNG chart (needs matplotlib)")
 @click.option("--no-torch", is_flag=True, help="leave out transformers even if it is installed")
-def bench(model, backends, data_dir, quick, json_out, chart_out, no_torch) -> None:
+def bench(model, backends, dsn, data_dir, quick, json_out, chart_out, no_torch) -> None:
     """Time the engines side by side on one model: numpy, transformers, each backend."""
     import tempfile
 
@@ -222,7 +228,7 @@ def bench(model, backends, data_dir, quick, json_out, chart_out, no_torch) -> No
         ckpt = checkpoints.load(model)
         engines, loads = {}, {}
         for name in names:
-            store = open_store(name, data_dir or Path(tmp) / name)
+            store = open_store(name, data_dir or Path(tmp) / name, dsn)
             t0 = time.perf_counter()
             loading.load(store, ckpt, loading.model_key(model))
             loads[name] = {"load_s": round(time.perf_counter() - t0, 2), "disk_mb": store_size_mb(store)}
@@ -247,7 +253,7 @@ def store_size_mb(store) -> float | None:
     return round((Path(path).stat().st_size + (wal.stat().st_size if wal.exists() else 0)) / 1e6, 1)
 
 
-def make_products(engine: str, model: str, backend: str, data_dir: Path | None):
+def make_products(engine: str, model: str, backend: str, data_dir: Path | None, dsn: str | None = None):
     """The products for one text, and the store behind them (None for numpy)."""
     if engine == "reference":
         from puffergpt.reference import NumpyProducts
@@ -256,7 +262,7 @@ def make_products(engine: str, model: str, backend: str, data_dir: Path | None):
     from puffergpt.engine import Engine
 
     checkpoints.check_model(model)  # a bad name or path says so before the store is opened
-    store = open_store(backend, data_dir)
+    store = open_store(backend, data_dir, dsn)
     try:
         return Engine(store, model).open(), store
     except BaseException:

@@ -1,5 +1,8 @@
 """The store protocol, on every backend: what the engine relies on, checked against numpy."""
 
+import os
+import uuid
+
 import numpy as np
 import pytest
 
@@ -10,8 +13,19 @@ SCHEMA = {"matrix": "str", "row": "int"}
 
 @pytest.fixture(params=BACKENDS)
 def store(request, tmp_path):
-    s = open_store(request.param, tmp_path)
+    options = {}
+    if request.param == "pgvector":  # a fresh database of the session's PostgreSQL (tests/stores/conftest.py)
+        options = {"dsn": request.getfixturevalue("pg_dsn")}
+    if request.param == "turbopuffer":  # the real service only: there is no stand-in for it
+        if not os.environ.get("TURBOPUFFER_API_KEY"):
+            pytest.skip("TURBOPUFFER_API_KEY is not set: the turbopuffer contract needs the real service")
+        options = {"api_key": os.environ["TURBOPUFFER_API_KEY"], "region": os.environ.get("TURBOPUFFER_REGION"),
+                   "prefix": f"puffergpt-test-{uuid.uuid4().hex[:8]}-"}
+    s = open_store(request.param, tmp_path, **options)
     yield s
+    if request.param == "turbopuffer":
+        for ns in s.namespaces():
+            s.drop_namespace(ns)
     s.close()
 
 
@@ -80,6 +94,17 @@ def test_batched_queries_with_their_own_filters(store):
                                        keys[h, : last[t] + 1] @ q[h, t], rtol=1e-5, atol=1e-6)
 
 
+def test_float_attributes(store):
+    """Keys scored by a metric other than the inner product carry |k|^2 as a float."""
+    store.create_namespace("f", 2, {"pos": "int", "norm2": "float"})
+    v = np.array([[1, 2], [3, 4], [0.5, 0.25]], np.float32)
+    store.upsert("f", ["x", "y", "z"], v, {"pos": [0, 1, 2], "norm2": (v.astype(np.float64) ** 2).sum(1)})
+    hits = store.search("f", [Query(np.ones(2, np.float32))], store.metrics[0], include=("pos", "norm2"))
+    got = dict(zip(hits.attrs["pos"].tolist(), hits.attrs["norm2"].tolist()))
+    assert got == {0: 5.0, 1: 25.0, 2: 0.3125}
+    assert store.count("f", (("norm2", ">", 1.5),)) == 2
+
+
 def test_filters_in_and_ranges(store):
     fill(store)
     assert store.count("m", (("matrix", "in", ["a", "b"]), ("row", "<", 10))) == 20
@@ -140,3 +165,24 @@ def test_data_directory_that_cannot_be_written(tmp_path):
 def test_unknown_backend(tmp_path):
     with pytest.raises(StoreError, match="unknown backend 'faiss'"):
         open_store("faiss", tmp_path)
+
+
+def test_the_engine_on_every_backend(store, tiny):
+    """The engine on this store: greedy tokens and top-40 logits equal the numpy reference."""
+    from helpers import assert_close
+
+    from puffergpt import loading, tokenizer
+    from puffergpt.engine import Engine
+    from puffergpt.reference import NumpyProducts
+    from puffergpt.sampling import Sampling
+    from puffergpt.text import Text
+
+    loading.load(store, tiny, "tiny", progress=False)  # the store's most precise metric
+    ids = tokenizer.encode("The quick brown fox")
+    got, want = Text(Engine(store, tiny.name, "tiny").open()), Text(NumpyProducts(tiny))
+    for t in (got, want):
+        t.append(ids)
+    for a, b in zip(got.generate(8, Sampling(0, 40)), want.generate(8, Sampling(0, 40)), strict=True):
+        assert a.token_id == b.token_id and list(a.ids) == list(b.ids)
+        assert_close(f"{store.name} top-40 logits", a.logits, b.logits, 1e-3)
+    got.close()

@@ -6,15 +6,32 @@ from pathlib import Path
 
 from puffergpt.stores.base import Hits, Query, Store, StoreError
 
-BACKENDS = ("embedded",)
+BACKENDS = ("embedded", "pgvector", "turbopuffer")
 
 
 def open_store(backend: str, data_dir: Path | None = None, **options) -> Store:
-    """The store named ``backend``; ``data_dir`` is where an embedded store keeps its files."""
+    """The store named ``backend``; ``data_dir`` is where an embedded store keeps its files.
+
+    ``pgvector`` takes ``dsn=`` (a PostgreSQL connection string) and ignores ``data_dir``;
+    ``turbopuffer`` takes ``api_key=`` and ``region=``. The CLI reads them from its options
+    and the environment (PUFFERGPT_DSN, TURBOPUFFER_API_KEY, TURBOPUFFER_REGION)."""
+    dsn = options.pop("dsn", None)
+    api_key, region = options.pop("api_key", None), options.pop("region", None)
     if backend == "embedded":
         from puffergpt.stores.embedded import EmbeddedStore
 
         return EmbeddedStore(data_dir, **options)
+    if backend == "pgvector":
+        if not dsn:
+            raise StoreError("the pgvector backend needs a PostgreSQL DSN: give --dsn or set PUFFERGPT_DSN "
+                             "(e.g. postgresql://user@localhost:5432/puffergpt)")
+        from puffergpt.stores.pgvector import PgvectorStore
+
+        return PgvectorStore(dsn, **options)
+    if backend == "turbopuffer":
+        from puffergpt.stores.turbopuffer import TurbopufferStore
+
+        return TurbopufferStore(api_key, region, **options)
     raise StoreError(f"unknown backend {backend!r}: use one of {', '.join(BACKENDS)}")
 
 

@@ -1,7 +1,7 @@
 """The pgvector backend: PostgreSQL with the ``vector`` extension, over psycopg 3.
 
 A namespace is a table ``"ns:<name>"`` (id text primary key, vector vector(dim),
-one typed column per attribute: int -> bigint, str -> text) with a B-tree on the
+one typed column per attribute: int -> bigint, float -> double precision, str -> text) with a B-tree on the
 attribute columns, so that a filter on ``matrix`` (or layer, head) reads only the
 rows it keeps. There is deliberately no ANN index: every search is an exact scan
 of the rows that match its filter, ordered by pgvector's operators
@@ -17,6 +17,12 @@ differ between them, are arrays unnested into a query relation ``q`` that joins
 the namespace's table (``CROSS JOIN LATERAL (... ORDER BY .. LIMIT k)`` for top-k).
 Filter values equal across the batch are plain parameters. Every value is a
 parameter and every identifier is quoted with ``psycopg.sql.Identifier``.
+
+Writes overwrite by id (``INSERT .. ON CONFLICT (id) DO UPDATE``): a small batch (the
+attention keys of a token) as one statement over unnested arrays, a large one (a
+model's load) by binary COPY into a temporary table first; each batch is one transaction.
+A broken connection becomes a StoreError that says the server went away; the next
+call reconnects.
 
 ``_namespaces`` (name, dim, schema) and ``_meta`` (key, value) hold the catalog
 and the manifests; both keep their JSON as written (type ``json``), so a manifest
@@ -47,14 +53,17 @@ try:
 except ImportError as e:  # pragma: no cover - the package's optional dependencies
     raise StoreError(f"the pgvector backend needs psycopg 3 and pgvector ({e}): pip install 'psycopg[binary]' pgvector") from None
 
-_SQL_TYPES = {"int": "bigint", "str": "text"}
-# metric -> (the ordering expression over t.vector and q.v, smaller first; the value returned for it)
+_SQL_TYPES = {"int": "bigint", "float": "double precision", "str": "text"}
+# metric -> (pgvector's operator over t.vector and q.v, smaller is closer; the metric's value from it)
 _METRICS = {
-    "inner_product": ("(t.vector <#> q.v)", "-(t.vector <#> q.v)"),
-    "euclidean_squared": ("(t.vector <-> q.v)", "(t.vector <-> q.v) ^ 2"),
-    "cosine_distance": ("(t.vector <=> q.v)", "(t.vector <=> q.v)"),
+    "inner_product": ("(t.vector <#> q.v)", "-{}"),  # <#> is the negative inner product
+    "euclidean_squared": ("(t.vector <-> q.v)", "{} ^ 2"),  # <-> is the L2 distance
+    "cosine_distance": ("(t.vector <=> q.v)", "{}"),
 }
+_PY_TYPES = {"int": int, "float": float, "str": str}
+_NP_TYPES = {"int": np.int64, "float": np.float64, "str": object}
 CONNECT_TIMEOUT_S = 5
+SMALL_BATCH = 1024  # upserts of up to this many documents are one statement; larger ones go through COPY
 FIX_DSN = "check --dsn or PUFFERGPT_DSN"
 
 
@@ -99,10 +108,6 @@ def _where(dsn_parts: dict) -> str:
     host = dsn_parts.get("host") or dsn_parts.get("hostaddr") or os.environ.get("PGHOST") or "localhost (the default socket)"
     port = dsn_parts.get("port") or os.environ.get("PGPORT") or "5432"
     return f"{host} port {port}"
-
-
-class _Gone(Exception):
-    """The connection broke during a call."""
 
 
 def _locked(method):
@@ -251,8 +256,10 @@ class PgvectorStore(Store):
         return self._ns[ns]
 
     @_locked
-    def create_namespace(self, ns, dim, schema):
+    def create_namespace(self, ns, dim, schema, metric=None):  # pgvector searches any metric on any table
         check_name(ns)
+        if metric is not None and metric not in _METRICS:
+            raise StoreError(f"the pgvector store has no metric {metric!r}; it has {', '.join(self.metrics)}")
         if self._one("SELECT 1 FROM _namespaces WHERE name = %s", [ns]):
             if self._info(ns) != (dim, schema):
                 raise StoreError(f"namespace {ns!r} exists with another layout {self._info(ns)}; drop it first")
@@ -263,15 +270,20 @@ class PgvectorStore(Store):
             if not k.isidentifier() or k in ("id", "vector"):
                 raise StoreError(f"invalid attribute name {k!r}")
         cols = sql.SQL("").join(sql.SQL(", {} {}").format(sql.Identifier(k), sql.SQL(_SQL_TYPES[t])) for k, t in schema.items())
-        with self.conn.transaction():
-            self._run(sql.SQL("CREATE TABLE {} (id text PRIMARY KEY, vector vector({}) NOT NULL{})").format(
-                _table(ns), sql.Literal(int(dim)), cols))
-            # Vectors stay in the row (not TOASTed) while a row fits a page.
-            self._run(sql.SQL("ALTER TABLE {} ALTER COLUMN vector SET STORAGE MAIN").format(_table(ns)))
-            if schema:
-                self._run(sql.SQL("CREATE INDEX ON {} ({})").format(
-                    _table(ns), sql.SQL(", ").join(map(sql.Identifier, schema))))
-            self._run("INSERT INTO _namespaces VALUES (%s, %s, %s)", [ns, int(dim), Json(schema)])
+        try:
+            with self.conn.transaction():
+                self._run(sql.SQL("CREATE TABLE {} (id text PRIMARY KEY, vector vector({}) NOT NULL{})").format(
+                    _table(ns), sql.Literal(int(dim)), cols))
+                # Vectors stay in the row (not TOASTed) while a row fits a page.
+                self._run(sql.SQL("ALTER TABLE {} ALTER COLUMN vector SET STORAGE MAIN").format(_table(ns)))
+                if schema:  # a B-tree on the attributes (not an ANN index): filters read only their rows
+                    self._run(sql.SQL("CREATE INDEX ON {} ({})").format(
+                        _table(ns), sql.SQL(", ").join(map(sql.Identifier, schema))))
+                self._run("INSERT INTO _namespaces VALUES (%s, %s, %s)", [ns, int(dim), Json(schema)])
+        except (pgerrors.DuplicateTable, pgerrors.UniqueViolation):  # another client made it meanwhile
+            self._ns.pop(ns, None)
+            if self._info(ns) != (dim, schema):
+                raise StoreError(f"namespace {ns!r} exists with another layout {self._info(ns)}; drop it first") from None
 
     @_locked
     def drop_namespace(self, ns):
@@ -297,24 +309,27 @@ class PgvectorStore(Store):
             raise StoreError("upsert: an id appears twice in one batch")
         vecs = _vectors(vectors, dim)
         names = list(schema)
-        columns = [[str(i) for i in ids], list(vecs), *([int(x) for x in np.asarray(attrs[k]).tolist()] if schema[k] == "int"
-                                                        else [str(x) for x in np.asarray(attrs[k]).tolist()] for k in names)]
+        columns = [[str(i) for i in ids], list(vecs), *([_PY_TYPES[schema[k]](x) for x in np.asarray(attrs[k]).tolist()] for k in names)]
         cols = sql.SQL(", ").join(map(sql.Identifier, ["id", "vector", *names]))
         sets = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in ["vector", *names])
-        with self.conn.transaction():
+        conflict = sql.SQL("ON CONFLICT (id) DO UPDATE SET {}").format(sets)
+        if len(ids) <= SMALL_BATCH:  # one statement, one round trip: the arrays unnested
+            types = sql.SQL(", ").join(sql.SQL("%b::{}[]").format(sql.SQL(t)) for t in ["text", "vector", *(_SQL_TYPES[schema[k]] for k in names)])
+            self._run(sql.SQL("INSERT INTO {} ({}) SELECT * FROM unnest({}) {}").format(_table(ns), cols, types, conflict), columns)
+            return
+        with self.conn.transaction():  # bulk: COPY into a temporary table, then one INSERT
             self._run(sql.SQL("CREATE TEMP TABLE _batch (LIKE {}) ON COMMIT DROP").format(_table(ns)))
             with self.conn.cursor().copy(sql.SQL("COPY _batch ({}) FROM STDIN (FORMAT BINARY)").format(cols)) as cp:
                 cp.set_types(["text", "vector", *(_SQL_TYPES[schema[k]] for k in names)])
                 for row in zip(*columns):
                     cp.write_row(row)
-            self._run(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM _batch ON CONFLICT (id) DO UPDATE SET {}").format(
-                _table(ns), cols, cols, sets))
+            self._run(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM _batch {}").format(_table(ns), cols, cols, conflict))
 
     @_locked
     def fetch(self, ns, ids):
         dim, _ = self._info(ns)
         ids = [str(i) for i in ids]
-        rows = self._run(sql.SQL("SELECT id, vector FROM {} WHERE id = ANY(%s::text[])").format(_table(ns)), [ids])
+        rows = self._run(sql.SQL("SELECT id, vector FROM {} WHERE id = ANY(%b::text[])").format(_table(ns)), [ids])
         got = {r[0]: r[1] for r in rows}
         missing = [i for i in ids if i not in got]
         if missing:
@@ -338,10 +353,10 @@ class PgvectorStore(Store):
                     conds.append(sql.SQL("{} {} {}").format(_col(attr), sql.SQL(op), rhs))
             elif op == "in":
                 params.append(list(value))
-                conds.append(sql.SQL("{} = ANY(%s::{}[])").format(_col(attr), typ))
+                conds.append(sql.SQL("{} = ANY(%b::{}[])").format(_col(attr), typ))
             else:
                 params.append(value.item() if isinstance(value, np.generic) else value)
-                conds.append(sql.SQL("{} {} %s::{}").format(_col(attr), sql.SQL(op), typ))
+                conds.append(sql.SQL("{} {} %b::{}").format(_col(attr), sql.SQL(op), typ))
         return sql.SQL(" AND ").join(conds) if conds else sql.SQL("TRUE")
 
     @_locked
@@ -367,7 +382,7 @@ class PgvectorStore(Store):
         if len(queries) > self.max_queries:
             raise StoreError(f"{len(queries)} queries in one request; the pgvector store takes at most {self.max_queries}")
         if not queries:
-            return Hits(np.zeros(0, np.int64), np.zeros(0), {a: np.zeros(0, np.int64 if schema.get(a) == "int" else object) for a in include})
+            return Hits(np.zeros(0, np.int64), np.zeros(0), {a: np.zeros(0, _NP_TYPES[({"id": "str"} | schema)[a]]) for a in include})
         _vectors(np.stack([q.vector for q in queries]), dim)
         for q in queries:
             check_filter(q.filter, schema)
@@ -398,28 +413,28 @@ class PgvectorStore(Store):
         q_cols = {i: f"q.f{i}" for i in varying}
         params: list = list(arrays)
         where = self._where(f0, schema, params, q_cols)
-        names = sql.SQL(", ").join(sql.SQL("{}::{}").format(sql.Placeholder(), t) for t in q_types)
+        names = sql.SQL(", ").join(sql.SQL("%b::{}").format(t) for t in q_types)
         alias = sql.SQL(", ").join(sql.Identifier(c) for c in ["qi", "v", *(f"f{i}" for i in varying)])
         rel = sql.SQL("unnest({}) AS q({})").format(names, alias)
         k = qs[0].top_k
         if k is None:
             sel = sql.SQL("").join(sql.SQL(", {}").format(_col(a)) for a in include)
             query = sql.SQL("SELECT q.qi, {} AS d{} FROM {} JOIN {} t ON {}").format(
-                sql.SQL(value), sel, rel, _table(ns), where)
+                sql.SQL(value.format(order)), sel, rel, _table(ns), where)
         else:
             inner = sql.SQL("").join(sql.SQL(", {} AS {}").format(_col(a), sql.Identifier("a_" + a)) for a in include if a != "id")
             sel = sql.SQL("").join(sql.SQL(", h.{}").format(sql.Identifier("id" if a == "id" else "a_" + a)) for a in include)
-            query = sql.SQL("SELECT q.qi, h.d{} FROM {} CROSS JOIN LATERAL "
-                            "(SELECT {} AS o, {} AS d, t.id{} FROM {} t WHERE {} ORDER BY o, t.id LIMIT {}) h "
+            # each query's k best (one distance a row: the outer select turns it into the metric's value)
+            query = sql.SQL("SELECT q.qi, {} AS d{} FROM {} CROSS JOIN LATERAL "
+                            "(SELECT {} AS o, t.id{} FROM {} t WHERE {} ORDER BY o, t.id LIMIT {}) h "
                             "ORDER BY q.qi, h.o, h.id").format(
-                sel, rel, sql.SQL(order), sql.SQL(value), inner, _table(ns), where, sql.Literal(max(int(k), 0)))
+                sql.SQL(value.format("h.o")), sel, rel, sql.SQL(order), inner, _table(ns), where, sql.Literal(max(int(k), 0)))
         rows = self._run(query, params)
         n = len(rows)
         cols = list(zip(*rows)) if rows else [()] * (2 + len(include))
         attrs = {}
         for j, a in enumerate(include):
-            kind = types[a]
-            attrs[a] = np.fromiter(cols[2 + j], np.int64, n) if kind == "int" else np.array(cols[2 + j], dtype=object)
+            attrs[a] = np.fromiter(cols[2 + j], _NP_TYPES[types[a]], n) if types[a] != "str" else np.array(cols[2 + j], dtype=object)
         return Hits(index[np.fromiter(cols[0], np.int64, n)], np.fromiter(cols[1], np.float64, n), attrs)
 
     # --- metadata ---

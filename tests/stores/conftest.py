@@ -1,0 +1,182 @@
+"""A real PostgreSQL with pgvector for the store tests, started from the `pgserver` package.
+
+- ``pg``: one server for the whole session (a unix socket in a temp directory), stopped
+  at the end. If it can't start, every test that needs it fails with pgserver's error.
+- ``new_database()``: a fresh database (made from a template that has the vector
+  extension), so tests never see each other's tables; ``pg_dsn`` is one per test.
+- ``bare_server()``: a second server from a copy of pgserver's install without
+  pgvector's files, for the "extension not available" error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+
+TEMPLATE = "puffergpt_template"
+PASSWORD_ROLE, PASSWORD = "puffergpt_pw", "the-right-password"
+
+
+@dataclass
+class Pg:
+    server: object  # pgserver.PostgresServer
+    socket_dir: Path
+    password_role: str = PASSWORD_ROLE  # the one role that must log in with its password
+    password: str = PASSWORD
+    made: list = field(default_factory=list)
+    counter: itertools.count = field(default_factory=itertools.count)
+
+    def dsn(self, db: str = "postgres", user: str = "postgres", password: str | None = None) -> str:
+        cred = user + (f":{password}" if password is not None else "")
+        return f"postgresql://{cred}@/{db}?host={self.socket_dir}"
+
+    def admin(self, sql: str, params=None, db: str = "postgres"):
+        import psycopg
+
+        with psycopg.connect(self.dsn(db), autocommit=True, connect_timeout=5) as c:
+            cur = c.execute(sql, params)
+            return cur.fetchall() if cur.description else None
+
+    def new_database(self, owner: str = "postgres", template: str = TEMPLATE) -> str:
+        """A fresh, empty database; returns its name."""
+        name = f"t{os.getpid()}_{next(self.counter)}"
+        self.admin(f'CREATE DATABASE "{name}" OWNER "{owner}" TEMPLATE "{template}"')
+        self.made.append(name)
+        return name
+
+    def drop_database(self, name: str) -> None:
+        self.admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def stop(self, mode: str = "immediate") -> None:
+        """Stop the server the hard way (as a crash would)."""
+        import pgserver
+
+        pgserver.pg_ctl(["-w", "-m", mode, "stop"], pgdata=self.server.pgdata, user=self.server.system_user)
+
+    def start(self) -> None:
+        self.server.ensure_postgres_running()
+
+
+@pytest.fixture(scope="session")
+def pg():
+    try:
+        with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+            warnings.simplefilter("ignore")
+            import pgserver
+
+        root = Path(tempfile.mkdtemp(prefix="puffergpt-pg-"))
+        server = pgserver.get_server(root / "data", cleanup_mode="stop")
+    except Exception as e:  # a failure, not a skip: the pgvector backend must be tested
+        log = root / "data" / "log" if "root" in locals() else None
+        detail = log.read_text()[-2000:] if log is not None and log.exists() else ""
+        if log is not None:
+            shutil.rmtree(root, ignore_errors=True)
+        pytest.fail(f"pgserver could not start PostgreSQL with pgvector: {type(e).__name__}: {e}\n{detail}", pytrace=False)
+    info = server.get_postmaster_info()
+    p = Pg(server, info.socket_dir)
+    try:
+        p.admin(f'CREATE DATABASE "{TEMPLATE}"')
+        p.admin("CREATE EXTENSION vector", db=TEMPLATE)
+        _require_password(p)
+        yield p
+    finally:
+        server.cleanup()  # pg_ctl stop
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _require_password(p: Pg) -> None:
+    """pgserver trusts every local connection; make one role log in with a password only."""
+    p.admin(f"CREATE ROLE {PASSWORD_ROLE} LOGIN PASSWORD '{PASSWORD}'")  # constants: DDL takes no parameters
+    hba = Path(p.admin("SHOW hba_file")[0][0])
+    hba.write_text(f"local all {PASSWORD_ROLE} scram-sha-256\nhost all {PASSWORD_ROLE} 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+    p.admin("SELECT pg_reload_conf()")
+    import psycopg
+
+    deadline = time.monotonic() + 10
+    while True:  # the reload is asynchronous: wait until the rule holds
+        try:
+            psycopg.connect(p.dsn(user=PASSWORD_ROLE, password="wrong"), connect_timeout=5).close()
+        except psycopg.OperationalError as e:
+            if "password authentication failed" in str(e):
+                return
+            raise
+        if time.monotonic() > deadline:
+            raise RuntimeError("pg_hba.conf's password rule did not take effect")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def new_database(pg):
+    """new_database(owner="postgres") -> the DSN of a fresh database, dropped at the end."""
+    def make(owner: str = "postgres", user: str | None = None, password: str | None = None) -> str:
+        return pg.dsn(pg.new_database(owner), user=user or owner, password=password)
+
+    yield make
+    for name in pg.made:
+        try:
+            pg.drop_database(name)
+        except Exception:
+            pass
+
+
+@pytest.fixture
+def pg_dsn(pg):
+    """The DSN of a fresh database for one test."""
+    name = pg.new_database()
+    yield pg.dsn(name)
+    pg.drop_database(name)
+    pg.made.remove(name)
+
+
+@pytest.fixture(scope="session")
+def bare_server(pg):
+    """bare_server() -> the DSN of a second PostgreSQL whose install has no pgvector files."""
+    state: dict = {}
+
+    def start() -> str:
+        if "dsn" not in state:
+            state.update(_start_bare(pg))
+        return state["dsn"]
+
+    yield start
+    if "data" in state:
+        subprocess.run([str(state["bin"] / "pg_ctl"), "-D", str(state["data"]), "-w", "-m", "immediate", "stop"],
+                       user=state["user"], capture_output=True, timeout=30)
+        shutil.rmtree(state["root"], ignore_errors=True)
+
+
+def _start_bare(pg: Pg) -> dict:
+    import pgserver
+
+    src = Path(pgserver.__file__).parent / "pginstall"
+    root = Path(tempfile.mkdtemp(prefix="puffergpt-bare-"))
+    root.chmod(0o755)
+    # The same layout as site-packages: the binaries find their libraries at $ORIGIN/../../../pgserver.libs.
+    inst = root / "site" / "pgserver" / "pginstall"
+    shutil.copytree(src, inst, symlinks=True,
+                    ignore=lambda d, names: [n for n in names if n.startswith("vector")] if Path(d).name == "extension" else [])
+    (root / "site" / "pgserver.libs").symlink_to(src.parent.parent / "pgserver.libs")
+    data = root / "data"
+    data.mkdir()
+    user = pg.server.system_user  # postgres refuses to run as root; pgserver made a user for it
+    if user is not None:
+        shutil.chown(data, user, user)
+    bin_ = inst / "bin"
+    run = lambda *a: subprocess.run([str(x) for x in a], user=user, check=True, capture_output=True, text=True, timeout=60)
+    try:
+        run(bin_ / "initdb", "-D", data, "-U", "postgres", "--auth=trust", "--encoding=utf8", "--no-sync")
+        run(bin_ / "pg_ctl", "-D", data, "-o", '-h ""', "-o", f"-k {data}", "-l", data / "log", "-w", "start")
+    except subprocess.CalledProcessError as e:
+        shutil.rmtree(root, ignore_errors=True)
+        raise RuntimeError(f"the server without pgvector did not start: {e.stderr}") from None
+    return {"root": root, "data": data, "bin": bin_, "user": user, "dsn": f"postgresql://postgres@/postgres?host={data}"}

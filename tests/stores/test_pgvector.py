@@ -1,0 +1,400 @@
+"""The pgvector backend on a real PostgreSQL (tests/stores/conftest.py): the engine end to
+end against numpy, each encoding's error in pgvector's float32, the SQL it sends, and
+its faults: no server, a wrong password, no pgvector, a killed load, the server going
+away in the middle of a text."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from helpers import assert_close
+from puffergpt import loading, tokenizer
+from puffergpt.documents import METRICS, Encoding
+from puffergpt.engine import Engine
+from puffergpt.reference import NumpyProducts, Reference
+from puffergpt.sampling import Sampling
+from puffergpt.stores import Query, StoreError, open_store
+from puffergpt.stores.pgvector import PgvectorStore, redact
+from puffergpt.text import Text
+
+GREEDY = Sampling(0, 40)
+PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "for i in range(10):"]
+LOGIT_BOUNDS = {"inner_product": 1e-3, "euclidean_squared": 2e-2, "cosine_distance": 1e-3}  # as tests/test_engine.py
+STORE_BOUNDS = {"inner_product": 1e-4, "euclidean_squared": 4e-3, "cosine_distance": 1e-4}  # as tests/test_documents.py
+
+
+@pytest.fixture(scope="module")
+def tiny_pg(new_database, tiny):
+    """The tiny model loaded into a database of its own: (dsn, store, key, manifest)."""
+    dsn = new_database()
+    store = open_store("pgvector", dsn=dsn)
+    key = loading.model_key(tiny.name)
+    m = loading.load(store, tiny, key, progress=False)
+    yield dsn, store, key, m
+    store.close()
+
+
+def compare(ckpt, store, key, prompt, n, metric="inner_product", text=None):
+    """Greedy-generate on the store and with numpy side by side: (worst logit diff, tokens)."""
+    ids = tokenizer.encode(prompt)
+    got_text = text or Text(Engine(store, ckpt.name, key).open())
+    want_text = Text(NumpyProducts(ckpt))
+    got_text.append(ids)
+    want_text.append(ids)
+    worst, tokens = 0.0, []
+    try:
+        for step, (got, want) in enumerate(zip(got_text.generate(n, GREEDY), want_text.generate(n, GREEDY), strict=True)):
+            g = {c["token_id"]: c["logit"] for c in got.candidates()}
+            w = {c["token_id"]: c["logit"] for c in want.candidates()}
+            assert set(g) == set(w), f"{prompt!r} step {step}: top-40 ids differ"
+            worst = max(worst, assert_close(f"{prompt!r} step {step} top-40 logits", [g[t] for t in w], list(w.values()), LOGIT_BOUNDS[metric]))
+            assert got.token_id == want.token_id, f"{prompt!r} step {step}: token {got.token_id} != reference {want.token_id}"
+            tokens.append(got.token_id)
+    finally:
+        got_text.close()
+    return worst, tokens
+
+
+# --- the engine on pgvector ---------------------------------------------------------------
+
+def test_engine_on_pgvector_equals_the_reference(tiny_pg, tiny):
+    dsn, _, key, _ = tiny_pg
+    store = open_store("pgvector", dsn=dsn)
+    worst = 0.0
+    for prompt in PROMPTS:
+        diff, tokens = compare(tiny, store, key, prompt, 16)
+        assert tokens == Reference(tiny).greedy(tokenizer.encode(prompt), 16)
+        worst = max(worst, diff)
+    assert not [ns for ns in store.namespaces("text-")]  # closing a text drops its keys
+    print(f"tiny on pgvector, inner_product: worst top-40 logit diff {worst:.3g}")
+    store.close()
+
+
+@pytest.mark.parametrize("metric", ["euclidean_squared", "cosine_distance"])
+def test_padded_encodings_on_pgvector(new_database, tiny, metric):
+    store = open_store("pgvector", dsn=new_database())
+    key = loading.model_key(tiny.name)
+    loading.load(store, tiny, key, metric=metric, progress=False)
+    text = Text(Engine(store, tiny.name, key, key_metric=metric).open())
+    diff, tokens = compare(tiny, store, key, PROMPTS[1], 8, metric, text=text)
+    assert tokens == Reference(tiny).greedy(tokenizer.encode(PROMPTS[1]), 8)
+    print(f"tiny on pgvector, {metric}: worst top-40 logit diff {diff:.3g}")
+    store.close()
+
+
+def layer(rng, n_in=768, n_out=3072):
+    w = (0.14 * rng.standard_normal((n_out, n_in))).astype(np.float32)
+    b = (0.1 * rng.standard_normal(n_out)).astype(np.float32)
+    x = rng.standard_normal((4, n_in)).astype(np.float32)
+    return w, b, x
+
+
+@pytest.mark.parametrize("metric", METRICS)
+def test_encoding_error_through_pgvector(pg_dsn, metric):
+    """y = x @ W + b of a 768 -> 3072 layer through pgvector's float32, against float64 numpy."""
+    w, b, x = layer(np.random.default_rng(1))
+    enc = Encoding(metric)
+    docs, M = enc.documents(w, b)
+    store = PgvectorStore(pg_dsn)
+    store.create_namespace("m", docs.shape[1], {"matrix": "str", "row": "int"}, metric)
+    store.upsert("m", [f"w.{i}" for i in range(len(docs))], docs, {"matrix": ["w"] * len(docs), "row": np.arange(len(docs))})
+    q = enc.queries(x)
+    hits = store.search("m", [Query(v, (("matrix", "=", "w"),)) for v in q], metric, include=("row",))
+    dist = np.zeros((len(q), len(docs)))
+    dist[hits.query, hits.attrs["row"]] = hits.distance
+    err = assert_close(f"{metric} via pgvector", enc.outputs(dist, q, M),
+                       x.astype(np.float64) @ w.T.astype(np.float64) + b, STORE_BOUNDS[metric])
+    print(f"{metric}: max abs error {err:.3g} through pgvector")
+    store.close()
+
+
+# --- what it sends ------------------------------------------------------------------------
+
+def counting(store) -> list:
+    """Record each statement the store sends."""
+    sent = []
+    run = store._run
+
+    def spy(query, params=None, **kw):
+        sent.append(query.as_string(store.conn) if hasattr(query, "as_string") else query)
+        return run(query, params, **kw)
+
+    store._run = spy
+    return sent
+
+
+def test_a_batch_of_queries_is_one_statement(pg_dsn):
+    store = PgvectorStore(pg_dsn)
+    rng = np.random.default_rng(3)
+    keys = rng.standard_normal((40, 4)).astype(np.float32)
+    store.create_namespace("k", 4, {"layer": "int", "head": "int", "pos": "int", "tag": "str"})
+    store.upsert("k", [f"k{i}" for i in range(40)], keys,
+                 {"layer": [0] * 40, "head": np.arange(40) % 2, "pos": np.arange(40) // 2, "tag": [f"t{i % 3}" for i in range(40)]})
+    q = rng.standard_normal((6, 4)).astype(np.float32)
+    sent = counting(store)
+    # attention's shape: head and last position vary per query, the layer does not
+    queries = [Query(q[i], (("layer", "=", 0), ("head", "=", i % 2), ("pos", "<=", 3 * i))) for i in range(6)]
+    hits = store.search("k", queries, "inner_product", include=("pos", "head", "id"))
+    assert len(sent) == 1 and "unnest(" in sent[0] and "LATERAL" not in sent[0]
+    for i in range(6):
+        sel = hits.query == i
+        want = [j for j in range(40) if j % 2 == i % 2 and j // 2 <= 3 * i]
+        assert sorted(hits.attrs["id"][sel]) == sorted(f"k{j}" for j in want)
+        np.testing.assert_allclose(hits.distance[sel], keys[[int(s[1:]) for s in hits.attrs["id"][sel]]] @ q[i], rtol=1e-5, atol=1e-6)
+    # top-k, each query with its own `in` list and its own tag: one LATERAL join
+    sent.clear()
+    tags = [["t0"], ["t1", "t2"], ["t0", "t2"]]
+    queries = [Query(q[i], (("tag", "in", tags[i]), ("pos", ">", i)), top_k=3) for i in range(3)]
+    for metric in store.metrics:
+        hits = store.search("k", queries, metric, include=("id",))
+        for i in range(3):
+            rows = [j for j in range(40) if f"t{j % 3}" in tags[i] and j // 2 > i]
+            d = {"inner_product": -(keys[rows] @ q[i]), "euclidean_squared": ((keys[rows] - q[i]) ** 2).sum(1),
+                 "cosine_distance": 1 - keys[rows] @ q[i] / np.linalg.norm(keys[rows], axis=1) / np.linalg.norm(q[i])}[metric]
+            assert list(hits.attrs["id"][hits.query == i]) == [f"k{rows[j]}" for j in np.argsort(d, kind="stable")[:3]], metric
+    assert len(sent) == 3 and all("CROSS JOIN LATERAL" in s and "ORDER BY" in s and "LIMIT 3" in s for s in sent)
+    assert all(op in sent[0] for op in ("<#>",)) and "<->" in sent[1] and "<=>" in sent[2]
+    # filter values travel as parameters, never in the SQL text
+    assert not any("t1" in s or "t2" in s for s in sent)
+    store.close()
+
+
+def test_bulk_and_small_upserts_both_overwrite_by_id(pg_dsn):
+    store = PgvectorStore(pg_dsn)
+    store.create_namespace("m", 3, {"matrix": "str", "row": "int", "w": "float"})
+    n = 3000  # above SMALL_BATCH: COPY into a temporary table, then INSERT .. ON CONFLICT
+    v = np.arange(3 * n, dtype=np.float32).reshape(n, 3)
+    ids = [f"a.{i}" for i in range(n)]
+    store.upsert("m", ids, v, {"matrix": ["a"] * n, "row": np.arange(n), "w": np.linspace(0, 1, n)})
+    sent = counting(store)
+    store.upsert("m", ids[:2000], -v[:2000], {"matrix": ["b"] * 2000, "row": np.arange(2000), "w": np.zeros(2000)})
+    assert any(s.startswith("CREATE TEMP TABLE") for s in sent)
+    sent.clear()
+    store.upsert("m", ["a.5", "z"], np.ones((2, 3), np.float32), {"matrix": ["c", "c"], "row": [5, -1], "w": [0.25, 0.5]})
+    assert len(sent) == 1 and "unnest(" in sent[0]
+    assert store.count("m") == n + 1
+    assert store.count("m", (("matrix", "=", "b"),)) == 1999 and store.count("m", (("w", ">=", 0.25),)) == 1000 + 2
+    np.testing.assert_array_equal(store.fetch("m", ["a.4", "a.5", "a.2999", "z"]), np.stack([-v[4], np.ones(3), v[2999], np.ones(3)]))
+    hits = store.search("m", [Query(np.ones(3, np.float32), (("matrix", "=", "c"),))], "inner_product", include=("w", "row"))
+    assert sorted(hits.attrs["w"].tolist()) == [0.25, 0.5] and hits.attrs["w"].dtype == np.float64
+    with pytest.raises(StoreError, match="twice"):
+        store.upsert("m", ["q", "q"], np.ones((2, 3), np.float32), {"matrix": ["c", "c"], "row": [0, 0], "w": [0, 0]})
+    store.close()
+
+
+def test_threads_share_one_store(pg_dsn):
+    store = PgvectorStore(pg_dsn)
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((64, 8)).astype(np.float32)
+    store.create_namespace("m", 8, {"matrix": "str", "row": "int"})
+    store.upsert("m", [f"a.{i}" for i in range(64)], a, {"matrix": ["a"] * 64, "row": np.arange(64)})
+    errors = []
+
+    def work(seed):
+        try:
+            q = np.random.default_rng(seed).standard_normal((5, 8)).astype(np.float32)
+            for _ in range(20):
+                h = store.search("m", [Query(v) for v in q], "inner_product", include=("row",))
+                got = np.zeros((5, 64))
+                got[h.query, h.attrs["row"]] = h.distance
+                np.testing.assert_allclose(got, q @ a.T, rtol=1e-5, atol=1e-5)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    store.close()
+
+
+def test_dsn_without_password_in_commands():
+    assert redact("postgresql://bob:s3cret@db.example:5433/pg?sslmode=require&password=x") == "postgresql://bob@db.example:5433/pg?sslmode=require"
+    assert "s3cret" not in redact("host=db.example user=bob password=s3cret dbname=pg")
+    assert "host=db.example" in redact("host=db.example user=bob password=s3cret dbname=pg")
+
+
+# --- faults -------------------------------------------------------------------------------
+
+def test_a_missing_dsn(monkeypatch, tmp_path):
+    monkeypatch.delenv("PUFFERGPT_DSN", raising=False)
+    with pytest.raises(StoreError, match="give --dsn or set PUFFERGPT_DSN"):
+        open_store("pgvector", tmp_path)
+
+
+def test_the_cli_on_pgvector_gives_the_reference_tokens(pg_dsn):
+    """`puffergpt load --backend pgvector`, then `generate --temperature 0`: the reference's
+    greedy tokens on the demo model; the DSN comes from PUFFERGPT_DSN, as a user sets it."""
+    import json
+
+    from click.testing import CliRunner
+
+    from puffergpt import checkpoints, tokenizer
+    from puffergpt.cli import main
+    from puffergpt.reference import Reference
+
+    run = CliRunner().invoke
+    env = {"PUFFERGPT_DSN": pg_dsn}
+    r = run(main, ["load", "--model", "demo", "--backend", "pgvector"], env=env)
+    assert r.exit_code == 0, r.output
+    r = run(main, ["generate", "--model", "demo", "--backend", "pgvector", "--temperature", "0", "-n", "12", "--json",
+                   "The list"], env=env)
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in r.output.strip().splitlines()]
+    got = [x["token_id"] for x in lines[:-1]]
+    assert got == Reference(checkpoints.load("demo")).greedy(tokenizer.encode("The list"), 12)
+    assert lines[-1]["summary"]["backend"] == "pgvector"
+
+
+def test_the_cli_needs_a_dsn_for_pgvector():
+    from click.testing import CliRunner
+
+    from puffergpt.cli import main
+
+    r = CliRunner().invoke(main, ["generate", "--model", "demo", "--backend", "pgvector", "x"], env={"PUFFERGPT_DSN": None})
+    assert r.exit_code != 0 and "give --dsn or set PUFFERGPT_DSN" in r.output
+
+
+def test_an_unreachable_server():
+    with pytest.raises(StoreError, match=r"can't reach PostgreSQL at 127\.0\.0\.1 port 1 .*--dsn or PUFFERGPT_DSN"):
+        PgvectorStore("postgresql://postgres@127.0.0.1:1/postgres")
+
+
+def test_a_server_that_never_answers_times_out():
+    import socket
+    import time
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()  # accepts, never speaks
+    port = silent.getsockname()[1]
+    t = time.monotonic()
+    try:
+        with pytest.raises(StoreError, match=f"can't reach PostgreSQL at 127.0.0.1 port {port}.*timeout"):
+            PgvectorStore(f"postgresql://postgres@127.0.0.1:{port}/postgres", connect_timeout=2)
+    finally:
+        silent.close()
+    assert time.monotonic() - t < 10
+
+
+def test_a_wrong_password(pg):
+    """pgserver trusts local connections; conftest makes one role log in with a password only."""
+    PASSWORD_ROLE, PASSWORD = pg.password_role, pg.password
+    db = pg.new_database(owner=PASSWORD_ROLE)
+    good = pg.dsn(db, user=PASSWORD_ROLE, password=PASSWORD)
+    bad = pg.dsn(db, user=PASSWORD_ROLE, password="not-it")
+    with pytest.raises(StoreError, match=f"refused user {PASSWORD_ROLE}: authentication failed") as e:
+        PgvectorStore(bad)
+    assert "not-it" not in str(e.value) and "--dsn or PUFFERGPT_DSN" in str(e.value)
+    with pytest.raises(StoreError, match="authentication failed"):  # no password at all
+        PgvectorStore(pg.dsn(db, user=PASSWORD_ROLE))
+    store = PgvectorStore(good)  # the right one works, and commands never show it
+    store.create_namespace("m", 2, {"row": "int"})
+    assert store.namespaces() == ["m"] and PASSWORD not in store.cli_args() and PASSWORD_ROLE in store.cli_args()
+    store.close()
+
+
+def test_a_database_where_pgvector_is_not_enabled_and_may_not_be(pg):
+    pg.admin("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'puffergpt_plain') THEN "
+             "CREATE ROLE puffergpt_plain LOGIN; END IF; END $$")
+    db = pg.new_database(owner="puffergpt_plain", template="template1")  # no vector extension in it
+    with pytest.raises(StoreError, match=r"not enabled in database .* may not enable it: .*CREATE EXTENSION vector"):
+        PgvectorStore(pg.dsn(db, user="puffergpt_plain"))
+    pg.admin("CREATE EXTENSION vector", db=db)  # what the message asks a superuser to do
+    store = PgvectorStore(pg.dsn(db, user="puffergpt_plain"))
+    store.create_namespace("m", 2, {})
+    store.close()
+
+
+def test_a_server_without_pgvector(bare_server):
+    with pytest.raises(StoreError, match="does not have pgvector: the 'vector' extension must be installed in that server"):
+        PgvectorStore(bare_server())
+
+
+class Killed(BaseException):
+    """What a kill -9 looks like from inside: nothing after it runs."""
+
+
+def test_a_killed_load_is_refused_then_resumed(new_database, tiny_pg, tiny):
+    _, _, key, clean = tiny_pg
+    dsn = new_database()
+    store = open_store("pgvector", dsn=dsn)
+    batches = iter(range(12))
+
+    def kill():
+        if next(batches) == 11:
+            raise Killed
+
+    with pytest.raises(Killed):
+        loading.load(store, tiny, key, progress=False, interrupt=kill)
+    store.close()  # the process is gone
+    store = open_store("pgvector", dsn=dsn)
+    stored = sum(store.count(ns) for ns in store.namespaces(f"{key}."))
+    assert 0 < stored < clean["documents"]  # half-loaded
+    with pytest.raises(loading.NotLoaded, match="did not finish.*--backend pgvector --dsn"):
+        Engine(store, tiny.name, key)
+    resumed = loading.load(store, tiny, key, progress=False)
+    assert resumed == clean
+    assert loading.verify(store, resumed) == {}
+    _, tokens = compare(tiny, store, key, PROMPTS[0], 4)
+    assert tokens == Reference(tiny).greedy(tokenizer.encode(PROMPTS[0]), 4)
+    store.close()
+
+
+def test_the_server_going_away_mid_generation(pg, tiny_pg, tiny):
+    """A backend killed under a text (pg_terminate_backend): the next call says so clearly,
+    the one after reconnects, the text carries on where it was, and nothing is lost."""
+    dsn, _, key, m = tiny_pg
+    store = open_store("pgvector", dsn=dsn)
+    ids = tokenizer.encode(PROMPTS[1])
+    want = Reference(tiny).greedy(ids, 8)
+    text = Text(Engine(store, tiny.name, key).open())
+    text.append(ids)
+    steps = text.generate(8, GREEDY)
+    got = [next(steps).token_id for _ in range(3)]
+    pid = store.conn.info.backend_pid
+    pg.admin("SELECT pg_terminate_backend(%s)", [pid])
+    with pytest.raises(StoreError, match=r"the PostgreSQL server went away: .*; run the command again once it is back"):
+        next(steps)
+    # the text is as it was after 3 tokens; the store reconnects on the next call
+    steps = text.generate(5, GREEDY)
+    got += [s.token_id for s in steps]
+    assert got == want and store.conn.info.backend_pid != pid
+    assert loading.manifest(store, key, tiny.name) == m and loading.verify(store, m) == {}
+    text.close()
+    store.close()
+
+
+def test_the_server_stopping_mid_generation(pg, tiny_pg, tiny):
+    """The whole server stops (as in a crash) between two tokens: clear errors while it is
+    down, and once it is back the same text and store carry on, with every document there."""
+    dsn, _, key, m = tiny_pg
+    store = open_store("pgvector", dsn=dsn)
+    ids = tokenizer.encode(PROMPTS[2])
+    want = Reference(tiny).greedy(ids, 6)
+    text = Text(Engine(store, tiny.name, key).open())
+    text.append(ids)
+    steps = text.generate(6, GREEDY)
+    got = [next(steps).token_id for _ in range(2)]
+    pg.stop("immediate")
+    try:
+        with pytest.raises(StoreError, match=r"the PostgreSQL server went away: .*run the command again once it is back"):
+            next(steps)
+        with pytest.raises(StoreError, match=r"went away and can't be reached again: can't reach PostgreSQL at .*--dsn or PUFFERGPT_DSN"):
+            store.count(loading.namespace(key, tiny.config.n_embd))
+        with pytest.raises(StoreError, match="can't reach PostgreSQL"):
+            open_store("pgvector", dsn=dsn)
+    finally:
+        pg.start()
+    got += [s.token_id for s in text.generate(4, GREEDY)]
+    assert got == want
+    again = open_store("pgvector", dsn=dsn)
+    assert loading.manifest(again, key, tiny.name) == m and loading.verify(again, m) == {}
+    text.close()
+    store.close()
+    again.close()
