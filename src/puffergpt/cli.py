@@ -102,8 +102,12 @@ def load(model, backend, dsn, data_dir, metric, repair) -> None:
         t0 = time.perf_counter()
         m = loading.load(store, ckpt, loading.model_key(model), metric=metric, repair=repair)
         store.close()
-    click.echo(f"{model}: {m['documents']:,} documents in {len(m['namespaces'])} namespaces, "
-               f"metric {m['metric']}, ready ({time.perf_counter() - t0:.1f} s)")
+    from puffergpt import costs
+
+    nbytes = loading.stored_bytes(m)
+    click.echo(f"{model}: {m['documents']:,} documents ({nbytes / 1e6:,.0f} MB) in {len(m['namespaces'])} namespaces, "
+               f"metric {m['metric']}, ready ({time.perf_counter() - t0:.1f} s). At turbopuffer's rates: "
+               f"${costs.request_cost('write', nbytes, 0):.2f} to write, ${costs.storage_cost_per_month(nbytes):.2f} a month to keep.")
 
 
 @main.command()
@@ -211,7 +215,8 @@ def serve(model, backend, dsn, data_dir, host, port) -> None:
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="write the results as JSON")
 @click.option("--chart", "chart_out", type=click.Path(path_type=Path), default=None, help="write a PNG chart (needs matplotlib)")
 @click.option("--no-torch", is_flag=True, help="leave out transformers even if it is installed")
-def bench(model, backends, dsn, data_dir, quick, json_out, chart_out, no_torch) -> None:
+@click.option("--rounds", type=click.IntRange(1, 20), default=None, help="interleaved rounds over the engines [default: 2, quick: 1]")
+def bench(model, backends, dsn, data_dir, quick, json_out, chart_out, no_torch, rounds) -> None:
     """Time the engines side by side on one model: numpy, transformers, each backend."""
     import tempfile
 
@@ -233,7 +238,10 @@ def bench(model, backends, dsn, data_dir, quick, json_out, chart_out, no_torch) 
             loading.load(store, ckpt, loading.model_key(model))
             loads[name] = {"load_s": round(time.perf_counter() - t0, 2), "disk_mb": store_size_mb(store)}
             engines[name] = Engine(store, model).open
-        report = b.bench(ckpt, str(path), engines, b.Plan.quick() if quick else b.Plan(), with_torch=not no_torch)
+        plan = b.Plan.quick() if quick else b.Plan()
+        if rounds:
+            plan.rounds = rounds
+        report = b.bench(ckpt, str(path), engines, plan, with_torch=not no_torch)
         for r in report["results"]:
             r.update(loads.get(r["engine"], {}))
     click.echo(b.table(report))

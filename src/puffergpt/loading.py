@@ -213,6 +213,12 @@ def manifest(store: Store, key: str, model: str) -> dict:
     return m
 
 
+def stored_bytes(m: dict) -> int:
+    """Bytes of the vectors a manifest's namespaces hold (float32)."""
+    enc = Encoding(m["metric"])
+    return sum(n * enc.dim(int(ns.rsplit(".", 1)[1])) * 4 for ns, n in m["namespaces"].items())
+
+
 def verify(store: Store, m: dict) -> dict[str, str]:
     """Every matrix that does not match the manifest, with what is wrong."""
     bad = {}

@@ -19,7 +19,7 @@ from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from puffergpt import costs, tokenizer
+from puffergpt import costs, loading, tokenizer
 from puffergpt.engine import Engine
 from puffergpt.sampling import Sampling
 from puffergpt.stores.base import StoreError
@@ -185,7 +185,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
     @app.get("/api/info")
     def info() -> dict:
         m, c = engine.manifest, engine.config
-        nbytes = sum(n * (engine.encoding.dim(int(ns.rsplit(".", 1)[1]))) * 4 for ns, n in m["namespaces"].items())
+        nbytes = loading.stored_bytes(m)
         return {"model": engine.model, "backend": engine.store.name, "metric": m["metric"],
                 "config": m["config"], "documents": m["documents"], "namespaces": m["namespaces"],
                 "megabytes": round(nbytes / 1e6, 1), "requests_per_token": 2 + 6 * c.n_layer,
