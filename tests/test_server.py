@@ -159,3 +159,17 @@ def test_serve_binds_loopback_by_default():
 def test_openapi_documents_the_api(client):
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/completions", "/api/texts", "/api/texts/{text_id}/generate", "/api/compare"} <= set(paths)
+
+
+def test_idle_texts_are_swept(loaded, tiny):
+    """The server closes idle texts by itself, namespaces included."""
+    import time
+
+    store, key = loaded(tiny)
+    app = create_app(Engine(store, tiny.name, key), ServerConfig(idle_s=0.2))
+    with TestClient(app) as c:
+        t = c.post("/api/texts", json={"prompt": PROMPT}).json()
+        ns = app.state.texts.get(t["id"]).products.keys_ns
+        time.sleep(1.0)  # idle: no request touches it (a GET would count as use)
+        assert c.get(f"/api/texts/{t['id']}").status_code == 404
+        assert ns not in store.namespaces("text-")

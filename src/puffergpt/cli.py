@@ -173,7 +173,10 @@ def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, 
 @data_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="the address to listen on")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-def serve(model, backend, dsn, data_dir, host, port) -> None:
+@click.option("--max-texts", type=click.IntRange(1, 1000), default=32, show_default=True, help="texts open at once")
+@click.option("--idle-minutes", type=click.FloatRange(0.1, 10080), default=30.0, show_default=True,
+              help="an idle text is closed after this long")
+def serve(model, backend, dsn, data_dir, host, port, max_texts, idle_minutes) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
     import uvicorn
 
@@ -201,7 +204,9 @@ def serve(model, backend, dsn, data_dir, host, port) -> None:
     def reference():  # Compare reads the checkpoint only while it compares
         return NumpyProducts(checkpoints.load(model))
 
-    app = create_app(engine, reference=reference)
+    from puffergpt.server import ServerConfig
+
+    app = create_app(engine, ServerConfig(max_open_texts=max_texts, idle_s=idle_minutes * 60), reference=reference)
     click.echo(f"puffergpt: {model} on {backend}, {engine.manifest['documents']:,} documents. Open http://{host}:{port}/")
     uvicorn.run(app, host=host, port=port, log_level="warning")
 

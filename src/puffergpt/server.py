@@ -3,6 +3,7 @@ and the static page. Thin: it parses, calls a text or the engine, and renders.""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import math
@@ -136,7 +137,14 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
 
     @contextlib.asynccontextmanager
     async def lifespan(_):
+        async def sweep():  # idle texts go, with their namespaces, even when no one opens another
+            while True:
+                await asyncio.sleep(min(60.0, config.idle_s))
+                await asyncio.to_thread(texts.expire)
+
+        task = asyncio.create_task(sweep())
         yield
+        task.cancel()
         texts.close_all()  # closing a text drops its namespace of keys
 
     app = FastAPI(title="puffergpt", description="GPT-2 where every matrix multiply is a vector search.",
