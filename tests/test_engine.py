@@ -134,3 +134,17 @@ def test_keys_without_an_inner_product(loaded, tiny, metric):
     from puffergpt.reference import Reference
 
     assert got == Reference(tiny).greedy(ids, 12)
+
+
+def test_batches_over_the_store_limit_are_split(loaded, tiny, monkeypatch):
+    """A prefill with more queries than a request may carry still equals the reference."""
+    store, key = loaded(tiny)
+    monkeypatch.setattr(store, "max_queries", 7)
+    ids = tokenizer.encode(PROMPTS[4])  # 10 tokens: 40 attention queries, 10 per product
+    text = Text(Engine(store, tiny.name, key).open())
+    text.append(ids)
+    got = [s.token_id for s in text.generate(3, Sampling(0, 40))]
+    text.close()
+    from puffergpt.reference import Reference
+
+    assert got == Reference(tiny).greedy(ids, 3)

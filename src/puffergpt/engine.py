@@ -28,7 +28,7 @@ import numpy as np
 from puffergpt import loading
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.documents import Encoding
-from puffergpt.stores.base import Query, Store, StoreError
+from puffergpt.stores.base import Hits, Query, Store, StoreError
 
 KEY_SCHEMA = {"layer": "int", "head": "int", "pos": "int"}
 
@@ -102,6 +102,16 @@ class SearchProducts:
     def close(self) -> None:
         self.store.drop_namespace(self.keys_ns)
 
+    def _search(self, ns: str, queries: list[Query], metric: str, include: tuple) -> Hits:
+        """One request, or as few as the store's limit on queries a request allows."""
+        n = self.store.max_queries
+        if len(queries) <= n:
+            return self.store.search(ns, queries, metric, include=include)
+        parts = [self.store.search(ns, queries[s:s + n], metric, include=include) for s in range(0, len(queries), n)]
+        return Hits(np.concatenate([p.query + s for p, s in zip(parts, range(0, len(queries), n))]),
+                    np.concatenate([p.distance for p in parts]),
+                    {a: np.concatenate([p.attrs[a] for p in parts]) for a in include})
+
     # --- the seam ---
     def embed(self, ids, pos):
         C = self.config.n_embd
@@ -121,7 +131,7 @@ class SearchProducts:
         q = self.enc.queries(x)  # (T, in) -> (T, dim)
         rows = self.engine.manifest["matrices"][name]["rows"]
         t = time.perf_counter()
-        hits = self.store.search(ns, [Query(v, (("matrix", "=", name),)) for v in q], self.enc.metric, include=("row",))
+        hits = self._search(ns, [Query(v, (("matrix", "=", name),)) for v in q], self.enc.metric, ("row",))
         self._log(name, "search", len(q), rows * len(q), rows * q.shape[1] * 4 * len(q), len(hits.query), t)
         dist = np.zeros((len(q), rows), np.float64)
         dist[hits.query, hits.attrs["row"]] = hits.distance
@@ -145,7 +155,7 @@ class SearchProducts:
                    for h, i in zip(heads.ravel(), ts.ravel())]
         t = time.perf_counter()
         include = ("pos",) if metric == "inner_product" else ("pos", "norm2")
-        hits = self.store.search(self.keys_ns, queries, metric, include=include)
+        hits = self._search(self.keys_ns, queries, metric, include)
         scored = int(H * (pos + 1).sum())
         self._log(f"h.{layer}.attn.scores", "search", len(queries), scored, scored * hd * 4, len(hits.query), t)
         scores = np.full((H * T, S), -np.inf, np.float32)

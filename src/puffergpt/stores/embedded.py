@@ -67,7 +67,7 @@ def concat(parts: list[Hits], include) -> Hits:
 class EmbeddedStore(Store):
     name = "embedded"
     metrics = ("inner_product", "euclidean_squared", "cosine_distance")
-    max_queries = 4096
+    max_queries = 16384  # 12 heads x 1,024 positions: a whole prefill's attention in one request
 
     def __init__(self, data_dir: Path, read_only: bool = False):
         self.lock = threading.RLock()
