@@ -148,3 +148,15 @@ def test_batches_over_the_store_limit_are_split(loaded, tiny, monkeypatch):
     from puffergpt.reference import Reference
 
     assert got == Reference(tiny).greedy(ids, 3)
+
+
+def test_split_batches_count_their_round_trips(loaded, tiny, monkeypatch):
+    store, key = loaded(tiny)
+    monkeypatch.setattr(store, "max_queries", 7)
+    text = Text(Engine(store, tiny.name, key).open())
+    text.append(tokenizer.encode(PROMPTS[4]))  # 10 tokens
+    step = next(text.generate(1, Sampling(0, 40)))
+    text.close()
+    fc = next(r for r in step.requests if r.kind == "h.0.mlp.c_fc")
+    scores = next(r for r in step.requests if r.kind == "h.0.attn.scores")
+    assert (fc.queries, fc.parts) == (10, 2) and (scores.queries, scores.parts) == (40, 6)

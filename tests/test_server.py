@@ -173,3 +173,42 @@ def test_idle_texts_are_swept(loaded, tiny):
         time.sleep(1.0)  # idle: no request touches it (a GET would count as use)
         assert c.get(f"/api/texts/{t['id']}").status_code == 404
         assert ns not in store.namespaces("text-")
+
+
+def test_a_chunked_body_over_the_bound(client):
+    def chunks():
+        for _ in range(64):
+            yield b"x" * 16384  # 1 MiB in all, with no content-length
+
+    r = client.post("/api/compare", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "request body" in r.json()["detail"]
+    assert client.get("/api/info").status_code == 200
+
+
+def test_a_tiny_temperature_is_greedy_not_nan(client):
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "temperature": 1e-320})
+    t0 = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == t0.json()["choices"][0]["text"]
+
+
+def test_one_generation_at_a_time(client):
+    t = client.post("/api/texts", json={"prompt": PROMPT}).json()
+    app_texts = client.app.state.texts
+    app_texts.get(t["id"]).begin()  # as if a generation were streaming
+    r = client.post(f"/api/texts/{t['id']}/generate", json={"max_tokens": 2})
+    assert r.status_code == 409 and "generating" in r.json()["detail"]
+    r = client.post(f"/api/texts/{t['id']}/cut", json={"position": 2})
+    assert r.status_code == 409
+    app_texts.get(t["id"]).end()
+    assert client.post(f"/api/texts/{t['id']}/generate", json={"max_tokens": 2, "temperature": 0}).status_code == 200
+    client.delete(f"/api/texts/{t['id']}")
+
+
+def test_dns_rebinding_is_refused(loaded, tiny):
+    store, key = loaded(tiny)
+    app = create_app(Engine(store, tiny.name, key), ServerConfig(trusted_hosts=("127.0.0.1", "localhost")))
+    with TestClient(app, base_url="http://evil.example") as c:
+        assert c.get("/api/info").status_code == 400
+    with TestClient(app, base_url="http://127.0.0.1:8000") as c:
+        assert c.get("/api/info").status_code == 200
+

@@ -64,20 +64,24 @@ def prompt_of(n: int, n_vocab: int) -> list[int]:
 def run_engine(open_products: Callable, plan: Plan, n_vocab: int, s: Samples) -> None:
     for n in plan.prefill_lengths:
         t = Text(open_products())
-        t.append(prompt_of(n, n_vocab))
-        step = next(t.generate(1, GREEDY))  # the prefill: read n tokens, then one top-k
-        s.prefill.setdefault(n, []).append(step.ms)
-        t.close()
+        try:
+            t.append(prompt_of(n, n_vocab))
+            step = next(t.generate(1, GREEDY))  # the prefill: read n tokens, then one top-k
+            s.prefill.setdefault(n, []).append(step.ms)
+        finally:
+            t.close()
     for p in plan.decode_positions:
         t = Text(open_products())
-        t.append(prompt_of(p, n_vocab))
-        steps = list(t.generate(plan.decode_tokens + 1, GREEDY))[1:]  # decode steps only
+        try:
+            t.append(prompt_of(p, n_vocab))
+            steps = list(t.generate(plan.decode_tokens + 1, GREEDY))[1:]
+        finally:
+            t.close()
         s.decode.setdefault(p, []).extend(st.ms for st in steps)
         for st in steps:
             s.requests.append(len(st.requests))
-            s.round_trips.append(len(st.requests))  # each request waits for the one before
+            s.round_trips.append(sum(r.parts for r in st.requests))  # each waits for the one before
             s.bytes.append(sum(r.bytes for r in st.requests if r.op == "search"))
-        t.close()
     s.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -134,7 +138,7 @@ def run_torch(engine: TorchEngine, plan: Plan, n_vocab: int, s: Samples) -> None
 
 
 def summarize(name: str, s: Samples) -> dict:
-    all_decode = [v for vs in s.decode.values() for v in vs]
+    all_decode = [v for vs in s.decode.values() for v in vs] or [float("nan")]  # every run ended at <|endoftext|>
     return {
         "engine": name,
         "decode_ms_per_token": {"median": statistics.median(all_decode), "p90": float(np.percentile(all_decode, 90)),

@@ -206,7 +206,10 @@ def serve(model, backend, dsn, data_dir, host, port, max_texts, idle_minutes) ->
 
     from puffergpt.server import ServerConfig
 
-    app = create_app(engine, ServerConfig(max_open_texts=max_texts, idle_s=idle_minutes * 60), reference=reference)
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    trusted = ("127.0.0.1", "localhost", "[::1]") if loopback else None  # no DNS rebinding onto a local server
+    app = create_app(engine, ServerConfig(max_open_texts=max_texts, idle_s=idle_minutes * 60, trusted_hosts=trusted),
+                     reference=reference)
     click.echo(f"puffergpt: {model} on {backend}, {engine.manifest['documents']:,} documents. Open http://{host}:{port}/")
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
@@ -311,11 +314,11 @@ def run_generate(text, prompt, ids, n_tokens, s, as_json, summary) -> None:
 
 def phase(steps, tokens: int) -> dict:
     """Totals over steps: requests, sequential round trips (each request waits for the one
-    before it), ms, and what they would cost on turbopuffer."""
+    before it; a batch over the store's limit takes several), ms, and the turbopuffer cost."""
     from puffergpt import costs
 
     reqs = [r for st in steps for r in st.requests]
-    return {"tokens": tokens, "requests": len(reqs), "round_trips": len(reqs),
+    return {"tokens": tokens, "requests": len(reqs), "round_trips": sum(r.parts for r in reqs),
             "ms": round(sum(st.ms for st in steps), 1),
             "cost_usd": sum(costs.request_cost(r.op, r.bytes, r.returned, r.queries) for r in reqs)}
 

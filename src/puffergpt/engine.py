@@ -52,6 +52,7 @@ class Request:
     bytes: int  # bytes of documents scanned or written
     returned: int  # hits returned
     ms: float
+    parts: int = 1  # store calls it took: more than one where a batch is over the store's limit
 
     def to_json(self) -> dict:
         return {**self.__dict__, "ms": round(self.ms, 3)}
@@ -92,12 +93,17 @@ class SearchProducts:
         names = loading.norms(c)
         ns = loading.namespace(self.key, c.n_embd)
         t = time.perf_counter()
-        v = self.store.fetch(ns, [f"{n}.{r}" for n in names for r in (0, 1)])[:, : c.n_embd]
+        try:
+            v = self.store.fetch(ns, [f"{n}.{r}" for n in names for r in (0, 1)])[:, : c.n_embd]
+        except BaseException:
+            self.store.drop_namespace(self.keys_ns)  # no text, no namespace
+            raise
         self._log("ln", "fetch", 1, len(v), v.nbytes, len(v), t)
         self.ln = {n: (v[2 * i].copy(), v[2 * i + 1].copy()) for i, n in enumerate(names)}
 
     def _log(self, kind, op, queries, rows, nbytes, returned, t0) -> None:
-        self.log.append(Request(kind, op, queries, rows, int(nbytes), returned, (time.perf_counter() - t0) * 1e3))
+        parts = max(1, -(-queries // self.store.max_queries))  # how _search splits the batch
+        self.log.append(Request(kind, op, queries, rows, int(nbytes), returned, (time.perf_counter() - t0) * 1e3, parts))
 
     def close(self) -> None:
         self.store.drop_namespace(self.keys_ns)
@@ -133,10 +139,10 @@ class SearchProducts:
         t = time.perf_counter()
         hits = self._search(ns, [Query(v, (("matrix", "=", name),)) for v in q], self.enc.metric, ("row",))
         self._log(name, "search", len(q), rows * len(q), rows * q.shape[1] * 4 * len(q), len(hits.query), t)
-        dist = np.zeros((len(q), rows), np.float64)
-        dist[hits.query, hits.attrs["row"]] = hits.distance
         if len(hits.query) != rows * len(q):
             raise StoreError(f"{name}: the search returned {len(hits.query)} of {rows * len(q)} rows; the store is incomplete: run `puffergpt verify`")
+        dist = np.zeros((len(q), rows), np.float64)
+        dist[hits.query, hits.attrs["row"]] = hits.distance
         return self.enc.outputs(dist, q, self.M[name])  # (T, out)
 
     def attention_scores(self, layer, q, k, pos):

@@ -122,7 +122,8 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
         raise StoreError(f"the {store.name} store has no exact {metric!r} search; it has {', '.join(store.metrics)}")
     enc = Encoding(metric)
     c = ckpt.config
-    ident = {"checkpoint": ckpt.source, "config": asdict(c), "metric": metric, "version": ENCODING_VERSION,
+    source = {k: v for k, v in ckpt.source.items() if k != "name"}  # not how the user spelt it
+    ident = {"checkpoint": source, "config": asdict(c), "metric": metric, "version": ENCODING_VERSION,
              "weights_sha256": weights_digest(ckpt)}
     old = store.get_meta(f"manifest:{key}")
     if not repair and old and old.get("complete") and all(old.get(k) == v for k, v in ident.items()) and _counts_ok(store, old):

@@ -29,8 +29,8 @@ def probabilities(logits: np.ndarray, temperature: float) -> np.ndarray:
         p = np.zeros_like(logits)
         p[np.argmax(logits)] = 1.0
         return p
-    z = logits / temperature
-    e = np.exp(z - z.max())
+    with np.errstate(over="ignore"):  # a tiny temperature sends the others to -inf: exp gives 0, never NaN
+        e = np.exp((logits - logits.max()) / temperature)
     return e / e.sum()
 
 

@@ -4,6 +4,7 @@ and the static page. Thin: it parses, calls a text or the engine, and renders.""
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import json
 import math
@@ -18,13 +19,15 @@ from typing import Callable, Iterator
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from pydantic import BaseModel, ConfigDict, Field
 
 from puffergpt import costs, loading, tokenizer
 from puffergpt.engine import Engine
 from puffergpt.sampling import Sampling
 from puffergpt.stores.base import StoreError
-from puffergpt.text import Step, Text, TextError, Texts
+from puffergpt.checkpoints import CheckpointError
+from puffergpt.text import Step, Text, TextBusy, TextError, Texts, log
 
 MAX_BODY = 64 * 1024  # bytes of a request body
 MAX_PROMPT_CHARS = 16 * 1024
@@ -41,6 +44,45 @@ class ServerConfig:
     max_open_texts: int = 32
     idle_s: float = 1800.0
     max_new_tokens: int = MAX_NEW_TOKENS
+    trusted_hosts: tuple[str, ...] | None = None  # Host headers accepted; None accepts any
+
+
+class BoundedBody:
+    """Refuse a request body over MAX_BODY bytes, counted as it arrives (chunked bodies
+    too): the body is read here, bounded, and handed on whole."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        n = dict(scope["headers"]).get(b"content-length")
+        if n is not None and (not n.isdigit() or int(n) > MAX_BODY):
+            return await self._refuse(scope, send)
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > MAX_BODY:
+                return await self._refuse(scope, send)
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: disconnects, for streaming responses
+
+        await self.app(scope, replay, send)
+
+    @staticmethod
+    async def _refuse(scope, send):
+        await JSONResponse({"detail": f"request body over {MAX_BODY} bytes"}, status_code=413)(scope, None, send)
 
 
 # --- request bodies: strict types, bounded values ---
@@ -134,13 +176,17 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
     """The app over one loaded model. ``reference`` returns a numpy Products for Compare."""
     texts = Texts(engine.open, max_open=config.max_open_texts, idle_s=config.idle_s)
     stops: dict[str, threading.Event] = {}
+    comparing = threading.Lock()
 
     @contextlib.asynccontextmanager
     async def lifespan(_):
         async def sweep():  # idle texts go, with their namespaces, even when no one opens another
             while True:
                 await asyncio.sleep(min(60.0, config.idle_s))
-                await asyncio.to_thread(texts.expire)
+                try:
+                    await asyncio.to_thread(texts.expire)
+                except Exception as e:  # the sweep goes on
+                    log.warning("sweeping idle texts failed: %s", e)
 
         task = asyncio.create_task(sweep())
         yield
@@ -151,16 +197,17 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
                   version="0.1.0", lifespan=lifespan)
     app.state.texts = texts
 
-    @app.middleware("http")
-    async def bound_body(request: Request, call_next):
-        n = request.headers.get("content-length")
-        if n is not None and (not n.isdigit() or int(n) > MAX_BODY):
-            return JSONResponse({"detail": f"request body over {MAX_BODY} bytes"}, status_code=413)
-        return await call_next(request)
+    app.add_middleware(BoundedBody)
+    if config.trusted_hosts:  # a page elsewhere can't drive this API by DNS rebinding
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(config.trusted_hosts))
 
     @app.exception_handler(TextError)
     async def text_error(_, e):
-        return JSONResponse({"detail": str(e)}, status_code=400)
+        return JSONResponse({"detail": str(e)}, status_code=409 if isinstance(e, TextBusy) else 400)
+
+    @app.exception_handler(CheckpointError)
+    async def checkpoint_error(_, e):
+        return JSONResponse({"detail": f"the reference checkpoint could not be read: {e}"}, status_code=503)
 
     @app.exception_handler(StoreError)
     async def store_error(_, e):
@@ -206,7 +253,9 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
 
     @app.get("/api/texts/{text_id}")
     def show(text_id: str) -> dict:
-        return text_json(get(text_id))
+        t = get(text_id)
+        with t.lock:  # a generation in another thread adds steps between tokens
+            return text_json(t)
 
     @app.delete("/api/texts/{text_id}")
     def close(text_id: str) -> dict:
@@ -214,13 +263,16 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
             texts.close(text_id)
         except KeyError as e:
             raise HTTPException(404, str(e.args[0])) from None
+        stops.pop(text_id, None)
         return {"closed": text_id}
 
     def edit(text_id: str, op: Callable[[Text], None]) -> dict:
         t = get(text_id)
         with t.lock:
+            if t.generating:
+                raise TextBusy("this text is generating: stop it before you edit it")
             op(t)
-        return text_json(t)
+            return text_json(t)
 
     @app.post("/api/texts/{text_id}/append")
     def append(text_id: str, body: AppendBody) -> dict:
@@ -260,6 +312,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
         """Server-sent events: ``token`` for each new token, then ``done`` (or ``error``)."""
         t = get(text_id)
         s = check_generate(t, body)  # errors before the stream starts are plain 4xx
+        t.begin()  # 409 if it is generating already
         stop_event = stops.setdefault(text_id, threading.Event())
         stop_event.clear()
 
@@ -269,10 +322,14 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
                 for step in t.generate(body.max_tokens, s, should_stop=stop_event.is_set):
                     n, requests = n + 1, requests + len(step.requests)
                     yield sse("token", step_json(step))
+                with t.lock:
+                    done = text_json(t)
                 yield sse("done", {"tokens": n, "requests": requests, "ms": round((time.perf_counter() - t0) * 1e3, 1),
-                                   "stopped": stop_event.is_set(), "text": text_json(t)})
+                                   "stopped": stop_event.is_set(), "text": done})
             except (TextError, StoreError) as e:
                 yield sse("error", {"detail": str(e)})
+            finally:
+                t.end()
 
         return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
@@ -281,6 +338,14 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
         """The prompt through the engine and through the numpy reference: top-k side by side."""
         if reference is None:
             raise HTTPException(501, "this server was started without a reference checkpoint")
+        if not comparing.acquire(blocking=False):  # each comparison reads the checkpoint: one at a time
+            raise HTTPException(503, "a comparison is running: try again when it ends")
+        try:
+            return run_compare(body)
+        finally:
+            comparing.release()
+
+    def run_compare(body: CompareBody) -> dict:
         ids = tokenizer.encode(body.prompt)
         if len(ids) > engine.config.n_ctx:
             raise TextError(f"the prompt has {len(ids)} tokens, the context is {engine.config.n_ctx}")
@@ -315,6 +380,8 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
             raise
         cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
+
         def choice(step: Step) -> dict:
             lp = None
             if body.logprobs is not None:
@@ -322,7 +389,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
                 top = sorted(probs.items(), key=lambda kv: -kv[1])[: body.logprobs]
                 lp = {"tokens": [step.text], "token_logprobs": [_log(probs.get(step.token_id, 0.0))],
                       "top_logprobs": [{tokenizer.token_text(i): _log(p) for i, p in top}]}
-            return {"text": step.text, "index": 0, "logprobs": lp, "finish_reason": None}
+            return {"text": utf8.decode(tokenizer.token_bytes(step.token_id)), "index": 0, "logprobs": lp, "finish_reason": None}
 
         def run() -> Iterator[tuple[Step, dict]]:
             try:
@@ -340,7 +407,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
                 for step, ch in run():
                     steps.append(step)
                     yield f"data: {json.dumps({'id': cid, 'object': 'text_completion', 'created': created, 'model': engine.model, 'choices': [ch]})}\n\n"
-                last = {"text": "", "index": 0, "logprobs": None, "finish_reason": finish(steps)}
+                last = {"text": utf8.decode(b"", final=True), "index": 0, "logprobs": None, "finish_reason": finish(steps)}
                 yield f"data: {json.dumps({'id': cid, 'object': 'text_completion', 'created': created, 'model': engine.model, 'choices': [last]})}\n\n"
                 yield "data: [DONE]\n\n"
             return StreamingResponse(events(), media_type="text/event-stream")

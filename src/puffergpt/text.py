@@ -16,6 +16,7 @@ Reading is batched: all unread tokens go through each matrix in one request (pre
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -29,8 +30,15 @@ from puffergpt.reference import Cache, Products, forward
 from puffergpt.sampling import Sampling, pick, probabilities
 
 
+log = logging.getLogger("puffergpt")
+
+
 class TextError(ValueError):
     """An operation a text can't do as asked; the text is left as it was."""
+
+
+class TextBusy(TextError):
+    """The text is generating; it takes no other generation or edit until that ends."""
 
 
 @dataclass
@@ -77,6 +85,7 @@ class Text:
         self.hidden: list[np.ndarray] = []
         self.steps: dict[int, Step] = {}
         self.lock = threading.RLock()
+        self.generating = False  # claimed by begin(), for callers that generate from another thread
         self.last_used = time.monotonic()
 
     # --- what it costs ---
@@ -163,6 +172,16 @@ class Text:
         self.check_tokens([token_id], at=p)
         self._set(p, int(token_id))
 
+    def begin(self) -> None:
+        """Claim the text for one generation (the server does, before it streams)."""
+        with self.lock:
+            if self.generating:
+                raise TextBusy("this text is generating: stop it or wait for it to end")
+            self.generating = True
+
+    def end(self) -> None:
+        self.generating = False
+
     # --- reading and writing: these cost requests ---
     def _read(self) -> int:
         """Read every unread token of the text in one batched forward; how many were read."""
@@ -199,6 +218,8 @@ class Text:
             if should_stop is not None and should_stop():
                 return
             with self.lock:
+                if self.length >= self.config.n_ctx:  # an edit from elsewhere may have filled it
+                    raise TextError(f"the text has reached the model's context of {self.config.n_ctx} tokens")
                 log0, t0 = len(self._log()), time.perf_counter()
                 ids, logits, read = self._candidates(s.top_k)
                 tok = int(ids[pick(probabilities(logits, s.temperature), rng)])
@@ -233,7 +254,13 @@ class Texts:
         with self._lock:
             if len(self._texts) >= self.max_open:
                 raise TextError(f"{self.max_open} texts are open already: close one first")
-            text = Text(self.open_products())
+            self._texts[placeholder := f"opening-{uuid.uuid4().hex}"] = None  # holds the place while it opens
+        try:
+            text = Text(self.open_products())  # store I/O: outside the registry's lock
+        finally:
+            with self._lock:
+                self._texts.pop(placeholder, None)
+        with self._lock:
             self._texts[text.id] = text
         try:
             text.append(ids)
@@ -244,7 +271,7 @@ class Texts:
 
     def get(self, text_id: str) -> Text:
         with self._lock:
-            text = self._texts.get(text_id)
+            text = self._texts.get(text_id) if not text_id.startswith("opening-") else None
         if text is None:
             raise KeyError(f"no open text {text_id!r} (closed, expired, or never opened)")
         text.last_used = time.monotonic()
@@ -252,26 +279,33 @@ class Texts:
 
     def close(self, text_id: str) -> None:
         with self._lock:
-            text = self._texts.pop(text_id, None)
+            text = self._texts.get(text_id)
         if text is None:
             raise KeyError(f"no open text {text_id!r} (closed, expired, or never opened)")
         with text.lock:
-            text.close()
+            text.close()  # if dropping its namespace fails, the text stays listed, to close again
+        with self._lock:
+            self._texts.pop(text_id, None)
 
     def expire(self, now: float | None = None) -> list[str]:
         now = time.monotonic() if now is None else now
         with self._lock:
-            old = [i for i, t in self._texts.items() if now - t.last_used > self.idle_s]
+            old = [i for i, t in self._texts.items() if t is not None and now - t.last_used > self.idle_s]
+        closed = []
         for i in old:
             try:
                 self.close(i)
-            except KeyError:
-                pass
-        return old
+                closed.append(i)
+            except Exception as e:  # one text that can't close must not keep the others open
+                log.warning("could not close idle text %s: %s", i, e)
+        return closed
 
     def __len__(self) -> int:
         return len(self._texts)
 
     def close_all(self) -> None:
-        for i in list(self._texts):
-            self.close(i)
+        for i in [i for i, t in list(self._texts.items()) if t is not None]:
+            try:
+                self.close(i)
+            except Exception as e:
+                log.warning("could not close text %s: %s", i, e)

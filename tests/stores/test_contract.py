@@ -186,3 +186,14 @@ def test_the_engine_on_every_backend(store, tiny):
         assert a.token_id == b.token_id and list(a.ids) == list(b.ids)
         assert_close(f"{store.name} top-40 logits", a.logits, b.logits, 1e-3)
     got.close()
+
+
+def test_a_failed_create_leaves_the_store_working(store):
+    fill(store)
+    with pytest.raises(StoreError):
+        store.create_namespace("bad", 4, {"vector": "int"})
+    with pytest.raises(StoreError):
+        store.create_namespace("bad2", 4, {"x": "complex"})
+    assert store.count("m") == 100 and "bad" not in store.namespaces()
+    store.create_namespace("good", 4, {"row": "int"})
+    assert "good" in store.namespaces()

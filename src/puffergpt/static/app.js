@@ -110,10 +110,11 @@
       p[best] = 1;
       return p;
     }
+    // subtract the best logit before dividing, so a tiny T gives 0s, never NaN
     let mx = -Infinity;
-    for (const l of logits) mx = Math.max(mx, l / T);
+    for (const l of logits) mx = Math.max(mx, l);
     let sum = 0;
-    for (let i = 0; i < n; i++) { p[i] = Math.exp(logits[i] / T - mx); sum += p[i]; }
+    for (let i = 0; i < n; i++) { p[i] = Math.exp((logits[i] - mx) / T); sum += p[i]; }
     for (let i = 0; i < n; i++) p[i] /= sum;
     return p;
   }

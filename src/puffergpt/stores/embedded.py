@@ -49,11 +49,15 @@ def _vectors(a: np.ndarray, dim: int) -> pa.FixedSizeListArray:
 
 
 def _locked(method):
-    """One DuckDB connection serves every thread of the process, one call at a time."""
+    """One DuckDB connection serves every thread of the process, one call at a time;
+    DuckDB's own errors become StoreErrors."""
     @functools.wraps(method)
     def run(self, *args, **kwargs):
         with self.lock:
-            return method(self, *args, **kwargs)
+            try:
+                return method(self, *args, **kwargs)
+            except duckdb.Error as e:
+                raise StoreError(f"the embedded store failed: {e}") from None
     return run
 
 
@@ -86,6 +90,17 @@ class EmbeddedStore(Store):
         # DuckDB 2 wants every result consumed before the next statement.
         return self.con.execute(sql, params).fetchall()
 
+    def _transaction(self, *statements) -> None:
+        """All or nothing: a failed statement rolls the others back."""
+        self._run("BEGIN")
+        try:
+            for st in statements:
+                self._run(*st) if isinstance(st, tuple) else self._run(st)
+            self._run("COMMIT")
+        except BaseException:
+            self._run("ROLLBACK")
+            raise
+
     def _one(self, sql: str, params: list | None = None):
         rows = self._run(sql, params)
         return rows[0] if rows else None
@@ -109,18 +124,15 @@ class EmbeddedStore(Store):
         for k, t in schema.items():
             if t not in _SQL_TYPES:
                 raise StoreError(f"attribute {k!r} has type {t!r}; use one of {sorted(_SQL_TYPES)}")
+            if k in ("id", "vector"):
+                raise StoreError(f"attribute name {k!r} is reserved for the document itself")
         cols = "".join(f", {_col(k)} {_SQL_TYPES[t]}" for k, t in schema.items())
-        self._run("BEGIN")
-        self._run(f"CREATE TABLE {_table(ns)} (id VARCHAR PRIMARY KEY, vector FLOAT[{int(dim)}]{cols})")
-        self._run("INSERT INTO _namespaces VALUES (?, ?, ?)", [ns, int(dim), json.dumps(schema)])
-        self._run("COMMIT")
+        self._transaction(f"CREATE TABLE {_table(ns)} (id VARCHAR PRIMARY KEY, vector FLOAT[{int(dim)}]{cols})",
+                          ("INSERT INTO _namespaces VALUES (?, ?, ?)", [ns, int(dim), json.dumps(schema)]))
 
     @_locked
     def drop_namespace(self, ns):
-        self._run("BEGIN")
-        self._run(f"DROP TABLE IF EXISTS {_table(ns)}")
-        self._run("DELETE FROM _namespaces WHERE name = ?", [ns])
-        self._run("COMMIT")
+        self._transaction(f"DROP TABLE IF EXISTS {_table(ns)}", ("DELETE FROM _namespaces WHERE name = ?", [ns]))
         self._ns.pop(ns, None)
 
     @_locked
