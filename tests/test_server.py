@@ -144,7 +144,7 @@ def test_open_texts_are_bounded(client):
         client.delete(f"/api/texts/{i}")
 
 
-def test_model_text_is_never_html(client):
+def test_markup_in_a_prompt_comes_back_as_json_text(client):  # the page's rendering: test_playground.py
     r = client.post("/api/texts", json={"prompt": "<img src=x onerror=alert(1)>"})
     assert r.headers["content-type"] == "application/json"
     assert "".join(x["text"] for x in r.json()["tokens"]) == "<img src=x onerror=alert(1)>"

@@ -88,8 +88,10 @@ def test_cut_and_retry(text, tiny):
     first = [s.token_id for s in text.generate(6, Sampling(1.0, 40, seed=1))]
     text.cut(T + 2)
     assert text.tokens == PROMPT + first[:2]
-    again = list(text.generate(3, Sampling(1.0, 40, seed=2)))
-    assert all(reads(s.requests) in ([], [1]) for s in again)
+    again = list(text.generate(3, Sampling(0, 40)))
+    assert reads(again[0].requests) == [] and again[0].read == 0  # position T+2's candidates are replayed
+    assert all(reads(s.requests) == [1] for s in again[1:])  # then one new token read each
+    assert [s.token_id for s in again] == Reference(tiny).greedy(PROMPT + first[:2], 3)
     assert len(text.tokens) == T + 5
 
 

@@ -318,9 +318,10 @@ PRESETS = {
 
 
 def random_params(c: GPT2Config, seed: int) -> dict[str, np.ndarray]:
-    """GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer),
-    layer norms at gain 1. Biases get N(0, 0.02) too (GPT-2 starts them at 0), so that
-    a test exercises the bias column of every document."""
+    """GPT-2's initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 n_layer).
+    Unlike GPT-2 (gains 1, biases 0), layer-norm gains are 1 + N(0, 0.1) with N(0, 0.05)
+    biases, and matrix biases N(0, 0.02), so that tests exercise every parameter and the
+    bias column of every document."""
     rng = np.random.default_rng(seed)
     out = {}
     for k, shape in expected_shapes(c).items():

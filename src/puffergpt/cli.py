@@ -1,5 +1,6 @@
-"""The command line: parse, call a checkpoint, text or engine, render. Environment
-variables are read here and nowhere else."""
+"""The command line: parse, call a checkpoint, text or engine, render. The project's
+environment variables (PUFFERGPT_DATA, PUFFERGPT_DSN, TURBOPUFFER_API_KEY,
+TURBOPUFFER_REGION) are read here and nowhere else."""
 
 from __future__ import annotations
 

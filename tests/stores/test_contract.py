@@ -64,14 +64,13 @@ def test_search_returns_every_matching_row_with_exact_distances(store):
 def test_top_k_is_best_first_per_query(store):
     a, _ = fill(store)
     q = np.random.default_rng(6).standard_normal((4, 8)).astype(np.float32)
-    hits = store.search("m", [Query(v, (("matrix", "=", "a"),), top_k=5) for v in q], store.metrics[0], include=("row",))
-    for i in range(4):
-        rows = hits.attrs["row"][hits.query == i]
-        if store.metrics[0] == "inner_product":
-            want = np.argsort(-(a @ q[i]))[:5]
-        else:
-            want = np.argsort(((a - q[i]) ** 2).sum(1))[:5]
-        np.testing.assert_array_equal(rows, want)
+    for metric in store.metrics:
+        hits = store.search("m", [Query(v, (("matrix", "=", "a"),), top_k=5) for v in q], metric, include=("row",))
+        for i in range(4):
+            rows = hits.attrs["row"][hits.query == i]
+            closeness = {"inner_product": a @ q[i], "euclidean_squared": -((a - q[i]) ** 2).sum(1),
+                         "cosine_distance": (a @ q[i]) / np.linalg.norm(a, axis=1)}[metric]
+            np.testing.assert_array_equal(rows, np.argsort(-closeness)[:5], err_msg=metric)
 
 
 def test_batched_queries_with_their_own_filters(store):
