@@ -88,7 +88,7 @@ class SearchProducts:
         self.M = {name: m["M"] for name, m in engine.manifest["matrices"].items()}
         self.log: list[Request] = []
         self.keys_ns = f"text-{uuid.uuid4().hex[:16]}"
-        self.store.create_namespace(self.keys_ns, c.head_dim, engine.key_schema, engine.key_metric)
+        self.store.create_namespace(self.keys_ns, c.head_dim, engine.key_schema, engine.key_metric, ephemeral=True)
         # Layer norms: the only parameters the server keeps, 2 x C numbers each.
         names = loading.norms(c)
         ns = loading.namespace(self.key, c.n_embd)

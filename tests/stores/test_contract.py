@@ -196,3 +196,23 @@ def test_a_failed_create_leaves_the_store_working(store):
     assert store.count("m") == 100 and "bad" not in store.namespaces()
     store.create_namespace("good", 4, {"row": "int"})
     assert "good" in store.namespaces()
+
+
+def test_ephemeral_namespaces_work_like_the_others(store):
+    store.create_namespace("text-x", 4, {"pos": "int"}, ephemeral=True)
+    store.upsert("text-x", ["a", "b"], np.eye(2, 4, dtype=np.float32), {"pos": [0, 1]})
+    store.upsert("text-x", ["a"], np.full((1, 4), 2, np.float32), {"pos": [0]})
+    assert store.count("text-x") == 2 and "text-x" in store.namespaces("text-")
+    np.testing.assert_array_equal(store.fetch("text-x", ["a"]), np.full((1, 4), 2, np.float32))
+    store.drop_namespace("text-x")
+    assert "text-x" not in store.namespaces()
+
+
+def test_embedded_ephemeral_namespaces_end_with_the_process(tmp_path):
+    s = open_store("embedded", tmp_path)
+    s.create_namespace("kept", 4, {"pos": "int"})
+    s.create_namespace("text-y", 4, {"pos": "int"}, ephemeral=True)
+    s.close()
+    s = open_store("embedded", tmp_path)
+    assert s.namespaces() == ["kept"]
+    s.close()

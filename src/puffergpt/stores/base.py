@@ -73,9 +73,12 @@ class Store(ABC):
     max_queries: int  # queries one search request may carry
 
     @abstractmethod
-    def create_namespace(self, ns: str, dim: int, schema: dict[str, str], metric: str | None = None) -> None:
+    def create_namespace(self, ns: str, dim: int, schema: dict[str, str], metric: str | None = None,
+                         ephemeral: bool = False) -> None:
         """Create ns for vectors of length dim with typed attributes; a no-op if it exists alike.
-        ``metric`` is the one it will be searched with (stores that fix it per namespace need it)."""
+        ``metric`` is the one it will be searched with (stores that fix it per namespace need it);
+        ``ephemeral`` says it need not outlive the process (a text's keys), so a store may keep it
+        in memory or skip its write-ahead log."""
 
     @abstractmethod
     def drop_namespace(self, ns: str) -> None: ...

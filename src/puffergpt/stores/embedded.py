@@ -31,8 +31,8 @@ _METRICS = {
 DB_FILE = "puffergpt.duckdb"
 
 
-def _table(ns: str) -> str:
-    return '"ns:' + check_name(ns) + '"'  # names are checked, so quoting is safe
+def _table(ns: str, catalog: str = "main") -> str:
+    return f'{catalog}."ns:' + check_name(ns) + '"'  # names are checked, so quoting is safe
 
 
 def _col(name: str) -> str:
@@ -83,8 +83,13 @@ class EmbeddedStore(Store):
             raise StoreError(f"can't open the data directory {data_dir}: {e}. Choose another with --data DIR.") from None
         if not read_only:
             self._run("CREATE TABLE IF NOT EXISTS _namespaces (name VARCHAR PRIMARY KEY, dim INTEGER, schema VARCHAR)")
+            # Ephemeral namespaces (a text's keys) live in memory: they end with the process anyway,
+            # since a text's values do, and writes to them skip the file and its WAL.
+            self._run("ATTACH ':memory:' AS mem")
+            self._run("CREATE TABLE mem._namespaces (name VARCHAR PRIMARY KEY, dim INTEGER, schema VARCHAR)")
             self._run("CREATE TABLE IF NOT EXISTS _meta (key VARCHAR PRIMARY KEY, value VARCHAR)")
         self._ns: dict[str, tuple[int, dict]] = {}
+        self._catalog: dict[str, str] = {}
 
     def _run(self, sql: str, params: list | None = None) -> list:
         # DuckDB 2 wants every result consumed before the next statement.
@@ -108,16 +113,23 @@ class EmbeddedStore(Store):
     # --- namespaces ---
     def _info(self, ns: str) -> tuple[int, dict]:
         if ns not in self._ns:
-            row = self._one("SELECT dim, schema FROM _namespaces WHERE name = ?", [check_name(ns)])
-            if row is None:
+            for catalog in ("main", "mem"):
+                row = self._one(f"SELECT dim, schema FROM {catalog}._namespaces WHERE name = ?", [check_name(ns)])
+                if row is not None:
+                    self._ns[ns], self._catalog[ns] = (row[0], json.loads(row[1])), catalog
+                    break
+            else:
                 raise StoreError(f"namespace {ns!r} does not exist")
-            self._ns[ns] = (row[0], json.loads(row[1]))
         return self._ns[ns]
 
+    def _t(self, ns: str) -> str:
+        self._info(ns)
+        return _table(ns, self._catalog[ns])
+
     @_locked
-    def create_namespace(self, ns, dim, schema, metric=None):  # DuckDB searches any metric
+    def create_namespace(self, ns, dim, schema, metric=None, ephemeral=False):  # DuckDB searches any metric
         check_name(ns)
-        if self._one("SELECT 1 FROM _namespaces WHERE name = ?", [ns]):
+        if ns in self.namespaces(ns):
             if self._info(ns) != (dim, schema):
                 raise StoreError(f"namespace {ns!r} exists with another layout {self._info(ns)}; drop it first")
             return
@@ -127,17 +139,21 @@ class EmbeddedStore(Store):
             if k in ("id", "vector"):
                 raise StoreError(f"attribute name {k!r} is reserved for the document itself")
         cols = "".join(f", {_col(k)} {_SQL_TYPES[t]}" for k, t in schema.items())
-        self._transaction(f"CREATE TABLE {_table(ns)} (id VARCHAR PRIMARY KEY, vector FLOAT[{int(dim)}]{cols})",
-                          ("INSERT INTO _namespaces VALUES (?, ?, ?)", [ns, int(dim), json.dumps(schema)]))
+        catalog = "mem" if ephemeral else "main"
+        self._transaction(f"CREATE TABLE {_table(ns, catalog)} (id VARCHAR PRIMARY KEY, vector FLOAT[{int(dim)}]{cols})",
+                          (f"INSERT INTO {catalog}._namespaces VALUES (?, ?, ?)", [ns, int(dim), json.dumps(schema)]))
 
     @_locked
     def drop_namespace(self, ns):
-        self._transaction(f"DROP TABLE IF EXISTS {_table(ns)}", ("DELETE FROM _namespaces WHERE name = ?", [ns]))
+        for catalog in ("main", "mem"):
+            self._transaction(f"DROP TABLE IF EXISTS {_table(ns, catalog)}", (f"DELETE FROM {catalog}._namespaces WHERE name = ?", [ns]))
         self._ns.pop(ns, None)
+        self._catalog.pop(ns, None)
 
     @_locked
     def namespaces(self, prefix=""):
-        rows = self._run("SELECT name FROM _namespaces WHERE starts_with(name, ?) ORDER BY name", [prefix])
+        rows = self._run("SELECT name FROM (SELECT name FROM main._namespaces UNION ALL SELECT name FROM mem._namespaces) "
+                         "WHERE starts_with(name, ?) ORDER BY name", [prefix])
         return [r[0] for r in rows]
 
     # --- documents ---
@@ -155,14 +171,14 @@ class EmbeddedStore(Store):
         names = ", ".join(["id", "vector", *map(_col, schema)])
         self.con.register("_batch", batch)
         try:
-            self._run(f"INSERT OR REPLACE INTO {_table(ns)} ({names}) SELECT {names} FROM _batch")
+            self._run(f"INSERT OR REPLACE INTO {self._t(ns)} ({names}) SELECT {names} FROM _batch")
         finally:
             self.con.unregister("_batch")
 
     @_locked
     def fetch(self, ns, ids):
         dim, _ = self._info(ns)
-        tbl = self.con.sql(f"SELECT id, vector FROM {_table(ns)} WHERE id IN (SELECT unnest(?::VARCHAR[]))", params=[list(ids)]).to_arrow_table()
+        tbl = self.con.sql(f"SELECT id, vector FROM {self._t(ns)} WHERE id IN (SELECT unnest(?::VARCHAR[]))", params=[list(ids)]).to_arrow_table()
         got = dict(zip(tbl.column("id").to_pylist(), range(tbl.num_rows)))
         missing = [i for i in ids if i not in got]
         if missing:
@@ -185,13 +201,13 @@ class EmbeddedStore(Store):
     def delete(self, ns, filter):
         _, schema = self._info(ns)
         params: list = []
-        self._run(f"DELETE FROM {_table(ns)} t WHERE {self._where(filter, schema, params)}", params)
+        self._run(f"DELETE FROM {self._t(ns)} t WHERE {self._where(filter, schema, params)}", params)
 
     @_locked
     def count(self, ns, filter=()):
         _, schema = self._info(ns)
         params: list = []
-        return self._one(f"SELECT count(*) FROM {_table(ns)} t WHERE {self._where(filter, schema, params)}", params)[0]
+        return self._one(f"SELECT count(*) FROM {self._t(ns)} t WHERE {self._where(filter, schema, params)}", params)[0]
 
     @_locked
     def search(self, ns, queries, metric, include=()):
@@ -223,7 +239,7 @@ class EmbeddedStore(Store):
         params: list = []
         where = self._where(f0, schema, params, {i: f"q.f{i}" for i in varying})
         sel = "".join(f", t.{_col(a)}" for a in include)
-        sql = f"SELECT q.qi, {expr} AS d{sel} FROM {_table(ns)} t, _queries q WHERE {where}"
+        sql = f"SELECT q.qi, {expr} AS d{sel} FROM {self._t(ns)} t, _queries q WHERE {where}"
         k = qs[0].top_k
         if k is None:
             return self._run_group(sql, params, cols, index, include)

@@ -256,7 +256,7 @@ class PgvectorStore(Store):
         return self._ns[ns]
 
     @_locked
-    def create_namespace(self, ns, dim, schema, metric=None):  # pgvector searches any metric on any table
+    def create_namespace(self, ns, dim, schema, metric=None, ephemeral=False):  # any metric on any table
         check_name(ns)
         if metric is not None and metric not in _METRICS:
             raise StoreError(f"the pgvector store has no metric {metric!r}; it has {', '.join(self.metrics)}")
@@ -272,7 +272,9 @@ class PgvectorStore(Store):
         cols = sql.SQL("").join(sql.SQL(", {} {}").format(sql.Identifier(k), sql.SQL(_SQL_TYPES[t])) for k, t in schema.items())
         try:
             with self.conn.transaction():
-                self._run(sql.SQL("CREATE TABLE {} (id text PRIMARY KEY, vector vector({}) NOT NULL{})").format(
+                # A text's keys need no crash safety: an UNLOGGED table skips the WAL.
+                create = "CREATE UNLOGGED TABLE" if ephemeral else "CREATE TABLE"
+                self._run(sql.SQL(create + " {} (id text PRIMARY KEY, vector vector({}) NOT NULL{})").format(
                     _table(ns), sql.Literal(int(dim)), cols))
                 # Vectors stay in the row (not TOASTed) while a row fits a page.
                 self._run(sql.SQL("ALTER TABLE {} ALTER COLUMN vector SET STORAGE MAIN").format(_table(ns)))

@@ -106,7 +106,7 @@ class TurbopufferStore(Store):
         return self._info[ns]
 
     # --- namespaces ---
-    def create_namespace(self, ns, dim, schema, metric=None):
+    def create_namespace(self, ns, dim, schema, metric=None, ephemeral=False):
         check_name(ns)
         want = {"dim": int(dim), "schema": schema, "metric": metric or self.metrics[0]}
         old = self.get_meta(f"namespace:{ns}")
