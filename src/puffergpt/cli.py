@@ -316,12 +316,10 @@ def run_generate(text, prompt, ids, n_tokens, s, as_json, summary) -> None:
 def phase(steps, tokens: int) -> dict:
     """Totals over steps: requests, sequential round trips (each request waits for the one
     before it; a batch over the store's limit takes several), ms, and the turbopuffer cost."""
-    from puffergpt import costs
-
     reqs = [r for st in steps for r in st.requests]
     return {"tokens": tokens, "requests": len(reqs), "round_trips": sum(r.parts for r in reqs),
             "ms": round(sum(st.ms for st in steps), 1),
-            "cost_usd": sum(costs.request_cost(r.op, r.bytes, r.returned, r.queries) for r in reqs)}
+            "cost_usd": sum(r.cost_usd() for r in reqs)}
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from puffergpt import loading
+from puffergpt import costs, loading
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.documents import Encoding
 from puffergpt.stores.base import Hits, Query, Store, StoreError
@@ -56,6 +56,14 @@ class Request:
 
     def to_json(self) -> dict:
         return {**self.__dict__, "ms": round(self.ms, 3)}
+
+    def cost_usd(self) -> float:
+        return costs.request_cost(self.op, self.bytes, self.returned, self.queries)
+
+
+def requests_per_token(c: GPT2Config) -> int:
+    """The embedding fetch, six requests a layer, the top-k (see the module's docstring)."""
+    return 2 + 6 * c.n_layer
 
 
 class Engine:
@@ -113,10 +121,8 @@ class SearchProducts:
         n = self.store.max_queries
         if len(queries) <= n:
             return self.store.search(ns, queries, metric, include=include)
-        parts = [self.store.search(ns, queries[s:s + n], metric, include=include) for s in range(0, len(queries), n)]
-        return Hits(np.concatenate([p.query + s for p, s in zip(parts, range(0, len(queries), n))]),
-                    np.concatenate([p.distance for p in parts]),
-                    {a: np.concatenate([p.attrs[a] for p in parts]) for a in include})
+        starts = range(0, len(queries), n)
+        return Hits.concat([self.store.search(ns, queries[s:s + n], metric, include=include) for s in starts], include, starts)
 
     # --- the seam ---
     def embed(self, ids, pos):

@@ -23,7 +23,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from pydantic import BaseModel, ConfigDict, Field
 
 from puffergpt import costs, loading, tokenizer
-from puffergpt.engine import Engine
+from puffergpt.engine import Engine, requests_per_token
 from puffergpt.sampling import Sampling
 from puffergpt.stores.base import StoreError
 from puffergpt.checkpoints import CheckpointError
@@ -137,14 +137,14 @@ class CompletionBody(BaseModel):
 
 def request_json(r) -> dict:
     d = r.to_json()
-    d["cost_usd"] = costs.request_cost(r.op, r.bytes, r.returned, r.queries)
+    d["cost_usd"] = r.cost_usd()
     return d
 
 
 def step_json(step: Step, full: bool = True) -> dict:
     d = {"position": step.position, "token_id": step.token_id, "text": step.text, "phase": step.phase,
          "read": step.read, "ms": round(step.ms, 3), "temperature": step.temperature,
-         "requests": len(step.requests), "cost_usd": sum(costs.request_cost(r.op, r.bytes, r.returned, r.queries) for r in step.requests)}
+         "requests": len(step.requests), "cost_usd": sum(r.cost_usd() for r in step.requests)}
     if full:
         d["candidates"] = [{"rank": i, **c} for i, c in enumerate(step.candidates())]
         d["probs_t1"] = [c["prob"] for c in step.candidates(1.0)]
@@ -243,7 +243,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
         nbytes = loading.stored_bytes(m)
         return {"model": engine.model, "backend": engine.store.name, "metric": m["metric"],
                 "config": m["config"], "documents": m["documents"], "namespaces": m["namespaces"],
-                "megabytes": round(nbytes / 1e6, 1), "requests_per_token": 2 + 6 * c.n_layer,
+                "megabytes": round(nbytes / 1e6, 1), "requests_per_token": requests_per_token(c),
                 "storage_usd_per_month": costs.storage_cost_per_month(nbytes), "rates": costs.rates(),
                 "max_new_tokens": config.max_new_tokens, "max_open_texts": config.max_open_texts}
 

@@ -50,6 +50,16 @@ class Hits:
     distance: np.ndarray  # (n,) float: the metric's value (inner_product: larger is closer)
     attrs: dict[str, np.ndarray] = field(default_factory=dict)  # the attributes asked for
 
+    @staticmethod
+    def concat(parts: list["Hits"], include: Sequence[str], offsets: Sequence[int] | None = None) -> "Hits":
+        """Hits of several requests as one; ``offsets`` shifts each part's query numbers."""
+        if len(parts) == 1 and not offsets:
+            return parts[0]
+        offsets = offsets or [0] * len(parts)
+        return Hits(np.concatenate([p.query + o for p, o in zip(parts, offsets)]),
+                    np.concatenate([p.distance for p in parts]),
+                    {a: np.concatenate([p.attrs[a] for p in parts]) for a in include})
+
 
 def check_name(ns: str) -> str:
     if not isinstance(ns, str) or not _NAME.match(ns):

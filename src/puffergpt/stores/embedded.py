@@ -61,13 +61,6 @@ def _locked(method):
     return run
 
 
-def concat(parts: list[Hits], include) -> Hits:
-    if len(parts) == 1:
-        return parts[0]
-    return Hits(np.concatenate([p.query for p in parts]), np.concatenate([p.distance for p in parts]),
-                {a: np.concatenate([p.attrs[a] for p in parts]) for a in include})
-
-
 class EmbeddedStore(Store):
     name = "embedded"
     metrics = ("inner_product", "euclidean_squared", "cosine_distance")
@@ -224,7 +217,7 @@ class EmbeddedStore(Store):
         for i, q in enumerate(queries):
             shape = (tuple((a, op) for a, op, _ in q.filter), q.top_k)
             groups.setdefault(shape, []).append(i)
-        return concat([self._search_group(ns, dim, schema, [queries[i] for i in idx], np.asarray(idx), metric, include)
+        return Hits.concat([self._search_group(ns, dim, schema, [queries[i] for i in idx], np.asarray(idx), metric, include)
                        for idx in groups.values()], include)
 
     def _search_group(self, ns, dim, schema, qs: list[Query], index: np.ndarray, metric, include) -> Hits:
@@ -246,7 +239,7 @@ class EmbeddedStore(Store):
         # Top-k: ORDER BY .. LIMIT per query; DuckDB runs it as a heap, far cheaper than a window.
         order = "DESC" if larger_closer else "ASC"
         sql += f" AND q.qi = ? ORDER BY d {order}, t.id LIMIT {int(k)}"
-        return concat([self._run_group(sql, params + [i], cols, index, include) for i in range(len(qs))], include)
+        return Hits.concat([self._run_group(sql, params + [i], cols, index, include) for i in range(len(qs))], include)
 
     def _run_group(self, sql, params, cols, index, include) -> Hits:
         self.con.register("_queries", pa.table(cols))

@@ -142,13 +142,6 @@ def _msg(e: Exception) -> str:
     return " ".join(str(e).split())
 
 
-def concat(parts: list[Hits], include) -> Hits:
-    if len(parts) == 1:
-        return parts[0]
-    return Hits(np.concatenate([p.query for p in parts]), np.concatenate([p.distance for p in parts]),
-                {a: np.concatenate([p.attrs[a] for p in parts]) for a in include})
-
-
 class PgvectorStore(Store):
     name = "pgvector"
     metrics = ("inner_product", "euclidean_squared", "cosine_distance")
@@ -393,7 +386,7 @@ class PgvectorStore(Store):
         for i, q in enumerate(queries):
             shape = (tuple((a, op) for a, op, _ in q.filter), q.top_k)
             groups.setdefault(shape, []).append(i)
-        return concat([self._search_group(ns, schema, [queries[i] for i in idx], np.asarray(idx), metric, include)
+        return Hits.concat([self._search_group(ns, schema, [queries[i] for i in idx], np.asarray(idx), metric, include)
                        for idx in groups.values()], include)
 
     def _search_group(self, ns, schema, qs: list[Query], index: np.ndarray, metric, include) -> Hits:
