@@ -75,6 +75,16 @@ def check_filter(f: Filter, schema: dict[str, str]) -> None:
             raise StoreError(f"filter on unknown attribute {cond[0]!r} (the namespace has {sorted(schema)})")
 
 
+def check_upsert(ns: str, ids: Sequence[str], vectors, attrs: dict, schema: dict[str, str]) -> None:
+    """What every backend refuses before it writes anything."""
+    if set(attrs) != set(schema):
+        raise StoreError(f"upsert to {ns!r} needs attributes {sorted(schema)}, got {sorted(attrs)}")
+    if len(ids) != len(vectors) or any(len(v) != len(ids) for v in attrs.values()):
+        raise StoreError("upsert: ids, vectors and attributes differ in length")
+    if len(set(ids)) != len(ids):
+        raise StoreError("upsert: an id appears twice in one batch")
+
+
 class Store(ABC):
     """One vector database. Subclasses live one per module in ``puffergpt.stores``."""
 

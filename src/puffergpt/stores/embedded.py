@@ -19,7 +19,7 @@ import duckdb
 import numpy as np
 import pyarrow as pa
 
-from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name
+from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name, check_upsert
 
 _SQL_TYPES = {"int": "BIGINT", "float": "DOUBLE", "str": "VARCHAR"}
 # metric -> (SQL expression over t.vector and q.v, whether larger is closer)
@@ -153,12 +153,7 @@ class EmbeddedStore(Store):
     @_locked
     def upsert(self, ns, ids, vectors, attrs):
         dim, schema = self._info(ns)
-        if set(attrs) != set(schema):
-            raise StoreError(f"upsert to {ns!r} needs attributes {sorted(schema)}, got {sorted(attrs)}")
-        if len(ids) != len(vectors) or any(len(v) != len(ids) for v in attrs.values()):
-            raise StoreError("upsert: ids, vectors and attributes differ in length")
-        if len(set(ids)) != len(ids):
-            raise StoreError("upsert: an id appears twice in one batch")
+        check_upsert(ns, ids, vectors, attrs, schema)
         batch = pa.table({"id": pa.array(list(ids), pa.string()), "vector": _vectors(vectors, dim),
                           **{k: pa.array(np.asarray(attrs[k]).tolist()) for k in schema}})
         names = ", ".join(["id", "vector", *map(_col, schema)])

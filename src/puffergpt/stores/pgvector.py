@@ -41,7 +41,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
-from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name
+from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name, check_upsert
 
 try:
     import psycopg
@@ -296,12 +296,7 @@ class PgvectorStore(Store):
     @_locked
     def upsert(self, ns, ids, vectors, attrs):
         dim, schema = self._info(ns)
-        if set(attrs) != set(schema):
-            raise StoreError(f"upsert to {ns!r} needs attributes {sorted(schema)}, got {sorted(attrs)}")
-        if len(ids) != len(vectors) or any(len(v) != len(ids) for v in attrs.values()):
-            raise StoreError("upsert: ids, vectors and attributes differ in length")
-        if len(set(ids)) != len(ids):
-            raise StoreError("upsert: an id appears twice in one batch")
+        check_upsert(ns, ids, vectors, attrs, schema)
         vecs = _vectors(vectors, dim)
         names = list(schema)
         columns = [[str(i) for i in ids], list(vecs), *([_PY_TYPES[schema[k]](x) for x in np.asarray(attrs[k]).tolist()] for k in names)]

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name
+from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name, check_upsert
 
 MULTI_QUERY = 16  # sub-queries a request may carry
 MAX_TOP_K = 10_000  # documents a query may return
@@ -140,8 +140,7 @@ class TurbopufferStore(Store):
         vectors = np.asarray(vectors, np.float32)
         if vectors.ndim != 2 or vectors.shape[1] != info["dim"]:
             raise StoreError(f"vectors have shape {vectors.shape}, the namespace holds vectors of length {info['dim']}")
-        if set(attrs) != set(info["schema"]):
-            raise StoreError(f"upsert to {ns!r} needs attributes {sorted(info['schema'])}, got {sorted(attrs)}")
+        check_upsert(ns, ids, vectors, attrs, info["schema"])
         for s in range(0, len(ids), WRITE_ROWS):
             e = s + WRITE_ROWS
             cols = {"id": list(ids[s:e]), "vector": vectors[s:e].tolist(),
