@@ -110,7 +110,7 @@ def greedy(model: GPT2LMHeadModel, prompt: str, n: int = 40) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--steps", type=int, default=1200)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=40)
