@@ -183,3 +183,12 @@ def test_lifecycle(engine):
     with pytest.raises(TextError, match="outside the vocabulary"):
         texts.create([99999])
     assert len(texts) == 0  # a text that failed to open is not left open
+
+
+def test_a_one_token_prompt_is_a_prefill(text):
+    text.append([464])  # "The"
+    first, second = text.generate(2, GREEDY)
+    assert (first.phase, first.read) == ("prefill", 1) and (second.phase, second.read) == ("decode", 1)
+    text.append(tokenizer.encode(" and then"))
+    again = next(text.generate(1, GREEDY))
+    assert again.phase == "prefill"  # it read the user's appended tokens (and the last generated one)

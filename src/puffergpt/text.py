@@ -53,14 +53,11 @@ class Step:
     requests: list = field(default_factory=list)  # the requests that produced it, in order
     ms: float = 0.0
     read: int = 0  # tokens the model read for it: many for a prefill, 1 for a decode, 0 if replayed
+    phase: str = "decode"  # "prefill" when it read the user's tokens (a prompt, appended text)
 
     @property
     def text(self) -> str:
         return tokenizer.token_text(self.token_id)
-
-    @property
-    def phase(self) -> str:
-        return "prefill" if self.read > 1 else "decode"
 
     def candidates(self, temperature: float | None = None) -> list[dict]:
         t = self.temperature if temperature is None else temperature
@@ -220,12 +217,13 @@ class Text:
             with self.lock:
                 if self.length >= self.config.n_ctx:  # an edit from elsewhere may have filled it
                     raise TextError(f"the text has reached the model's context of {self.config.n_ctx} tokens")
-                log0, t0 = len(self._log()), time.perf_counter()
+                log0, t0, first = len(self._log()), time.perf_counter(), self.read_upto
                 ids, logits, read = self._candidates(s.top_k)
                 tok = int(ids[pick(probabilities(logits, s.temperature), rng)])
                 p = self.length
+                users = read and any(q not in self.steps for q in range(first, first + read))  # not the model's own
                 step = Step(p, tok, ids, logits, s.temperature, list(self._log()[log0:]),
-                            (time.perf_counter() - t0) * 1e3, read)
+                            (time.perf_counter() - t0) * 1e3, read, "prefill" if users else "decode")
                 self._set(p, tok)
                 self.steps[p] = step
                 self.last_used = time.monotonic()
