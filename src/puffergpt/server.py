@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 import numpy as np
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
+from starlette.background import BackgroundTask
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -331,7 +332,9 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
             finally:
                 t.end()
 
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        # end() also as a background task: a stream the client drops before it starts never runs its finally.
+        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
+                                 background=BackgroundTask(t.end))
 
     @app.post("/api/compare")
     def compare(body: CompareBody) -> dict:
