@@ -130,6 +130,18 @@ class Store(ABC):
     @abstractmethod
     def get_meta(self, key: str) -> dict | None: ...
 
+    def check_search(self, queries: Sequence[Query], metric: str, include: Sequence[str], schema: dict[str, str]) -> None:
+        """What every backend refuses before it searches."""
+        if metric not in self.metrics:
+            raise StoreError(f"the {self.name} store has no metric {metric!r}; it has {', '.join(self.metrics)}")
+        for a in include:
+            if a not in schema and a != "id":
+                raise StoreError(f"unknown attribute {a!r} to include (the namespace has {sorted(schema)})")
+        if len(queries) > self.max_queries:
+            raise StoreError(f"{len(queries)} queries in one request; the {self.name} store takes at most {self.max_queries}")
+        for q in queries:
+            check_filter(q.filter, schema)
+
     def cli_args(self) -> str:
         """The CLI options that reach this same store, for messages that name a command."""
         return f"--backend {self.name}"

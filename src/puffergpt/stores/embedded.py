@@ -200,13 +200,7 @@ class EmbeddedStore(Store):
     @_locked
     def search(self, ns, queries, metric, include=()):
         dim, schema = self._info(ns)
-        if metric not in _METRICS:
-            raise StoreError(f"the embedded store has no metric {metric!r}; it has {', '.join(self.metrics)}")
-        for a in include:
-            if a not in schema and a != "id":
-                raise StoreError(f"unknown attribute {a!r} to include (the namespace has {sorted(schema)})")
-        if len(queries) > self.max_queries:
-            raise StoreError(f"{len(queries)} queries in one request; the embedded store takes at most {self.max_queries}")
+        self.check_search(queries, metric, include, schema)
         # Queries with filters of one shape and one top_k share a single SQL join.
         groups: dict[tuple, list[int]] = {}
         for i, q in enumerate(queries):

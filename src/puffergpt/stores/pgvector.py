@@ -364,18 +364,10 @@ class PgvectorStore(Store):
     @_locked
     def search(self, ns, queries, metric, include=()):
         dim, schema = self._info(ns)
-        if metric not in _METRICS:
-            raise StoreError(f"the pgvector store has no metric {metric!r}; it has {', '.join(self.metrics)}")
-        for a in include:
-            if a not in schema and a != "id":
-                raise StoreError(f"unknown attribute {a!r} to include (the namespace has {sorted(schema)})")
-        if len(queries) > self.max_queries:
-            raise StoreError(f"{len(queries)} queries in one request; the pgvector store takes at most {self.max_queries}")
+        self.check_search(queries, metric, include, schema)
         if not queries:
             return Hits(np.zeros(0, np.int64), np.zeros(0), {a: np.zeros(0, _NP_TYPES[({"id": "str"} | schema)[a]]) for a in include})
         _vectors(np.stack([q.vector for q in queries]), dim)
-        for q in queries:
-            check_filter(q.filter, schema)
         # Queries with filters of one shape and one top_k share a single statement.
         groups: dict[tuple, list[int]] = {}
         for i, q in enumerate(queries):

@@ -186,9 +186,9 @@ class TurbopufferStore(Store):
         info = self._layout(ns)
         if metric != info["metric"]:
             raise StoreError(f"namespace {ns!r} was written for {info['metric']}; it can't be searched with {metric!r}")
+        self.check_search(queries, metric, include, info["schema"])
         subs = []
         for q in queries:
-            check_filter(q.filter, info["schema"])
             sub = {"rank_by": ("vector", "kNN", np.asarray(q.vector, np.float32).tolist()),
                    "top_k": MAX_TOP_K if q.top_k is None else int(q.top_k), "include_attributes": list(include)}
             if q.filter:
