@@ -4,6 +4,36 @@ from __future__ import annotations
 
 import numpy as np
 
+# Max abs error of y = x @ W + b through a store, which computes distances in float32.
+STORE_BOUNDS = {"inner_product": 1e-4, "euclidean_squared": 4e-3, "cosine_distance": 1e-4}
+
+
+def layer(rng, n_in=768, n_out=3072):
+    """A layer with GPT-2-like scales and a layer-normed input: w (out, in), b (out,), x (4, in)."""
+    w = (0.14 * rng.standard_normal((n_out, n_in))).astype(np.float32)
+    b = (0.1 * rng.standard_normal(n_out)).astype(np.float32)
+    x = rng.standard_normal((4, n_in)).astype(np.float32)
+    return w, b, x
+
+
+def encoding_error_through(store, metric: str) -> float:
+    """Store a layer's rows under ``metric``'s encoding, search every row, and return the
+    max abs error of the outputs against float64 numpy (asserted within STORE_BOUNDS)."""
+    from puffergpt.documents import Encoding
+    from puffergpt.stores import Query
+
+    w, b, x = layer(np.random.default_rng(1))
+    enc = Encoding(metric)
+    docs, M = enc.documents(w, b)
+    store.create_namespace("m", docs.shape[1], {"matrix": "str", "row": "int"}, metric)
+    store.upsert("m", [f"w.{i}" for i in range(len(docs))], docs, {"matrix": ["w"] * len(docs), "row": np.arange(len(docs))})
+    q = enc.queries(x)
+    hits = store.search("m", [Query(v, (("matrix", "=", "w"),)) for v in q], metric, include=("row",))
+    dist = np.zeros((len(q), len(docs)))
+    dist[hits.query, hits.attrs["row"]] = hits.distance
+    return assert_close(f"{metric} via {store.name}", enc.outputs(dist, q, M),
+                        x.astype(np.float64) @ w.T.astype(np.float64) + b, STORE_BOUNDS[metric])
+
 
 def report_diff(name: str, got: np.ndarray, want: np.ndarray) -> str:
     """llm.c style: the max difference and the first values that differ most."""

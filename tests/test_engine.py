@@ -5,7 +5,7 @@ import pytest
 
 from puffergpt import tokenizer
 from puffergpt.engine import Engine
-from puffergpt.reference import NumpyProducts
+from puffergpt.reference import NumpyProducts, Reference
 from puffergpt.sampling import Sampling
 from puffergpt.text import Text
 
@@ -13,6 +13,16 @@ from helpers import PROMPTS, assert_close
 
 # Max abs difference of the top-40 logits from the reference, per encoding (see README).
 LOGIT_BOUNDS = {"inner_product": 1e-3, "euclidean_squared": 5e-3, "cosine_distance": 1e-3}
+
+
+def greedy_on(engine: Engine, ids: list[int], n: int) -> list[int]:
+    """n greedy tokens after ids, from a text of its own."""
+    text = Text(engine.open())
+    try:
+        text.append(ids)
+        return [s.token_id for s in text.generate(n, Sampling(0, 40))]
+    finally:
+        text.close()
 
 
 def run_both(ckpt, store, key, prompt, n, metric):
@@ -127,13 +137,7 @@ def test_keys_without_an_inner_product(loaded, tiny, metric):
     """The path of a store with no inner product (turbopuffer): each key carries |k|^2."""
     store, key = loaded(tiny, metric)
     ids = tokenizer.encode(PROMPTS[2])
-    text = Text(Engine(store, tiny.name, key, key_metric=metric).open())
-    text.append(ids)
-    got = [s.token_id for s in text.generate(12, Sampling(0, 40))]
-    text.close()
-    from puffergpt.reference import Reference
-
-    assert got == Reference(tiny).greedy(ids, 12)
+    assert greedy_on(Engine(store, tiny.name, key, key_metric=metric), ids, 12) == Reference(tiny).greedy(ids, 12)
 
 
 def test_batches_over_the_store_limit_are_split(loaded, tiny, monkeypatch):
@@ -141,13 +145,7 @@ def test_batches_over_the_store_limit_are_split(loaded, tiny, monkeypatch):
     store, key = loaded(tiny)
     monkeypatch.setattr(store, "max_queries", 7)
     ids = tokenizer.encode(PROMPTS[4])  # 10 tokens: 40 attention queries, 10 per product
-    text = Text(Engine(store, tiny.name, key).open())
-    text.append(ids)
-    got = [s.token_id for s in text.generate(3, Sampling(0, 40))]
-    text.close()
-    from puffergpt.reference import Reference
-
-    assert got == Reference(tiny).greedy(ids, 3)
+    assert greedy_on(Engine(store, tiny.name, key), ids, 3) == Reference(tiny).greedy(ids, 3)
 
 
 def test_split_batches_count_their_round_trips(loaded, tiny, monkeypatch):

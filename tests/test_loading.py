@@ -1,6 +1,5 @@
 """Loading a checkpoint as documents: counts, manifest, resume, damage detection."""
 
-import numpy as np
 import pytest
 
 from puffergpt import checkpoints, loading

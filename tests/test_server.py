@@ -1,7 +1,6 @@
 """The HTTP API: texts, streaming, OpenAI-compatible completions, bounds and errors."""
 
 import json
-import math
 
 import numpy as np
 import pytest

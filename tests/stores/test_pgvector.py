@@ -10,9 +10,9 @@ import threading
 import numpy as np
 import pytest
 
-from helpers import assert_close
+from helpers import assert_close, encoding_error_through
 from puffergpt import loading, tokenizer
-from puffergpt.documents import METRICS, Encoding
+from puffergpt.documents import METRICS
 from puffergpt.engine import Engine
 from puffergpt.reference import NumpyProducts, Reference
 from puffergpt.sampling import Sampling
@@ -23,7 +23,6 @@ from puffergpt.text import Text
 GREEDY = Sampling(0, 40)
 PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "for i in range(10):"]
 LOGIT_BOUNDS = {"inner_product": 1e-3, "euclidean_squared": 2e-2, "cosine_distance": 1e-3}  # as tests/test_engine.py
-STORE_BOUNDS = {"inner_product": 1e-4, "euclidean_squared": 4e-3, "cosine_distance": 1e-4}  # as tests/test_documents.py
 
 
 @pytest.fixture(scope="module")
@@ -85,28 +84,11 @@ def test_padded_encodings_on_pgvector(new_database, tiny, metric):
     store.close()
 
 
-def layer(rng, n_in=768, n_out=3072):
-    w = (0.14 * rng.standard_normal((n_out, n_in))).astype(np.float32)
-    b = (0.1 * rng.standard_normal(n_out)).astype(np.float32)
-    x = rng.standard_normal((4, n_in)).astype(np.float32)
-    return w, b, x
-
-
 @pytest.mark.parametrize("metric", METRICS)
 def test_encoding_error_through_pgvector(pg_dsn, metric):
     """y = x @ W + b of a 768 -> 3072 layer through pgvector's float32, against float64 numpy."""
-    w, b, x = layer(np.random.default_rng(1))
-    enc = Encoding(metric)
-    docs, M = enc.documents(w, b)
     store = PgvectorStore(pg_dsn)
-    store.create_namespace("m", docs.shape[1], {"matrix": "str", "row": "int"}, metric)
-    store.upsert("m", [f"w.{i}" for i in range(len(docs))], docs, {"matrix": ["w"] * len(docs), "row": np.arange(len(docs))})
-    q = enc.queries(x)
-    hits = store.search("m", [Query(v, (("matrix", "=", "w"),)) for v in q], metric, include=("row",))
-    dist = np.zeros((len(q), len(docs)))
-    dist[hits.query, hits.attrs["row"]] = hits.distance
-    err = assert_close(f"{metric} via pgvector", enc.outputs(dist, q, M),
-                       x.astype(np.float64) @ w.T.astype(np.float64) + b, STORE_BOUNDS[metric])
+    err = encoding_error_through(store, metric)
     print(f"{metric}: max abs error {err:.3g} through pgvector")
     store.close()
 

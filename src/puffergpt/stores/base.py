@@ -75,6 +75,15 @@ def check_filter(f: Filter, schema: dict[str, str]) -> None:
             raise StoreError(f"filter on unknown attribute {cond[0]!r} (the namespace has {sorted(schema)})")
 
 
+def check_schema(schema: dict[str, str], types: dict[str, str]) -> None:
+    """Attribute names and types a backend can store (``types``: ours -> its column type)."""
+    for k, t in schema.items():
+        if t not in types:
+            raise StoreError(f"attribute {k!r} has type {t!r}; use one of {sorted(types)}")
+        if not isinstance(k, str) or not k.isidentifier() or k in ("id", "vector"):
+            raise StoreError(f"invalid attribute name {k!r}: a Python identifier other than 'id' and 'vector'")
+
+
 def check_upsert(ns: str, ids: Sequence[str], vectors, attrs: dict, schema: dict[str, str]) -> None:
     """What every backend refuses before it writes anything."""
     if set(attrs) != set(schema):

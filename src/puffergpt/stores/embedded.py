@@ -13,13 +13,12 @@ import functools
 import json
 import threading
 from pathlib import Path
-from typing import Sequence
 
 import duckdb
 import numpy as np
 import pyarrow as pa
 
-from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name, check_upsert
+from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name, check_schema, check_upsert
 
 _SQL_TYPES = {"int": "BIGINT", "float": "DOUBLE", "str": "VARCHAR"}
 # metric -> (SQL expression over t.vector and q.v, whether larger is closer)
@@ -126,11 +125,7 @@ class EmbeddedStore(Store):
             if self._info(ns) != (dim, schema):
                 raise StoreError(f"namespace {ns!r} exists with another layout {self._info(ns)}; drop it first")
             return
-        for k, t in schema.items():
-            if t not in _SQL_TYPES:
-                raise StoreError(f"attribute {k!r} has type {t!r}; use one of {sorted(_SQL_TYPES)}")
-            if k in ("id", "vector"):
-                raise StoreError(f"attribute name {k!r} is reserved for the document itself")
+        check_schema(schema, _SQL_TYPES)
         cols = "".join(f", {_col(k)} {_SQL_TYPES[t]}" for k, t in schema.items())
         catalog = "mem" if ephemeral else "main"
         self._transaction(f"CREATE TABLE {_table(ns, catalog)} (id VARCHAR PRIMARY KEY, vector FLOAT[{int(dim)}]{cols})",

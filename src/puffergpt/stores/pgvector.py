@@ -41,7 +41,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
-from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name, check_upsert
+from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name, check_schema, check_upsert
 
 try:
     import psycopg
@@ -257,11 +257,7 @@ class PgvectorStore(Store):
             if self._info(ns) != (dim, schema):
                 raise StoreError(f"namespace {ns!r} exists with another layout {self._info(ns)}; drop it first")
             return
-        for k, t in schema.items():
-            if t not in _SQL_TYPES:
-                raise StoreError(f"attribute {k!r} has type {t!r}; use one of {sorted(_SQL_TYPES)}")
-            if not k.isidentifier() or k in ("id", "vector"):
-                raise StoreError(f"invalid attribute name {k!r}")
+        check_schema(schema, _SQL_TYPES)
         cols = sql.SQL("").join(sql.SQL(", {} {}").format(sql.Identifier(k), sql.SQL(_SQL_TYPES[t])) for k, t in schema.items())
         try:
             with self.conn.transaction():

@@ -19,11 +19,10 @@ from __future__ import annotations
 import functools
 import json
 from concurrent.futures import ThreadPoolExecutor
-from typing import Sequence
 
 import numpy as np
 
-from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name, check_upsert
+from puffergpt.stores.base import Filter, Hits, Store, StoreError, check_filter, check_name, check_upsert
 
 MULTI_QUERY = 16  # sub-queries a request may carry
 MAX_TOP_K = 10_000  # documents a query may return
