@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+# Max abs difference of the engine's top-40 logits from numpy's, per encoding (see README).
+LOGIT_BOUNDS = {"inner_product": 1e-3, "euclidean_squared": 5e-3, "cosine_distance": 1e-3}
+
 # Max abs error of y = x @ W + b through a store, which computes distances in float32.
 STORE_BOUNDS = {"inner_product": 1e-4, "euclidean_squared": 4e-3, "cosine_distance": 1e-4}
 
@@ -62,3 +65,32 @@ PROMPTS = [
     "Ünïcödé and emoji 🎉 are bytes too",
     "for i in range(10):",
 ]
+
+
+def compare_with_reference(ckpt, text, prompt: str, n: int, metric: str = "inner_product") -> tuple[float, list[int]]:
+    """Greedy-generate on ``text`` (a Text over the engine) and with numpy side by side,
+    asserting at every step the same top-40 ids, logits within LOGIT_BOUNDS[metric] and the
+    same token; closes ``text``. Returns (worst logit difference, tokens)."""
+    from puffergpt import tokenizer
+    from puffergpt.reference import NumpyProducts
+    from puffergpt.sampling import Sampling
+    from puffergpt.text import Text
+
+    ids = tokenizer.encode(prompt)
+    ref = Text(NumpyProducts(ckpt))
+    text.append(ids)
+    ref.append(ids)
+    worst, tokens = 0.0, []
+    try:
+        pairs = zip(text.generate(n, Sampling(0, 40)), ref.generate(n, Sampling(0, 40)), strict=True)
+        for step, (got, want) in enumerate(pairs):
+            g = {c["token_id"]: c["logit"] for c in got.candidates()}
+            w = {c["token_id"]: c["logit"] for c in want.candidates()}
+            assert set(g) == set(w), f"{prompt!r} step {step}: top-40 ids differ"
+            worst = max(worst, assert_close(f"{prompt!r} step {step} top-40 logits", [g[t] for t in w],
+                                            list(w.values()), LOGIT_BOUNDS[metric]))
+            assert got.token_id == want.token_id, f"{prompt!r} step {step}: token {got.token_id} != reference {want.token_id}"
+            tokens.append(got.token_id)
+    finally:
+        text.close()
+    return worst, tokens

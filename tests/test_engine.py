@@ -5,14 +5,12 @@ import pytest
 
 from puffergpt import tokenizer
 from puffergpt.engine import Engine
-from puffergpt.reference import NumpyProducts, Reference
+from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
 from puffergpt.text import Text
 
-from helpers import PROMPTS, assert_close
+from helpers import PROMPTS, compare_with_reference
 
-# Max abs difference of the top-40 logits from the reference, per encoding (see README).
-LOGIT_BOUNDS = {"inner_product": 1e-3, "euclidean_squared": 5e-3, "cosine_distance": 1e-3}
 
 
 def greedy_on(engine: Engine, ids: list[int], n: int) -> list[int]:
@@ -25,37 +23,13 @@ def greedy_on(engine: Engine, ids: list[int], n: int) -> list[int]:
         text.close()
 
 
-def run_both(ckpt, store, key, prompt, n, metric):
-    """Greedy-generate with the engine and the reference side by side; compare every step."""
-    ids = tokenizer.encode(prompt)
-    engine_text = Text(Engine(store, ckpt.name, key).open())
-    ref_text = Text(NumpyProducts(ckpt))
-    engine_text.append(ids)
-    ref_text.append(ids)
-    worst, got_ids, want_ids = 0.0, [], []
-    try:
-        pairs = zip(engine_text.generate(n, Sampling(0, 40)), ref_text.generate(n, Sampling(0, 40)), strict=True)
-        for step, (got, want) in enumerate(pairs):
-            got_ids.append(got.token_id)
-            want_ids.append(want.token_id)
-            g = {c["token_id"]: c["logit"] for c in got.candidates()}
-            w = {c["token_id"]: c["logit"] for c in want.candidates()}
-            assert list(g) == list(w) or set(g) == set(w), f"{prompt!r} step {step}: top-40 ids differ"
-            worst = max(worst, assert_close(f"{prompt!r} step {step} top-40 logits", [g[t] for t in w], list(w.values()), LOGIT_BOUNDS[metric]))
-            assert got.token_id == want.token_id, f"{prompt!r} step {step}: token {got.token_id} != reference {want.token_id}"
-    finally:
-        engine_text.products.close()
-    return worst, got_ids, want_ids
-
-
 @pytest.mark.parametrize("model", ["tiny", "demo"])
 def test_engine_equals_reference_on_ten_prompts(request, loaded, model):
     ckpt = request.getfixturevalue(model)
     store, key = loaded(ckpt)
     worst = 0.0
     for prompt in PROMPTS:
-        diff, got, want = run_both(ckpt, store, key, prompt, 32, "inner_product")
-        assert got == want
+        diff, _ = compare_with_reference(ckpt, Text(Engine(store, ckpt.name, key).open()), prompt, 32)
         worst = max(worst, diff)
     print(f"{model} inner_product: worst top-40 logit diff {worst:.3g}")
 
@@ -65,7 +39,7 @@ def test_padded_encodings_on_the_demo_model(loaded, demo, metric):
     store, key = loaded(demo, metric)
     worst = 0.0
     for prompt in PROMPTS[:3]:
-        diff, got, want = run_both(demo, store, key, prompt, 8, metric)
+        diff, _ = compare_with_reference(demo, Text(Engine(store, demo.name, key).open()), prompt, 8, metric)
         worst = max(worst, diff)
     print(f"demo {metric}: worst top-40 logit diff {worst:.3g}")
 

@@ -10,11 +10,11 @@ import threading
 import numpy as np
 import pytest
 
-from helpers import assert_close, encoding_error_through
+from helpers import compare_with_reference, encoding_error_through
 from puffergpt import loading, tokenizer
 from puffergpt.documents import METRICS
 from puffergpt.engine import Engine
-from puffergpt.reference import NumpyProducts, Reference
+from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
 from puffergpt.stores import Query, StoreError, open_store
 from puffergpt.stores.pgvector import PgvectorStore, redact
@@ -22,7 +22,6 @@ from puffergpt.text import Text
 
 GREEDY = Sampling(0, 40)
 PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "for i in range(10):"]
-LOGIT_BOUNDS = {"inner_product": 1e-3, "euclidean_squared": 2e-2, "cosine_distance": 1e-3}  # as tests/test_engine.py
 
 
 @pytest.fixture(scope="module")
@@ -37,24 +36,8 @@ def tiny_pg(new_database, tiny):
 
 
 def compare(ckpt, store, key, prompt, n, metric="inner_product", text=None):
-    """Greedy-generate on the store and with numpy side by side: (worst logit diff, tokens)."""
-    ids = tokenizer.encode(prompt)
-    got_text = text or Text(Engine(store, ckpt.name, key).open())
-    want_text = Text(NumpyProducts(ckpt))
-    got_text.append(ids)
-    want_text.append(ids)
-    worst, tokens = 0.0, []
-    try:
-        for step, (got, want) in enumerate(zip(got_text.generate(n, GREEDY), want_text.generate(n, GREEDY), strict=True)):
-            g = {c["token_id"]: c["logit"] for c in got.candidates()}
-            w = {c["token_id"]: c["logit"] for c in want.candidates()}
-            assert set(g) == set(w), f"{prompt!r} step {step}: top-40 ids differ"
-            worst = max(worst, assert_close(f"{prompt!r} step {step} top-40 logits", [g[t] for t in w], list(w.values()), LOGIT_BOUNDS[metric]))
-            assert got.token_id == want.token_id, f"{prompt!r} step {step}: token {got.token_id} != reference {want.token_id}"
-            tokens.append(got.token_id)
-    finally:
-        got_text.close()
-    return worst, tokens
+    """The engine on pgvector and numpy side by side: (worst logit diff, tokens)."""
+    return compare_with_reference(ckpt, text or Text(Engine(store, ckpt.name, key).open()), prompt, n, metric)
 
 
 # --- the engine on pgvector ---------------------------------------------------------------
