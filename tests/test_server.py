@@ -10,7 +10,8 @@ from puffergpt import tokenizer
 from puffergpt.cli import serve
 from puffergpt.engine import Engine
 from puffergpt.reference import NumpyProducts, Reference
-from puffergpt.server import MAX_BODY, ServerConfig, create_app
+from puffergpt.server import ServerConfig, create_app
+from puffergpt.server.app import MAX_BODY
 
 PROMPT = "The quick brown fox"
 
