@@ -1,10 +1,17 @@
-"""Checkpoints: make, load (fp32/fp16/bf16, HF prefixes), errors, verified download."""
+"""Checkpoints: make, load (fp32/fp16/bf16, HF prefixes), errors, verified download, the demo fallback."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
+import os
 import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
 from dataclasses import asdict
 from math import prod
 from pathlib import Path
@@ -379,9 +386,19 @@ def files_under(p: Path) -> list[Path]:
     return [f for f in p.rglob("*") if f.is_file()] if p.exists() else []
 
 
+def hub_answers(monkeypatch) -> list[str]:
+    """The hub answers download's first, bounded request (no network); returns the URLs asked."""
+    import huggingface_hub
+
+    asked = []
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda url, **kw: asked.append(url))
+    return asked
+
+
 def test_download_offline_names_the_alternatives(tmp_path, monkeypatch):
     import huggingface_hub
 
+    hub_answers(monkeypatch)  # the hub answers, then the download itself fails
     calls = []
 
     def unreachable(*args, **kwargs):
@@ -401,9 +418,10 @@ def test_download_offline_names_the_alternatives(tmp_path, monkeypatch):
 
 
 def fake_hub(monkeypatch, src: Path, files: dict[str, bytes] | None = None) -> list[str]:
-    """hf_hub_download that copies from src (or writes files[name]) into local_dir."""
+    """A hub that answers, and hf_hub_download that copies from src (or writes files[name]) into local_dir."""
     import huggingface_hub
 
+    hub_answers(monkeypatch)
     calls = []
 
     def fake(repo, filename, revision=None, local_dir=None, **kw):
@@ -426,7 +444,7 @@ def test_download_verifies_and_caches(tmp_path, monkeypatch, tiny_ckpt_dir, tiny
     out = checkpoints.download(m, tmp_path / "cache")
     assert out == tmp_path / "cache" / "someone--tiny" / "0123456789abcdef"
     assert sorted(calls) == ["config.json", "model.safetensors"]
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "model.safetensors.verified"]
     got = checkpoints.load_dir(out)
     np.testing.assert_array_equal(got.params["wte.weight"], tiny_ckpt.params["wte.weight"])
     # A second call finds the cache and does not fetch.
@@ -454,3 +472,199 @@ def test_hub_source_is_recorded(tmp_path, monkeypatch, tiny_ckpt_dir):
     ck = checkpoints.load("tiny-hub", cache_dir=tmp_path)
     assert ck.name == "tiny-hub"
     assert ck.source == {"name": "tiny-hub"} | asdict(m)
+
+
+# --- the hub out of reach: the demo model, within seconds ----------------------------------------
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released): connecting is refused."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def hub_at(monkeypatch, endpoint: str) -> None:
+    """Hub URLs point at ``endpoint``; HF_ENDPOINT itself is read when huggingface_hub is imported."""
+    import huggingface_hub
+
+    real = huggingface_hub.hf_hub_url
+    monkeypatch.setattr(huggingface_hub, "hf_hub_url", lambda repo, filename, **kw: real(repo, filename, endpoint=endpoint, **kw))
+
+
+@pytest.fixture
+def silent_hub():
+    """A loopback socket that accepts connections and never answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        yield f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+@pytest.fixture
+def pinned_tiny(monkeypatch, tiny_ckpt_dir) -> HubModel:
+    """GPT-2 small's pin replaced by the tiny checkpoint, so a whole download takes milliseconds."""
+    st = (tiny_ckpt_dir / "model.safetensors").read_bytes()
+    m = HubModel("someone/tiny", "0123456789abcdef", hashlib.sha256(st).hexdigest(), len(st))
+    monkeypatch.setitem(HUB_MODELS, "gpt2", m)
+    return m
+
+
+def timed_default_model(cache: Path, **kw) -> tuple[str, str | None, float]:
+    t0 = time.monotonic()
+    name, note = checkpoints.default_model(progress=False, cache_dir=cache, **kw)
+    return name, note, time.monotonic() - t0
+
+
+def assert_fallback_note(note: str | None, *words: str) -> None:
+    assert note is not None and "\n" not in note and len(note) < 400, note
+    assert note.startswith("GPT-2 small could not be downloaded (")
+    assert "run again with a network" in note and "--model PATH" in note and "Hugging Face layout" in note
+    for w in words:
+        assert w in note, (w, note)
+
+
+def test_refused_hub_serves_demo_within_seconds(tmp_path, monkeypatch):
+    port = closed_port()
+    hub_at(monkeypatch, f"http://127.0.0.1:{port}")
+    name, note, elapsed = timed_default_model(tmp_path)
+    assert name == "demo" and elapsed < 10, (name, elapsed)  # huggingface_hub alone takes ~23 s here
+    assert_fallback_note(note, f"127.0.0.1:{port} refused the connection")
+    assert files_under(tmp_path) == []
+
+
+def test_silent_hub_times_out(tmp_path, monkeypatch, silent_hub):
+    hub_at(monkeypatch, silent_hub)
+    name, note, elapsed = timed_default_model(tmp_path, timeout=1.0)
+    assert name == "demo" and elapsed < 4, elapsed
+    assert_fallback_note(note, "did not answer within 1 s")
+
+
+def test_deadline_bounds_a_lookup_that_hangs(tmp_path, monkeypatch):
+    # A DNS lookup that hangs is bounded by no socket timeout; the probe's deadline bounds it.
+    import huggingface_hub
+
+    release = threading.Event()
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda url, **kw: release.wait(30))
+    try:
+        name, note, elapsed = timed_default_model(tmp_path, timeout=0.5)
+    finally:
+        release.set()
+    assert name == "demo" and elapsed < 3, elapsed
+    assert_fallback_note(note, "did not answer within 0.5 s")
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"HF_ENDPOINT": "http://127.0.0.1:{port}"}, ["127.0.0.1:{port} refused the connection"]),
+    ({"HF_HUB_OFFLINE": "1"}, ["HF_HUB_OFFLINE is set"]),
+])
+def test_environment_in_a_real_process(tmp_path, env, words):
+    # The variables a user sets, read where huggingface_hub reads them (at import), and the
+    # default cache under XDG_CACHE_HOME.
+    port = closed_port()
+    env = {k: v.format(port=port) for k, v in env.items()}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "XDG_"))}
+    clean |= {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")} | env
+    code = "import json; from puffergpt import checkpoints; print(json.dumps([checkpoints.default_model(progress=False), str(checkpoints.default_cache_dir())]))"
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean, timeout=60)
+    elapsed = time.monotonic() - t0
+    assert p.returncode == 0, p.stderr
+    (name, note), cache = json.loads(p.stdout)
+    assert name == "demo" and elapsed < 10, (name, elapsed)
+    assert_fallback_note(note, *(w.format(port=port) for w in words))
+    assert cache == str(tmp_path / "cache" / "puffergpt" / "checkpoints")
+
+
+def test_explicit_gpt2_fails_fast_naming_the_alternatives(tmp_path, monkeypatch):
+    port = closed_port()
+    hub_at(monkeypatch, f"http://127.0.0.1:{port}")
+    t0 = time.monotonic()
+    with pytest.raises(CheckpointError) as e:
+        checkpoints.load("gpt2", cache_dir=tmp_path)
+    assert time.monotonic() - t0 < 10
+    msg = str(e.value)
+    assert "could not download openai-community/gpt2@607a30d783df" in msg and "refused the connection" in msg
+    assert "--model demo" in msg and "--model PATH" in msg and "make-model" in msg
+    assert files_under(tmp_path) == []
+
+
+def test_partial_file_in_the_cache_is_ignored(tmp_path, monkeypatch, tiny_ckpt_dir):
+    # A truncated model.safetensors where the verified one belongs (and a killed download's
+    # temporary folder beside it): never loaded, and the demo model still serves.
+    m = HUB_MODELS["gpt2"]
+    out = tmp_path / "openai-community--gpt2" / m.revision
+    out.mkdir(parents=True)
+    shutil.copy(tiny_ckpt_dir / "config.json", out / "config.json")
+    (out / "model.safetensors").write_bytes((tiny_ckpt_dir / "model.safetensors").read_bytes()[:5000])
+    (out / ".download-killed").mkdir()
+    (out / ".download-killed" / "model.safetensors").write_bytes(b"\0" * 1000)
+    hub_at(monkeypatch, f"http://127.0.0.1:{closed_port()}")
+    name, note, elapsed = timed_default_model(tmp_path)
+    assert name == "demo" and elapsed < 10
+    assert_fallback_note(note, "the cached model.safetensors was damaged (5,000 of 548,105,171 bytes)", "removed", "refused")
+    assert not (out / "model.safetensors").exists()
+    with pytest.raises(CheckpointError, match="could not download"):  # explicit gpt2 never loads the partial file
+        checkpoints.load("gpt2", cache_dir=tmp_path)
+
+
+def test_cached_and_verified_needs_no_hub(tmp_path, monkeypatch, pinned_tiny, tiny_ckpt_dir, tiny_ckpt):
+    calls = fake_hub(monkeypatch, tiny_ckpt_dir)
+    assert checkpoints.default_model(progress=False, cache_dir=tmp_path) == ("gpt2", None)
+    assert sorted(calls) == ["config.json", "model.safetensors"]
+    # Now offline: the verified cache serves GPT-2 without asking the hub or hashing again.
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda *a, **kw: pytest.fail("asked the hub"))
+    monkeypatch.setattr(checkpoints, "sha256_file", lambda *a, **kw: pytest.fail("hashed again"))
+    assert checkpoints.default_model(progress=False, cache_dir=tmp_path) == ("gpt2", None)
+    got = checkpoints.load("gpt2", cache_dir=tmp_path)
+    np.testing.assert_array_equal(got.params["wte.weight"], tiny_ckpt.params["wte.weight"])
+
+
+def test_cached_file_changed_since_its_check_is_removed(tmp_path, monkeypatch, pinned_tiny, tiny_ckpt_dir):
+    fake_hub(monkeypatch, tiny_ckpt_dir)
+    out = checkpoints.download(pinned_tiny, tmp_path)
+    st = out / "model.safetensors"
+    data = bytearray(st.read_bytes())
+    data[-1] ^= 1  # same size, one bit flipped
+    st.write_bytes(bytes(data))
+    os.utime(st, ns=(st.stat().st_atime_ns, st.stat().st_mtime_ns + 1))  # a new mtime even on coarse clocks
+    import huggingface_hub
+
+    def no_route(*a, **kw):  # what a machine with no network at all answers
+        raise OSError(errno.ENETUNREACH, "Network is unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", no_route)
+    name, note, _ = timed_default_model(tmp_path)
+    assert name == "demo"
+    assert_fallback_note(note, "its sha256 is not the pinned one", "removed", "no network: no route to huggingface.co")
+    assert not st.exists() and not (out / "model.safetensors.verified").exists()
+
+
+@pytest.mark.parametrize("served, words", [
+    (b"truncated", ["was incomplete (9 of"]),
+    (None, ["did not match its pinned sha256"]),
+])
+def test_damaged_download_is_discarded_and_demo_serves(tmp_path, monkeypatch, pinned_tiny, tiny_ckpt_dir, served, words):
+    st = (tiny_ckpt_dir / "model.safetensors").read_bytes()
+    tampered = served if served is not None else st[:-1] + bytes([st[-1] ^ 1])
+    fake_hub(monkeypatch, tiny_ckpt_dir, {"model.safetensors": tampered})
+    name, note, _ = timed_default_model(tmp_path)
+    assert name == "demo"
+    assert_fallback_note(note, *words, "discarded")
+    assert files_under(tmp_path) == []
+
+
+def test_download_that_breaks_after_the_hub_answered(tmp_path, monkeypatch, pinned_tiny):
+    import huggingface_hub
+
+    hub_answers(monkeypatch)
+
+    def reset(*a, **kw):
+        raise ConnectionError("connection reset by peer")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", reset)
+    name, note, _ = timed_default_model(tmp_path)
+    assert name == "demo"
+    assert_fallback_note(note, "the download failed: ConnectionError: connection reset by peer")
+    assert files_under(tmp_path) == []
