@@ -1,0 +1,86 @@
+"""The notebook's HTTP routes: save an insight with its evidence, list, read, replay.
+
+``notebook_router(notebook, candidates_at)`` is included by the app; ``candidates_at`` is
+the engine's (see ``puffergpt.notebook.CandidatesAt``). Thin: it parses, calls the
+notebook, and renders; the notebook checks everything it stores."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Query
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from puffergpt import notebook as nb
+from puffergpt.notebook import CandidatesAt, Notebook
+from puffergpt.stores.base import StoreError
+
+
+class Strict(BaseModel):
+    # As server/app.py's Strict; not imported from there, so that app.py can import this module.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=nb.MAX_TAG_CHARS)]
+
+
+class InsightBody(Strict):
+    title: str = Field(..., min_length=1, max_length=nb.MAX_TITLE_CHARS)
+    body: str = Field("", max_length=nb.MAX_BODY_CHARS)
+    tags: list[Tag] = Field(default_factory=list, max_length=nb.MAX_TAGS)
+    evidence: dict[str, Any]  # its shape is checked by the notebook (check_evidence), which names the problem
+
+
+@contextlib.contextmanager
+def http_errors():
+    """Notebook errors as 4xx/5xx with the notebook's message."""
+    try:
+        yield
+    except nb.InsightNotFound as e:
+        raise HTTPException(404, str(e)) from None
+    except nb.InvalidInsight as e:
+        raise HTTPException(400, str(e)) from None
+    except nb.GitError as e:  # the notebook's disk or git, not the request: the file is kept
+        raise HTTPException(503, str(e)) from None
+    except StoreError as e:
+        raise HTTPException(503, f"the store failed: {e}") from None
+    except nb.NotebookError as e:
+        raise HTTPException(409, str(e)) from None
+
+
+def notebook_router(notebook: Notebook, candidates_at: CandidatesAt, model: str | None = None) -> APIRouter:
+    """The routes over one notebook. ``model``, when given, is the model candidates_at
+    runs: replaying an insight saved from another model is a 400 that names both."""
+    router = APIRouter(prefix="/api/insights", tags=["notebook"])
+
+    @router.post("", status_code=201)
+    def save(body: InsightBody) -> dict:
+        with http_errors():
+            ins = notebook.save(body.title, body.body, body.tags, body.evidence)
+        return ins.summary()
+
+    @router.get("")
+    def list_insights(q: Annotated[str | None, Query(max_length=nb.MAX_QUERY_CHARS)] = None,
+                      tag: Annotated[str | None, Query(max_length=nb.MAX_TAG_CHARS)] = None) -> dict:
+        with http_errors():
+            return {"insights": [i.summary() for i in notebook.list(query=q, tag=tag)]}
+
+    @router.get("/{insight_id}")
+    def show(insight_id: str) -> dict:
+        with http_errors():
+            return notebook.get(insight_id).to_json()
+
+    @router.post("/{insight_id}/replay")
+    def replay(insight_id: str) -> dict:
+        """The stored candidates recomputed now, and whether they still match."""
+        with http_errors():
+            ins = notebook.get(insight_id)
+            try:
+                result = nb.replay(ins, candidates_at, model=model)
+            except nb.InvalidInsight:
+                raise
+            except ValueError as e:  # the engine refused the prompt (context, vocabulary)
+                raise nb.InvalidInsight(f"the model could not replay this insight: {e}") from None
+        return {"id": ins.id, "model": ins.model, "position": ins.evidence["position"], **result}
+
+    return router
