@@ -131,4 +131,5 @@ def test_split_batches_count_their_round_trips(loaded, tiny, monkeypatch):
     text.close()
     fc = next(r for r in step.requests if r.kind == "h.0.mlp.c_fc")
     scores = next(r for r in step.requests if r.kind == "h.0.attn.scores")
-    assert (fc.queries, fc.parts) == (10, 2) and (scores.queries, scores.parts) == (40, 6)
+    # 4 heads x 9 tokens search earlier keys (position 0 has none): 36 queries in 6 parts of 7
+    assert (fc.queries, fc.parts) == (10, 2) and (scores.queries, scores.parts) == (36, 6)

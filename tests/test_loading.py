@@ -75,13 +75,39 @@ def test_an_altered_document_is_detected_and_named(store, tiny):
     m = loading.load(store, tiny, "tiny", progress=False)
     ns = m["matrices"]["h.0.attn.c_attn"]["namespace"]
     v = store.fetch(ns, ["h.0.attn.c_attn.5"])
-    store.upsert(ns, ["h.0.attn.c_attn.5"], v + 1e-3, {"matrix": ["h.0.attn.c_attn"], "row": [5]})
+    store.upsert(ns, ["h.0.attn.c_attn.5"], v + 1e-3, {"matrix": ["h.0.attn.c_attn"], "row": [5],
+                                                        "norm2": loading.row_norm2(v + 1e-3, 64)})
     bad = loading.verify(store, m)
     assert list(bad) == ["h.0.attn.c_attn"] and "altered" in bad["h.0.attn.c_attn"]
     assert loading.load(store, tiny, "tiny", progress=False) == m  # counts look right: a plain load keeps it
     assert loading.verify(store, m) != {}
     loading.load(store, tiny, "tiny", progress=False, repair=True)
     assert loading.verify(store, m) == {}
+
+
+@pytest.mark.parametrize("attr", ["row", "norm2"])
+def test_an_altered_attribute_is_detected_and_repaired(store, tiny, attr):
+    """The check covers what a search returns and the engine uses, not only the vectors:
+    a document whose row number changed would put its output in another row's place."""
+    from puffergpt.engine import Engine
+    from puffergpt.sampling import Sampling
+    from puffergpt.text import Text
+
+    m = loading.load(store, tiny, "tiny", progress=False)
+    ns, name = m["matrices"]["h.0.mlp.c_fc"]["namespace"], "h.0.mlp.c_fc"
+    v = store.fetch(ns, [f"{name}.5"])
+    attrs = {"matrix": [name], "row": [5], "norm2": loading.row_norm2(v, 64)}
+    attrs[attr] = [6] if attr == "row" else [123.0]
+    store.upsert(ns, [f"{name}.5"], v, attrs)
+    bad = loading.verify(store, m)
+    assert list(bad) == [name] and "altered attribute" in bad[name], bad
+    loading.load(store, tiny, "tiny", progress=False, repair=True)
+    assert loading.verify(store, m) == {}
+    t = Text(Engine(store, "tiny").open())  # and the engine reads the repaired matrix right
+    t.append([1, 2, 3])
+    ref = __import__("puffergpt.reference", fromlist=["Reference"]).Reference(tiny).greedy([1, 2, 3], 4)
+    assert [st.token_id for st in t.generate(4, Sampling(0, 40))] == ref
+    t.close()
 
 
 def test_engine_refuses_missing_or_old_stores(store, tiny):

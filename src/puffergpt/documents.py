@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-ENCODING_VERSION = 1
+ENCODING_VERSION = 2  # 2: every document carries norm2, |w|^2 of its row
 METRICS = ("inner_product", "euclidean_squared", "cosine_distance")
 
 

@@ -7,20 +7,30 @@ the same code, and only the products differ. No weight matrix is held here:
 - ``linear``: one search per product, every row of the matrix, all the tokens
   being read as queries of that one request (``documents.py`` turns distances
   back into outputs);
-- ``attention_scores``: the new keys are written to this text's namespace,
-  tagged layer, head and position; then one request searches, for all heads and
-  tokens at once, each query against the keys of its head at or before its own
-  position. Values stay in the server (``reference.Cache``);
-- ``top_k``: the final vector searches the token vectors, the k best come back.
+- ``attention_scores``: one request searches, for all heads and tokens at once,
+  each query against the keys of its head at positions before its own; a token's
+  score against its own key is arithmetic on two vectors the server holds (like
+  the softmax). The new keys are written to this text's namespace, tagged layer,
+  head and position: a prefill writes them before it searches them; a decode step
+  writes its one token's keys concurrently, off the critical path, and the next
+  search of that layer waits for the write, so a search never misses a key (and
+  every search checks that it got one key for every position it asked for).
+  Values stay in the server (``reference.Cache``);
+- ``top_k``: the final vector searches the token vectors, the k best come back;
+  ``top_k_many`` does several at once (the logit lens), ``logits`` scores all of them.
 
 Layer-norm parameters are fetched once, when the products are opened for a text.
-Every request is logged with its kind, rows scored, bytes and latency.
+Every request is logged with its kind, rows scored, bytes and latency; a decode
+step makes 2 + 5 x n_layer sequential requests (62 for GPT-2 small) and
+n_layer concurrent key writes.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,17 +63,29 @@ class Request:
     returned: int  # hits returned
     ms: float
     parts: int = 1  # store calls it took: more than one where a batch is over the store's limit
+    concurrent: bool = False  # ran beside the critical path (a decode step's key write): no round trip of its own
+    extra: bool = False  # asked for by a learning view (lens, inspect), not needed for the token
 
     def to_json(self) -> dict:
         return {**self.__dict__, "ms": round(self.ms, 3)}
+
+    @property
+    def round_trips(self) -> int:
+        return 0 if self.concurrent else self.parts
 
     def cost_usd(self) -> float:
         return costs.request_cost(self.op, self.bytes, self.returned, self.queries)
 
 
 def requests_per_token(c: GPT2Config) -> int:
-    """The embedding fetch, six requests a layer, the top-k (see the module's docstring)."""
+    """A decode step's requests: the embedding fetch, six a layer (one a concurrent key
+    write), the top-k (see the module's docstring)."""
     return 2 + 6 * c.n_layer
+
+
+def round_trips_per_token(c: GPT2Config) -> int:
+    """A decode step's sequential requests: the key writes run beside them."""
+    return 2 + 5 * c.n_layer
 
 
 class Engine:
@@ -95,6 +117,11 @@ class SearchProducts:
         self.key = engine.key
         self.M = {name: m["M"] for name, m in engine.manifest["matrices"].items()}
         self.log: list[Request] = []
+        self.extra = False  # set while a learning view asks: its requests are marked extra
+        # One writer thread: a text's key writes land in the order they were made.
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="puffergpt-keys")
+        self._pending: dict[int, Future] = {}  # layer -> its latest key write
+        self._closed = threading.Event()
         self.keys_ns = f"text-{uuid.uuid4().hex[:16]}"
         self.store.create_namespace(self.keys_ns, c.head_dim, engine.key_schema, engine.key_metric, ephemeral=True)
         # Layer norms: the only parameters the server keeps, 2 x C numbers each.
@@ -102,19 +129,38 @@ class SearchProducts:
         ns = loading.namespace(self.key, c.n_embd)
         t = time.perf_counter()
         try:
-            v = self.store.fetch(ns, [f"{n}.{r}" for n in names for r in (0, 1)])[:, : c.n_embd]
+            v = self.store.fetch(ns, [loading.doc_id(n, r) for n in names for r in (0, 1)])[:, : c.n_embd]
         except BaseException:
             self.store.drop_namespace(self.keys_ns)  # no text, no namespace
+            self._writer.shutdown(wait=False)
             raise
         self._log("ln", "fetch", 1, len(v), v.nbytes, len(v), t)
         self.ln = {n: (v[2 * i].copy(), v[2 * i + 1].copy()) for i, n in enumerate(names)}
 
-    def _log(self, kind, op, queries, rows, nbytes, returned, t0) -> None:
-        parts = max(1, -(-queries // self.store.max_queries))  # how _search splits the batch
-        self.log.append(Request(kind, op, queries, rows, int(nbytes), returned, (time.perf_counter() - t0) * 1e3, parts))
+    def _log(self, kind, op, queries, rows, nbytes, returned, t0, parts=None, concurrent=False) -> Request:
+        parts = parts or max(1, -(-queries // self.store.max_queries))  # how _search splits the batch
+        r = Request(kind, op, queries, rows, int(nbytes), returned, (time.perf_counter() - t0) * 1e3, parts,
+                    concurrent, self.extra)
+        self.log.append(r)
+        return r
 
     def close(self) -> None:
-        self.store.drop_namespace(self.keys_ns)
+        """Wait for the key writes in flight, then drop the text's namespace."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        try:
+            for f in list(self._pending.values()):
+                f.exception()  # wait; a failed write matters no more: the namespace goes
+        finally:
+            self._writer.shutdown(wait=True)
+            self.store.drop_namespace(self.keys_ns)
+
+    def _wait_keys(self, layer: int) -> None:
+        """Block until this layer's last key write has landed; a failed write fails here."""
+        f = self._pending.pop(layer, None)
+        if f is not None:
+            f.result()
 
     def _search(self, ns: str, queries: list[Query], metric: str, include: tuple) -> Hits:
         """One request, or as few as the store's limit on queries a request allows."""
@@ -129,7 +175,7 @@ class SearchProducts:
         C = self.config.n_embd
         ns = loading.namespace(self.key, C)
         t = time.perf_counter()
-        docs = self.store.fetch(ns, [f"wte.{i}" for i in ids] + [f"wpe.{p}" for p in pos])
+        docs = self.store.fetch(ns, [loading.doc_id("wte", i) for i in ids] + [loading.doc_id("wpe", p) for p in pos])
         self._log("embed", "fetch", 1, len(docs), docs.nbytes, len(docs), t)
         rows = self.enc.rows(docs, C)  # (2T, C)
         return rows[: len(ids)] + rows[len(ids):]  # wte[ids] + wpe[pos]
@@ -154,37 +200,120 @@ class SearchProducts:
     def attention_scores(self, layer, q, k, pos):
         H, T, hd = q.shape
         S = int(pos[-1]) + 1
+        self._wait_keys(layer)  # an earlier step's write of this layer, or an old one a new key must replace
         heads, ts = np.meshgrid(np.arange(H), np.arange(T), indexing="ij")  # (H, T) each
-        keys = k.reshape(H * T, hd)
+        if T == 1:  # decode: nothing searches this token's keys before the next step
+            self._pending[layer] = self._write_keys(layer, k, pos, heads, ts, concurrent=True)
+        else:  # prefill: the prompt's own keys are searched next
+            self._write_keys(layer, k, pos, heads, ts, concurrent=False).result()
+        scores = np.full((H * T, S), -np.inf, np.float32)
+        scores[np.arange(H * T), pos[ts.ravel()]] = np.einsum("hti,hti->ht", q, k).ravel()  # each token's own key
+        asks = [(h, i) for h, i in zip(heads.ravel(), ts.ravel()) if pos[i] > 0]  # the first token has no earlier keys
+        if asks:
+            self._score_earlier(layer, q, pos, asks, scores)
+        return scores.reshape(H, T, S)
+
+    def _write_keys(self, layer, k, pos, heads, ts, concurrent: bool) -> Future:
+        H, T, hd = k.shape
+        keys = k.reshape(H * T, hd).copy()
+        ids = [f"h.{layer}.{h}.{pos[i]}" for h, i in zip(heads.ravel(), ts.ravel())]
         attrs = {"layer": [layer] * (H * T), "head": heads.ravel(), "pos": pos[ts.ravel()]}
-        metric = self.engine.key_metric
-        if metric != "inner_product":
+        if self.engine.key_metric != "inner_product":
             attrs["norm2"] = (keys.astype(np.float64) ** 2).sum(axis=1)
-        t = time.perf_counter()
-        self.store.upsert(self.keys_ns, [f"h.{layer}.{h}.{pos[i]}" for h, i in zip(heads.ravel(), ts.ravel())], keys, attrs)
-        self._log(f"h.{layer}.attn.keys", "write", 0, H * T, k.nbytes, 0, t)
-        queries = [Query(q[h, i], (("layer", "=", layer), ("head", "=", int(h)), ("pos", "<=", int(pos[i]))))
-                   for h, i in zip(heads.ravel(), ts.ravel())]
+        req = Request(f"h.{layer}.attn.keys", "write", 0, H * T, keys.nbytes, 0, 0.0, 1, concurrent, self.extra)
+        self.log.append(req)
+
+        def write():
+            t = time.perf_counter()
+            try:
+                self.store.upsert(self.keys_ns, ids, keys, attrs)
+            finally:
+                req.ms = (time.perf_counter() - t) * 1e3
+
+        if not concurrent:
+            f: Future = Future()
+            try:
+                write()
+                f.set_result(None)
+            except BaseException as e:
+                f.set_exception(e)
+            return f
+        return self._writer.submit(write)
+
+    def _score_earlier(self, layer, q, pos, asks, scores) -> None:
+        """One search: each (head, token) query against its head's keys before its position."""
+        hd, metric = q.shape[2], self.engine.key_metric
+        queries = [Query(q[h, i], (("layer", "=", layer), ("head", "=", int(h)), ("pos", "<", int(pos[i]))))
+                   for h, i in asks]
         t = time.perf_counter()
         include = ("pos",) if metric == "inner_product" else ("pos", "norm2")
         hits = self._search(self.keys_ns, queries, metric, include)
-        scored = int(H * (pos + 1).sum())
-        self._log(f"h.{layer}.attn.scores", "search", len(queries), scored, scored * hd * 4, len(hits.query), t)
-        scores = np.full((H * T, S), -np.inf, np.float32)
+        want = np.array([int(pos[i]) for _, i in asks])  # keys each query must find: positions 0..pos-1
+        self._log(f"h.{layer}.attn.scores", "search", len(queries), int(want.sum()), int(want.sum()) * hd * 4, len(hits.query), t)
+        got = np.bincount(hits.query, minlength=len(asks))
+        if (got != want).any():
+            j = int(np.argmax(got != want))
+            raise StoreError(f"layer {layer}: the attention search for head {asks[j][0]} at position {want[j]} returned "
+                             f"{got[j]} keys, not {want[j]}: the text's keys in {self.keys_ns} are missing or doubled "
+                             f"(the store lost them, e.g. a database restart); close the text and open it again")
+        rows = np.array([h * q.shape[1] + i for h, i in asks])[hits.query]  # query -> row of scores (H*T)
         if metric == "inner_product":
-            scores[hits.query, hits.attrs["pos"]] = hits.distance
+            scores[rows, hits.attrs["pos"]] = hits.distance
         else:
-            qq = (q.reshape(H * T, hd).astype(np.float64) ** 2).sum(axis=1)  # |q|^2 per query
-            scores[hits.query, hits.attrs["pos"]] = key_scores(metric, hits.distance, qq[hits.query], hits.attrs["norm2"])
-        return scores.reshape(H, T, S)
+            qq = (q.reshape(-1, hd).astype(np.float64) ** 2).sum(axis=1)  # |q|^2 per (head, token)
+            scores[rows, hits.attrs["pos"]] = key_scores(metric, hits.distance, qq[rows], hits.attrs["norm2"])
 
     def top_k(self, x, k):
-        C = self.config.n_embd
-        q = self.enc.queries(x[None])  # (1, dim)
+        return self.top_k_many(x[None], k, kind="wte.top_k")[0]
+
+    def top_k_many(self, x, k, kind="lens.top_k"):
+        """One request, one query a vector: (n, C) -> n x (ids (k,), logits (k,)), best first."""
+        q = self.enc.queries(x)  # (n, dim)
         t = time.perf_counter()
-        hits = self.store.search(loading.namespace(self.key, C), [Query(q[0], (("matrix", "=", "wte"),), top_k=k)],
-                                 self.enc.metric, include=("row",))
+        hits = self._search(loading.namespace(self.key, self.config.n_embd),
+                            [Query(v, (("matrix", "=", "wte"),), top_k=k) for v in q], self.enc.metric, ("row",))
         V = self.config.n_vocab
-        self._log("wte.top_k", "search", 1, V, V * q.shape[1] * 4, len(hits.query), t)
-        logits = self.enc.outputs(hits.distance[None], q, self.M["wte"])[0]
-        return hits.attrs["row"].astype(np.int64), logits
+        self._log(kind, "search", len(q), V * len(q), V * q.shape[1] * 4 * len(q), len(hits.query), t)
+        out = []
+        for i in range(len(q)):
+            mine = hits.query == i  # hits come best first within each query
+            logits = self.enc.outputs(hits.distance[mine][None], q[i:i + 1], self.M["wte"])[0]
+            out.append((hits.attrs["row"][mine].astype(np.int64), logits))
+        return out
+
+    def _all_rows(self, matrix: str, x: np.ndarray, kind: str, include: tuple = ("row",)) -> tuple[np.ndarray, dict]:
+        """Every row of a matrix scored against one vector x (C,): the outputs by row (rows,)
+        and the included attributes by row. Split by row ranges where a store returns at
+        most ``max_top_k`` hits a query, as one request."""
+        rows = self.engine.manifest["matrices"][matrix]["rows"]
+        q = self.enc.queries(x[None])  # (1, dim)
+        cap = getattr(self.store, "max_top_k", None) or rows
+        flt = lambda a, b: (("matrix", "=", matrix),) + ((("row", ">=", a), ("row", "<", b)) if cap < rows else ())  # noqa: E731
+        queries = [Query(q[0], flt(a, min(a + cap, rows))) for a in range(0, rows, cap)]
+        t = time.perf_counter()
+        hits = self._search(loading.namespace(self.key, self.config.n_embd), queries, self.enc.metric, include)
+        self._log(kind, "search", len(queries), rows, rows * q.shape[1] * 4, len(hits.query), t)
+        if len(hits.query) != rows:
+            raise StoreError(f"{matrix}: the search returned {len(hits.query)} of {rows} rows; the store is incomplete: run `puffergpt verify`")
+        order = np.argsort(hits.attrs["row"])
+        y = self.enc.outputs(hits.distance[order][None], q, self.M[matrix])[0]
+        return y, {a: hits.attrs[a][order] for a in include}
+
+    def logits(self, x):
+        """All n_vocab scores of the next token, one search over every wte row: (C,) -> (V,)."""
+        return self._all_rows("wte", x, "wte.all")[0]
+
+    def token_rows(self, ids) -> np.ndarray:
+        """Token vectors fetched by id, for the embedding views: (n,) -> (n, C)."""
+        C = self.config.n_embd
+        t = time.perf_counter()
+        docs = self.store.fetch(loading.namespace(self.key, C), [loading.doc_id("wte", int(i)) for i in ids])
+        self._log("wte.fetch", "fetch", 1, len(docs), docs.nbytes, len(docs), t)
+        return self.enc.rows(docs, C)
+
+    def cosine_all(self, v: np.ndarray) -> np.ndarray:
+        """Cosine similarity of v (C,) to every token vector, one search: q.w from the
+        distance, |w| from each document's ``norm2`` attribute. (C,) -> (V,)"""
+        dots, attrs = self._all_rows("wte", v, "wte.cosine", ("row", "norm2"))
+        norms = np.sqrt(np.asarray(attrs["norm2"], np.float64)) * np.linalg.norm(v.astype(np.float64))
+        return dots / np.maximum(norms, 1e-30)

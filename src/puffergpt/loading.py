@@ -8,12 +8,16 @@ Layout, for a model stored under key K with width C (see documents.py for the ve
   layer-norm parameters (``h.0.ln_1`` row 0 is the gain, row 1 the bias);
 - namespace ``K.4C`` holds each layer's ``mlp.c_proj``, whose input has 4C.
 
-A document's id is its matrix and row, ``h.3.mlp.c_fc.17``; its attributes are
-``matrix`` and ``row``, so a filter on ``matrix`` picks one whole matrix.
+A document's id is its matrix and row, ``h.3.mlp.c_fc.17`` (``doc_id``, the one
+place ids are spelt); its attributes are ``matrix`` and ``row``, so a filter on
+``matrix`` picks one whole matrix, and ``norm2``, the squared length of the weight
+row it carries (so that cosine similarity between token vectors is one search too).
 
 ``load`` is idempotent and resumable: it upserts matrix by matrix, records the
 matrices done, and ends by reading every document back against its checksum,
-rewriting any matrix that does not match. Only then does it write the manifest.
+rewriting any matrix that does not match. Only then does it write the manifest. The
+check covers everything a search returns and the engine uses: ids, vectors and
+attributes.
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ import numpy as np
 
 from puffergpt.checkpoints import Checkpoint, GPT2Config
 from puffergpt.documents import ENCODING_VERSION, Encoding
-from puffergpt.stores.base import Store, StoreError
+from puffergpt.stores.base import Hits, Query, Store, StoreError
 
-SCHEMA = {"matrix": "str", "row": "int"}
+SCHEMA = {"matrix": "str", "row": "int", "norm2": "float"}
 BATCH = 2048
 
 
@@ -86,8 +90,22 @@ def checksum(docs: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(np.asarray(docs, np.float32) + np.float32(0)).tobytes()).hexdigest()
 
 
+def doc_id(name: str, row: int) -> str:
+    """The id of a matrix's row: ``wte.50256``, ``h.3.ln_1.0``."""
+    return f"{name}.{int(row)}"
+
+
 def ids(name: str, rows: int) -> list[str]:
-    return [f"{name}.{r}" for r in range(rows)]
+    return [doc_id(name, r) for r in range(rows)]
+
+
+def row_norm2(docs: np.ndarray, n_in: int) -> np.ndarray:
+    """|w|^2 of each document's weight row (the first n_in numbers): (rows, dim) -> (rows,)"""
+    return (np.asarray(docs[:, :n_in], np.float64) ** 2).sum(axis=1)
+
+
+def n_in_of(ns: str) -> int:
+    return int(ns.rsplit(".", 1)[1])
 
 
 def plan(ckpt: Checkpoint, enc: Encoding, key: str) -> Iterator[tuple[str, str, Callable[[], tuple[np.ndarray, float]], list[str]]]:
@@ -102,9 +120,10 @@ def plan(ckpt: Checkpoint, enc: Encoding, key: str) -> Iterator[tuple[str, str, 
 
 
 def _write(store: Store, ns: str, name: str, docs: np.ndarray, doc_ids: list[str], bar, interrupt) -> None:
+    norm2 = row_norm2(docs, n_in_of(ns))
     for s in range(0, len(doc_ids), BATCH):
         e = min(s + BATCH, len(doc_ids))
-        store.upsert(ns, doc_ids[s:e], docs[s:e], {"matrix": [name] * (e - s), "row": np.arange(s, e)})
+        store.upsert(ns, doc_ids[s:e], docs[s:e], {"matrix": [name] * (e - s), "row": np.arange(s, e), "norm2": norm2[s:e]})
         bar.update(e - s)
         if interrupt:
             interrupt()
@@ -153,11 +172,11 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
                 store.put_meta(progress_key, state)
     # Read everything back; rewrite what does not match (a resumed or damaged load).
     for ns, name, make, doc_ids in items:
-        if verify_matrix(store, ns, name, doc_ids, mats[name]["sha256"]) is not None:
+        if verify_matrix(store, ns, name, doc_ids, mats[name]["sha256"], metric) is not None:
             docs, _ = make()
             store.delete(ns, (("matrix", "=", name),))
             _write(store, ns, name, docs, doc_ids, tqdm(disable=True), None)
-            problem = verify_matrix(store, ns, name, doc_ids, mats[name]["sha256"])
+            problem = verify_matrix(store, ns, name, doc_ids, mats[name]["sha256"], metric)
             if problem:
                 raise StoreError(f"{name}: {problem} even after rewriting it; the store is not keeping what it is given")
     counts = {}
@@ -178,7 +197,7 @@ def weights_digest(ckpt: Checkpoint) -> str:
     return h.hexdigest()
 
 
-def verify_matrix(store: Store, ns: str, name: str, doc_ids: list[str], sha256: str) -> str | None:
+def verify_matrix(store: Store, ns: str, name: str, doc_ids: list[str], sha256: str, metric: str) -> str | None:
     """None if the stored documents of a matrix match their checksum, else what is wrong."""
     n = store.count(ns, (("matrix", "=", name),))
     if n != len(doc_ids):
@@ -187,7 +206,35 @@ def verify_matrix(store: Store, ns: str, name: str, doc_ids: list[str], sha256: 
         docs = np.concatenate([store.fetch(ns, doc_ids[s:s + BATCH]) for s in range(0, len(doc_ids), BATCH)])
     except StoreError as e:
         return str(e)
-    return None if checksum(docs) == sha256 else "its documents do not match the checksum in the manifest (altered)"
+    if checksum(docs) != sha256:
+        return "its documents do not match the checksum in the manifest (altered)"
+    return verify_attributes(store, ns, name, doc_ids, row_norm2(docs, n_in_of(ns)), metric)
+
+
+def verify_attributes(store: Store, ns: str, name: str, doc_ids: list[str], norm2: np.ndarray, metric: str) -> str | None:
+    """None if every document of the matrix carries its own row number and |w|^2, else what
+    is wrong. Exact searches return them all, as the engine's searches would."""
+    dim = store.fetch(ns, doc_ids[:1]).shape[1]
+    probe = np.zeros(dim, np.float32)
+    probe[0] = 1.0  # any vector will do (not zero: cosine would have no direction); the distances are unused
+    rows = len(doc_ids)
+    cap = getattr(store, "max_top_k", None) or rows
+    ranges = [(a, min(a + cap, rows)) for a in range(0, rows, cap)]
+    queries = [Query(probe, (("matrix", "=", name),) + ((("row", ">=", a), ("row", "<", b)) if cap < rows else ()))
+               for a, b in ranges]
+    n = store.max_queries
+    hits = Hits.concat([store.search(ns, queries[s:s + n], metric, include=("id", "row", "norm2"))
+                        for s in range(0, len(queries), n)], ("id", "row", "norm2"))
+    got = dict(zip(hits.attrs["id"].tolist(), zip(hits.attrs["row"].tolist(), hits.attrs["norm2"].tolist())))
+    for r, i in enumerate(doc_ids):
+        if i not in got:
+            return f"document {i} is missing from the search results"
+        row, n2 = got[i]
+        if int(row) != r:
+            return f"document {i} says it is row {row} (an altered attribute)"
+        if not np.isclose(n2, norm2[r], rtol=1e-4, atol=1e-6):
+            return f"document {i} carries norm2 {n2:.6g}, its row's is {norm2[r]:.6g} (an altered attribute)"
+    return None
 
 
 def _counts_ok(store: Store, manifest: dict) -> bool:
@@ -224,7 +271,7 @@ def verify(store: Store, m: dict) -> dict[str, str]:
     """Every matrix that does not match the manifest, with what is wrong."""
     bad = {}
     for name, info in m["matrices"].items():
-        problem = verify_matrix(store, info["namespace"], name, ids(name, info["rows"]), info["sha256"])
+        problem = verify_matrix(store, info["namespace"], name, ids(name, info["rows"]), info["sha256"], m["metric"])
         if problem:
             bad[name] = problem
     return bad

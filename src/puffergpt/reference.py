@@ -39,9 +39,13 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 # --- the seam ---------------------------------------------------------------------------
 
 class Products(Protocol):
-    """What the forward pass needs from the weights. Names are GPT-2's."""
+    """What the forward pass needs from the weights. Names are GPT-2's.
+
+    ``log`` lists the requests made so far (empty for numpy, which makes none), and
+    ``close()`` lets go of what the products hold (a text's namespace of keys)."""
 
     config: GPT2Config
+    log: list
 
     def embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """wte[ids] + wpe[pos]: (T,), (T,) -> (T, C)"""
@@ -60,6 +64,26 @@ class Products(Protocol):
     def top_k(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k tokens whose wte rows score highest against x: (C,) -> ids (k,), logits (k,), best first"""
 
+    def top_k_many(self, x: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """top_k for several vectors in one request (the logit lens): (n, C) -> n x (ids, logits)"""
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        """Every token's score, the whole vocabulary: (C,) -> (V,). A search over all of wte."""
+
+    def close(self) -> None: ...
+
+
+@dataclass
+class Trace:
+    """What one forward pass shows of its last token, for the learning views: the residual
+    stream entering each block and after the last (before ln_f), and each layer's
+    attention of the last token's query over positions 0..p: scores (q.k / sqrt(hd))
+    and softmax weights. Recorded from the products' own results, never recomputed."""
+
+    residual: list[np.ndarray] = field(default_factory=list)  # n_layer + 1 of (C,)
+    scores: list[np.ndarray] = field(default_factory=list)  # n_layer of (H, S)
+    weights: list[np.ndarray] = field(default_factory=list)  # n_layer of (H, S)
+
 
 @dataclass
 class Cache:
@@ -74,7 +98,7 @@ class Cache:
 
 # --- the forward pass -------------------------------------------------------------------
 
-def attention(p: Products, layer: int, x: np.ndarray, pos: np.ndarray, cache: Cache) -> np.ndarray:
+def attention(p: Products, layer: int, x: np.ndarray, pos: np.ndarray, cache: Cache, trace: Trace | None = None) -> np.ndarray:
     c = p.config
     T, H, hd = x.shape[0], c.n_head, c.head_dim
     qkv = p.linear(f"h.{layer}.attn.c_attn", x)  # (T, C) -> (T, 3C)
@@ -84,6 +108,9 @@ def attention(p: Products, layer: int, x: np.ndarray, pos: np.ndarray, cache: Ca
     cache.values[layer] = np.concatenate([cache.values[layer][:, :start], v], axis=1)  # (H, S, hd)
     scores = p.attention_scores(layer, q, k, pos)  # (H, T, S)
     w = softmax(scores / np.sqrt(hd))  # the causal mask is already in scores as -inf
+    if trace is not None:  # the last token's row: (H, T, S) -> (H, S)
+        trace.scores.append((scores[:, -1] / np.sqrt(hd)).astype(np.float32))
+        trace.weights.append(w[:, -1].astype(np.float32))
     out = (w @ cache.values[layer]).astype(np.float32)  # (H, T, S) @ (H, S, hd) -> (H, T, hd)
     out = out.transpose(1, 0, 2).reshape(T, H * hd)  # merge heads -> (T, C)
     return p.linear(f"h.{layer}.attn.c_proj", out)  # (T, C) -> (T, C)
@@ -94,9 +121,10 @@ def mlp(p: Products, layer: int, x: np.ndarray) -> np.ndarray:
     return p.linear(f"h.{layer}.mlp.c_proj", h)  # (T, 4C) -> (T, C)
 
 
-def forward(p: Products, ids: np.ndarray, start: int, cache: Cache) -> np.ndarray:
+def forward(p: Products, ids: np.ndarray, start: int, cache: Cache, trace: Trace | None = None) -> np.ndarray:
     """Read tokens ``ids`` at positions start.. (earlier positions are in ``cache``) and
-    return the final hidden states after ``ln_f``: (T,) -> (T, C)."""
+    return the final hidden states after ``ln_f``: (T,) -> (T, C). A ``trace`` records
+    what the last token went through."""
     c = p.config
     ids = np.asarray(ids, dtype=np.int64)
     pos = np.arange(start, start + len(ids))
@@ -110,8 +138,12 @@ def forward(p: Products, ids: np.ndarray, start: int, cache: Cache) -> np.ndarra
         cache.values = [np.zeros((c.n_head, 0, c.head_dim), np.float32) for _ in range(c.n_layer)]
     x = p.embed(ids, pos)  # (T, C)
     for i in range(c.n_layer):
-        x = x + attention(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_1"), c.eps), pos, cache)
+        if trace is not None:
+            trace.residual.append(x[-1].copy())  # entering block i
+        x = x + attention(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_1"), c.eps), pos, cache, trace)
         x = x + mlp(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_2"), c.eps))
+    if trace is not None:
+        trace.residual.append(x[-1].copy())  # after the last block, before ln_f
     return layer_norm(x, *p.norm("ln_f"), c.eps)
 
 
@@ -123,6 +155,7 @@ class NumpyProducts:
     def __init__(self, ckpt: Checkpoint):
         self.config = ckpt.config
         self.params = ckpt.params
+        self.log: list = []  # numpy makes no requests
         self.keys: list[np.ndarray] = [np.zeros((self.config.n_head, 0, self.config.head_dim), np.float32)] * self.config.n_layer
 
     def embed(self, ids, pos):
@@ -147,6 +180,12 @@ class NumpyProducts:
         logits = self.logits(x)
         ids = np.argsort(-logits, kind="stable")[:k]
         return ids, logits[ids]
+
+    def top_k_many(self, x, k):
+        return [self.top_k(v, k) for v in x]
+
+    def close(self) -> None:
+        pass
 
 
 class Reference:
