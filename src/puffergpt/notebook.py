@@ -130,8 +130,8 @@ class Insight:
 
 # --- checking what comes from outside ----------------------------------------------------
 
-def _control_chars(s: str, allowed: str = "") -> list[str]:
-    return sorted({repr(c) for c in s if unicodedata.category(c) == "Cc" and c not in allowed})
+def _control_chars(s: str, allowed: str = "", categories: tuple[str, ...] = ("Cc",)) -> list[str]:
+    return sorted({repr(c) for c in s if unicodedata.category(c) in categories and c not in allowed})
 
 
 def check_title(title) -> str:
@@ -142,7 +142,7 @@ def check_title(title) -> str:
         raise InvalidInsight("the title is empty: give the insight a short title")
     if len(title) > MAX_TITLE_CHARS:
         raise InvalidInsight(f"the title has {len(title)} characters, at most {MAX_TITLE_CHARS}: shorten it")
-    if bad := _control_chars(title):
+    if bad := _control_chars(title, categories=("Cc", "Zl", "Zp")):  # line and paragraph separators too
         raise InvalidInsight(f"the title has control characters ({', '.join(bad)}): a title is one line of text")
     return title
 
@@ -421,9 +421,10 @@ class Notebook:
 
     def _git(self, *args: str, what: str, timeout: float = GIT_TIMEOUT_S, env: dict | None = None) -> str:
         """Run git in the notebook with an argument list; GitError says what failed and why."""
-        cmd = [self.git_binary, "-C", str(self.path), *self._identity(args), *args]
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+            cmd = [self.git_binary, "-C", str(self.path), *self._identity(args), *args]
+            r = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace",
+                               timeout=timeout, env=env, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise GitError(f"could not {what}: git is not installed (no {self.git_binary!r} on PATH); install git") from None
         except subprocess.TimeoutExpired:
@@ -459,7 +460,7 @@ class Notebook:
         if not files:
             raise NotebookError("nothing to commit")  # save always has its new file
         self._git("add", "--", *files, what="stage the insight")
-        self._git("commit", "-q", "--no-verify", "-m", message, "--", *files, what="commit the insight")
+        self._git("commit", "-q", "-m", message, "--", *files, what="commit the insight")
         return self._git("rev-parse", "HEAD", what="read the commit").strip()
 
     # --- insights ---
@@ -585,7 +586,8 @@ class Notebook:
             try:
                 out = self._git(*args, what=f"push the notebook to {remote}", timeout=PUSH_TIMEOUT_S, env=env)
             except GitError as e:
-                raise GitError(f"{e}. Your insights are committed in {self.path}: push again when the remote is reachable.") from None
+                raise GitError(f"{e}. Your insights are committed in {self.path}: push again when the remote is reachable "
+                               f"(if git says the remote has commits you lack, `git -C {self.path} pull --rebase` first).") from None
             head = self._git("rev-parse", "HEAD", what="read the commit").strip()
         return {"remote": remote, "branch": branch, "commit": head, "output": out.strip()}
 
