@@ -1,0 +1,164 @@
+// What the buttons do: open a text, generate (streamed), stop, and the edits
+// (step back, forward, cut, branch, go to a recorded branch). Each edit is one or
+// more calls; the text JSON the server answers is taken whole.
+import { api, stream, textPath } from "./api.js";
+import { $, clearError, setStatus, showError } from "./dom.js";
+import { int, ms } from "./format.js";
+import { S, applyStep, applyText, keyAt, render, renderAll, resetText, select, temperature } from "./state.js";
+
+function readNumber(id, lo, hi, name, fallback) {
+  const raw = $(id).value.trim();
+  if (raw === "") return fallback;
+  const n = Number(raw);
+  if (!Number.isInteger(n) || n < lo || n > hi) throw new Error(`${name} must be a whole number from ${lo} to ${hi}`);
+  return n;
+}
+export const vocab = () => (S.info ? S.info.config.n_vocab : 50257);
+export const readTopK = () => readNumber("top-k", 1, vocab(), "Top-k", 40);
+
+function samplingBody() {
+  const body = {
+    max_tokens: readNumber("max-tokens", 1, S.info ? S.info.max_new_tokens : 512, "Max tokens", 20),
+    temperature: temperature(),
+    top_k: readTopK(),
+    seed: readNumber("seed", 0, Number.MAX_SAFE_INTEGER, "Seed", null),
+  };
+  if ($("inspect-live").checked) body.inspect = true; // attention and the lens with every token
+  return body;
+}
+
+async function ensureText() {
+  const prompt = $("prompt").value;
+  if (!prompt.trim()) throw new Error("type a prompt first");
+  if (S.textId && prompt === S.prompt) return;
+  const old = S.textId;
+  resetText();
+  renderAll();
+  if (old) api("DELETE", textPath(old)).catch(() => {});
+  const t = await api("POST", "/api/texts", { prompt });
+  S.prompt = prompt;
+  S.promptLen = t.length;
+  applyText(t);
+}
+
+function onToken(data, got, live) {
+  applyStep(data);
+  render("tokens", "phases");
+  // Looking inside live: the panels follow the newest token.
+  if (live || (S.selected === null && got === 1)) select(data.position);
+  setStatus(`generating… ${got} token${got === 1 ? "" : "s"}`);
+}
+
+export async function generate(opts = {}) {
+  if (S.generating) return;
+  clearError();
+  let body;
+  try { body = samplingBody(); } catch (e) { showError(e); return; }
+  S.generating = true;
+  render("controls");
+  setStatus("generating…");
+  let first = null;
+  let got = 0;
+  try {
+    if (!opts.keepText) await ensureText();
+    first = S.length;
+    renderAll();
+    await stream(textPath(S.textId, "/generate"), body, (event, data) => {
+      if (event === "token") onToken(data, ++got, !!body.inspect);
+      else if (event === "done") {
+        applyText(data.text);
+        setStatus(`${data.tokens} token${data.tokens === 1 ? "" : "s"} · ${int(data.requests)} requests · ${ms(data.ms)}${data.stopped ? " · stopped" : ""}`);
+      } else if (event === "error") throw new Error(data.detail);
+    });
+  } catch (e) {
+    showError(e);
+    setStatus("");
+  } finally {
+    S.generating = false;
+    if (S.selected !== null && S.selected >= S.tokens.length) S.selected = null;
+    if (S.selected === null && first !== null && first < S.length) S.selected = first;
+    renderAll();
+  }
+}
+
+export async function stop() {
+  if (!S.textId || !S.generating) return;
+  setStatus("stopping…"); // before the request: the stream's `done` may come back first
+  try { await api("POST", textPath(S.textId, "/stop")); } catch (e) { showError(e); }
+}
+
+// An edit: one or more calls, then the text as the server has it.
+async function edit(fn) {
+  if (!S.textId || S.generating || S.busy) return false;
+  clearError();
+  S.busy = true;
+  render("controls");
+  try {
+    await fn();
+    return true;
+  } catch (e) {
+    showError(e);
+    return false;
+  } finally {
+    S.busy = false;
+    if (S.selected !== null && S.selected >= S.tokens.length) S.selected = null;
+    renderAll();
+  }
+}
+const call = async (op, body) => applyText(await api("POST", textPath(S.textId, "/" + op), body));
+
+export const stepBack = () => edit(() => call("step_back", { position: S.length - 1 }));
+export const stepForward = () => edit(() => call("step_forward", { position: S.length + 1 }));
+
+export async function cut() {
+  const p = S.selected;
+  if (p === null) return;
+  await edit(async () => {
+    await call("cut", { position: p });
+    S.selected = p - 1 >= 0 ? p - 1 : null;
+  });
+}
+
+// Branch at position p to the candidate of that rank, then keep generating.
+export async function branchTo(p, { rank, token_id }) {
+  const key = keyAt(p);
+  const ok = await edit(async () => {
+    if (p > S.length) await call("step_forward", { position: p });
+    // By rank where the server holds the step; by token id where only this page does.
+    await call("branch", S.serverSteps.has(p) && rank !== undefined ? { position: p, rank } : { position: p, token_id });
+    S.chosen.set(key, token_id);
+    S.selected = p;
+  });
+  if (ok) await generate({ keepText: true });
+}
+
+// Move to a recorded continuation: branch at the first token that differs, then put
+// the rest back (no search: the model reads them, in one batch, when it next generates).
+export async function goToPath(path) {
+  const { ids, texts } = path;
+  await edit(async () => {
+    const cur = S.tokens.map((t) => t.id);
+    let d = 0;
+    while (d < Math.min(cur.length, ids.length) && cur[d] === ids[d]) d++;
+    if (d >= ids.length) { // the path is what the text knows already: step there, for free
+      if (ids.length < S.length) await call("step_back", { position: ids.length });
+      else if (ids.length > S.length) await call("step_forward", { position: ids.length });
+      return;
+    }
+    if (d > S.length) await call("step_forward", { position: d });
+    const key = keyAt(d);
+    await call("branch", { position: d, token_id: ids[d] });
+    S.chosen.set(key, ids[d]);
+    S.selected = d;
+    // The rest in one append; where the tokenizer would split its text differently,
+    // the recorded tokens are put back one by one (a branch at the end of the text).
+    const rest = texts.slice(d + 1).join("");
+    if (rest) {
+      try { await call("append", { text: rest }); } catch (_) { /* the text is left as it was; put them back one by one */ }
+    }
+    let m = d + 1;
+    while (m < ids.length && m < S.length && S.tokens[m].id === ids[m]) m++;
+    for (let q = m; q < ids.length; q++) await call("branch", { position: q, token_id: ids[q] });
+    if (S.length > ids.length) await call("cut", { position: ids.length });
+  });
+}

@@ -1,0 +1,73 @@
+// This server's API: JSON calls and the server-sent events of a generation.
+// An error becomes an Error whose message is the server's own `detail`.
+
+function detailOf(data, res) {
+  const d = data && data.detail;
+  if (typeof d === "string") return d;
+  if (Array.isArray(d)) {
+    return d.map((e) => {
+      const where = (e.loc || []).filter((x) => x !== "body" && x !== "query").join(".");
+      return (where ? where + ": " : "") + (e.msg || "invalid");
+    }).join("; ");
+  }
+  return `the server answered ${res.status} ${res.statusText}`;
+}
+
+async function send(path, opts) {
+  try {
+    return await fetch(path, opts);
+  } catch (e) {
+    throw new Error("the server could not be reached: " + e.message);
+  }
+}
+
+export async function api(method, path, body) {
+  const opts = { method, headers: {} };
+  if (body !== undefined) {
+    opts.headers["content-type"] = "application/json";
+    opts.body = JSON.stringify(body);
+  }
+  const res = await send(path, opts);
+  let data = null;
+  try { data = await res.json(); } catch (_) { data = null; }
+  if (!res.ok) throw new Error(detailOf(data, res));
+  return data;
+}
+
+export const textPath = (id, rest = "") => `/api/texts/${encodeURIComponent(id)}${rest}`;
+
+// One event block of a server-sent stream -> onEvent(name, data).
+function flush(block, onEvent) {
+  let event = "message";
+  const data = [];
+  for (const line of block.split("\n")) {
+    if (line.startsWith("event:")) event = line.slice(6).trim();
+    else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+  }
+  if (data.length) onEvent(event, JSON.parse(data.join("\n")));
+}
+
+// POST that answers with server-sent events; onEvent(name, data) for each block.
+export async function stream(path, body, onEvent) {
+  const res = await send(path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+  if (!res.ok) {
+    let data = null;
+    try { data = await res.json(); } catch (_) { data = null; }
+    throw new Error(detailOf(data, res));
+  }
+  const reader = res.body.getReader();
+  const decoder = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
+    let i;
+    while ((i = buf.indexOf("\n\n")) >= 0) {
+      const block = buf.slice(0, i);
+      buf = buf.slice(i + 2);
+      if (block.trim()) flush(block, onEvent);
+    }
+  }
+  if (buf.trim()) flush(buf, onEvent);
+}

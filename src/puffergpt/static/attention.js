@@ -1,0 +1,106 @@
+// Attention as the search it is: for the query of position p-1, the weights over
+// every earlier position, for every layer and head (a grid of strips), and one head
+// opened: the keys its search returned, best first.
+import { h, labelled, visibleToken } from "./dom.js";
+import { int, pct } from "./format.js";
+import { S } from "./state.js";
+
+// A strip of p cells, darker where the head puts more weight: one pixel a position,
+// stretched by CSS (image-rendering: pixelated keeps the cells sharp).
+function strip(weights) {
+  const c = document.createElement("canvas");
+  c.width = Math.max(1, weights.length);
+  c.height = 1;
+  const ctx = c.getContext("2d");
+  const img = ctx.createImageData(c.width, 1);
+  const top = Math.max(...weights, 1e-12);
+  weights.forEach((w, i) => {
+    const a = Math.sqrt(Math.max(0, w) / top); // sqrt: small weights stay visible
+    img.data.set([Math.round(255 - a * 176), Math.round(255 - a * 185), Math.round(255 - a * 26), 255], i * 4);
+  });
+  ctx.putImageData(img, 0, 0);
+  c.className = "strip";
+  return c;
+}
+
+const tokenAt = (view, j) => (view.tokens && view.tokens[j]) || (S.tokens[j] ? { text: S.tokens[j].text, token_id: S.tokens[j].id, bytes_hex: S.tokens[j].hex } : { text: "?", token_id: "?" });
+const argmax = (a) => a.reduce((b, x, i) => (x > a[b] ? i : b), 0);
+
+function cell(view, l, hd, open) {
+  const w = view.attention[l][hd];
+  const j = argmax(w);
+  const tok = tokenAt(view, j);
+  return h("button", {
+    type: "button", class: "attn-cell", dataset: { layer: String(l), head: String(hd) },
+    title: `layer ${l}, head ${hd}: most weight on position ${j} (${JSON.stringify(tok.text)}), ${pct(w[j])}`,
+    "aria-label": `open layer ${l} head ${hd}`, onclick: () => open(l, hd),
+  }, strip(w));
+}
+
+function grid(view, open) {
+  const L = view.attention.length, H = view.attention[0].length;
+  const g = h("div", { class: "attn-grid", style: { gridTemplateColumns: `auto repeat(${H}, minmax(0, 1fr))` } },
+    h("span", { class: "attn-corner", title: "rows: layers; columns: heads", text: "l\\h" }),
+    Array.from({ length: H }, (_, hd) => h("span", { class: "attn-col", text: String(hd) })));
+  for (let l = 0; l < L; l++) {
+    g.appendChild(h("span", { class: "attn-row", text: String(l) }));
+    for (let hd = 0; hd < H; hd++) g.appendChild(cell(view, l, hd, open));
+  }
+  return g;
+}
+
+const SHOWN = 16; // keys listed in the opened head; the rest are summed
+
+// One head opened: the keys its search returned, best first, and the text shaded.
+function headDetail(view, l, hd) {
+  const w = view.attention[l][hd];
+  const scores = view.scores ? view.scores[l][hd] : null;
+  const order = w.map((_, j) => j).sort((a, b) => w[b] - w[a]);
+  const rows = order.slice(0, SHOWN).map((j, i) => {
+    const tok = tokenAt(view, j);
+    return h("tr", { dataset: { position: String(j) } },
+      h("td", { class: "num", text: String(i + 1) }),
+      h("td", { class: "num", text: String(j) }),
+      h("td", { class: "tok" }, visibleToken(tok.text, tok.bytes_hex)),
+      h("td", { class: "num", text: scores ? scores[j].toFixed(3) : "–" }),
+      h("td", { class: "num prob" }, h("span", { class: "pbar", style: { width: (w[j] * 100).toFixed(1) + "%" } }), h("span", { class: "pval", text: pct(w[j]) })));
+  });
+  const rest = order.slice(SHOWN).reduce((a, j) => a + w[j], 0);
+  const text = h("div", { class: "attn-text" }, w.map((x, j) => h("span", {
+    class: "attn-tok" + (j === view.query_position ? " query" : ""), title: `position ${j}: ${pct(x)}`,
+    style: { backgroundColor: `rgba(79, 70, 229, ${Math.min(1, Math.sqrt(x)).toFixed(3)})`, color: x > 0.35 ? "#fff" : null },
+  }, visibleToken(tokenAt(view, j).text, tokenAt(view, j).bytes_hex))));
+  return h("div", { class: "attn-head", dataset: { layer: String(l), head: String(hd) } },
+    h("h4", { text: `Layer ${l}, head ${hd}: the search of position ${view.query_position}'s query` }),
+    h("p", { class: "note", text: `The query searched this head's keys at positions 0 to ${view.query_position} (a key at a later position can't match: the filter is position ≤ ${view.query_position}). ` +
+      `score = q·k / √d, as the search returned it; weight = softmax of the scores.` + (scores ? "" : " (Scores come with “Look inside”; a live view carries the weights only.)") }),
+    text,
+    h("div", { class: "table-scroll" }, labelled(h("table", { class: "attn-table" },
+      h("thead", null, h("tr", null, h("th", { class: "num", text: "#" }), h("th", { class: "num", text: "position" }), h("th", { text: "token" }),
+        h("th", { class: "num", text: "score" }), h("th", { class: "num", text: "weight" }))),
+      h("tbody", null, rows)))),
+    rest > 0 ? h("p", { class: "note", text: `The other ${int(order.length - SHOWN)} keys share the remaining ${pct(rest)}.` }) : "");
+}
+
+// The attention part of a token's inside view, into `box`.
+export function renderAttention(box, view) {
+  if (!view.attention || !view.attention.length) { box.replaceChildren(); return; }
+  const L = view.attention.length, H = view.attention[0].length;
+  const detail = h("div", { class: "attn-detail" });
+  const open = (l, hd) => {
+    box.querySelectorAll(".attn-cell.open").forEach((b) => b.classList.remove("open"));
+    const b = box.querySelector(`.attn-cell[data-layer="${l}"][data-head="${hd}"]`);
+    if (b) b.classList.add("open");
+    view.openHead = [l, hd]; // kept with the view: re-rendering keeps it open
+    detail.replaceChildren(headDetail(view, l, hd));
+  };
+  const src = view.recomputed
+    ? "recomputed for this view: its requests are listed as extra searches in the waterfall"
+    : `the softmax of the scores that this step's own ${int(L)} attention searches (h.*.attn.scores, ${int(H)} heads each) returned: no extra search`;
+  box.replaceChildren(
+    h("h3", { text: "Attention" }),
+    h("p", { class: "note", text: `Each strip is one head: where the query of position ${view.query_position} put its weight over positions 0 to ${view.query_position} (left to right, darker = more). ` +
+      `The weights are ${src}. Click a strip to open the head.` }),
+    grid(view, open), detail);
+  if (view.openHead) open(...view.openHead);
+}

@@ -1,0 +1,55 @@
+// The header: which model is loaded and what it is (for the demo: how to get GPT-2
+// small), the model's figures, and the starter prompts chosen for this model.
+import { generate } from "./actions.js";
+import { $, h } from "./dom.js";
+import { baseName, int } from "./format.js";
+
+// Used only when the server names no starters of its own.
+const DEFAULT_STARTERS = [
+  { kind: "Recall a fact", prompt: "The capital of France is" },
+  { kind: "Copy a repetition", prompt: "one two three one two three one two" },
+  { kind: "Continue a count", prompt: "1, 2, 3, 4, 5," },
+];
+
+function renderFigures(info) {
+  const c = info.config;
+  const items = [
+    ["model", baseName(info.model)],
+    ["layers", int(c.n_layer)],
+    ["width", int(c.n_embd)],
+    ["heads", int(c.n_head)],
+    ["context", int(c.n_ctx)],
+    ["vocabulary", int(c.n_vocab)],
+    ["documents", int(info.documents)],
+    ["in the store", info.megabytes + " MB"],
+    ["requests/token", int(info.requests_per_token)],
+    ["search", `${String(info.metric).replace(/_/g, " ")} · ${info.backend}`],
+  ];
+  $("info").replaceChildren(...items.map(([k, v]) => h("span", { class: "info-item" }, h("span", { class: "k", text: k }), h("span", { class: "v", text: v }))));
+}
+
+function renderAbout(info) {
+  const a = info.about || { name: baseName(info.model), description: "", is_demo: false, how_to_get_gpt2: null };
+  const kids = [h("p", { class: "about-name" }, "Loaded: ", h("b", { text: a.name }), a.is_demo ? h("span", { class: "badge b-demo", text: "demo model" }) : "")];
+  if (a.description) kids.push(h("p", { class: "about-desc", text: a.description }));
+  if (a.how_to_get_gpt2) kids.push(h("p", { class: "about-get" }, "For GPT-2 small: ", h("code", { text: a.how_to_get_gpt2 })));
+  if (info.fallback) kids.push(h("p", { class: "about-fallback", role: "status", text: info.fallback }));
+  const box = $("about");
+  box.replaceChildren(...kids);
+  box.classList.toggle("demo", !!a.is_demo);
+}
+
+function renderStarters(info) {
+  const starters = info && Array.isArray(info.starters) && info.starters.length ? info.starters : DEFAULT_STARTERS;
+  $("starters").replaceChildren(...starters.map((s) => h("button", {
+    type: "button", class: "starter", dataset: { prompt: s.prompt }, title: s.prompt,
+    onclick: () => { $("prompt").value = s.prompt; generate(); },
+  }, h("span", { class: "starter-kind", text: s.kind }), h("span", { class: "starter-text", text: s.prompt }))));
+}
+
+export function renderInfo(info) {
+  renderFigures(info);
+  renderAbout(info);
+  renderStarters(info);
+}
+export { renderStarters };

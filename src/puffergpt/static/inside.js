@@ -1,0 +1,84 @@
+// "Look inside" the selected token: the view from the position before it, whose
+// output predicted it (position t's output predicts token t+1): its attention and
+// the lens. Asked for on demand (extra searches, counted) or live with generation.
+import { api, textPath } from "./api.js";
+import { $, h, placeholder, showError, visibleToken } from "./dom.js";
+import { plural } from "./format.js";
+import { renderAttention } from "./attention.js";
+import { renderLens } from "./lens.js";
+import { S, insideKey, keepInside, nLayer, render, view } from "./state.js";
+
+const LENS_K = 10;
+let loading = null; // the inside key being fetched
+
+async function lookInside(p) {
+  const key = insideKey(p);
+  loading = key;
+  render("inside");
+  try {
+    const v = await api("GET", textPath(S.textId, `/steps/${p}/inspect?lens_k=${LENS_K}`));
+    keepInside(p, v);
+  } catch (e) {
+    showError(e);
+  } finally {
+    if (loading === key) loading = null;
+    render("inside", "waterfall");
+  }
+}
+
+function headline(p) {
+  const tok = S.tokens[p];
+  const prev = S.tokens[p - 1];
+  return h("p", { class: "inside-head" },
+    "Position ", h("b", { text: String(p - 1) }), " (", visibleToken(prev.text, prev.hex), ")'s output predicts position ",
+    h("b", { text: String(p) }), " (", visibleToken(tok.text, tok.hex), "): position t's output predicts token t + 1.");
+}
+
+function cost(v) {
+  const n = (v.requests || []).length;
+  if (v.live) return "Sent with the generation (“look inside while generating”).";
+  return `This view cost ${plural(n, "extra request")} (listed in the waterfall below)${v.recomputed ? ", the attention recomputed" : ""}.`;
+}
+
+function renderInside() {
+  const box = $("inside");
+  const p = S.selected;
+  if (p === null || !S.textId || p >= S.tokens.length) {
+    box.replaceChildren(placeholder("Select a token to look inside the model as it predicted it: attention per layer and head, and the path to the token layer by layer."));
+    return;
+  }
+  if (p === 0) { box.replaceChildren(placeholder("The first token is not predicted by anything: nothing comes before it.")); return; }
+  if (p > S.readUpto || p > S.length) {
+    box.replaceChildren(placeholder(`The model has not read position ${p - 1} yet (it reads a token when it generates the next one): generate to look inside.`));
+    return;
+  }
+  const v = S.inside.get(insideKey(p));
+  const lensSearches = nLayer() + 1;
+  const button = h("button", { type: "button", id: "look-inside", disabled: loading !== null || S.generating,
+    onclick: () => lookInside(p) }, v && !v.live ? "Look again" : "Look inside this token");
+  const kids = [headline(p)];
+  if (!v) {
+    kids.push(h("p", { class: "note", text: `Costs about ${plural(lensSearches, "extra search", "extra searches")}: one top-k search over the token vectors for each layer's lens. The attention weights are the ones this step's own searches returned.` }),
+      h("div", { class: "actions" }, button, loading ? h("span", { class: "status", text: "looking inside…" }) : ""));
+    box.replaceChildren(...kids);
+    return;
+  }
+  const attn = h("div", { id: "attention", class: "attention" });
+  const lens = h("div", { id: "lens", class: "lens" });
+  kids.push(h("p", { class: "note inside-cost", text: cost(v) }), attn, lens);
+  if (v.live && !v.scores) kids.push(h("div", { class: "actions" }, button));
+  box.replaceChildren(...kids);
+  renderAttention(attn, v);
+  renderLens(lens, v);
+}
+
+export function initInside() {
+  view("inside", renderInside);
+  // With "look inside" on, clicking a token asks for its view at once.
+  document.addEventListener("click", (e) => {
+    const t = e.target.closest && e.target.closest("#tokens .token");
+    if (!t || !$("inspect-live").checked || S.generating) return;
+    const p = Number(t.dataset.position);
+    if (p > 0 && p <= S.readUpto && p <= S.length && !S.inside.has(insideKey(p)) && loading === null) lookInside(p);
+  });
+}

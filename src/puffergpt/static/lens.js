@@ -1,0 +1,58 @@
+// The logit lens as search: entering each block, the residual stream (ln_f applied)
+// searched against the token vectors. Layer 0 is the embedding, the last row the
+// final candidates. The chosen token's rank per layer, and where it first wins.
+import { h, labelled, visibleToken } from "./dom.js";
+import { plural } from "./format.js";
+import { S } from "./state.js";
+
+// Live views carry a list of top-k lists; inspect views carry {layer, top, chosen_rank}.
+export function normLens(lens, chosenId) {
+  return lens.map((e, l) => {
+    const top = Array.isArray(e) ? e : e.top;
+    const rank = Array.isArray(e) || e.chosen_rank === undefined
+      ? (() => { const i = top.findIndex((t) => t.token_id === chosenId); return i < 0 ? null : i; })()
+      : e.chosen_rank;
+    return { layer: Array.isArray(e) ? l : e.layer, top, chosen_rank: rank };
+  });
+}
+
+function tokenText(t) {
+  if (t.text !== undefined) return t;
+  const known = S.tokens.find((x) => x.id === t.token_id);
+  return { ...t, text: known ? known.text : `#${t.token_id}` };
+}
+
+const layerName = (l, L) => (l === 0 ? "0 · embedding" : l === L ? `${l} · final` : `${l} · entering block ${l}`);
+
+function chip(t, i, chosenId) {
+  const tok = tokenText(t);
+  return h("span", { class: "lens-chip" + (t.token_id === chosenId ? " chosen" : ""),
+    title: `rank ${i + 1} · token id ${t.token_id} · logit ${t.logit.toFixed(3)}` }, visibleToken(tok.text, tok.bytes_hex));
+}
+
+export function renderLens(box, view) {
+  if (!view.lens || !view.lens.length) { box.replaceChildren(); return; }
+  const predicted = view.predicts_token || (S.tokens[view.position] ? { token_id: S.tokens[view.position].id, text: S.tokens[view.position].text } : null);
+  const chosenId = predicted ? predicted.token_id : null;
+  const rows = normLens(view.lens, chosenId);
+  const L = rows.length - 1;
+  const first = view.first_top1_layer !== undefined && view.first_top1_layer !== null ? view.first_top1_layer
+    : (rows.find((r) => r.chosen_rank === 0) || { layer: null }).layer;
+  const k = rows[0].top.length;
+  const table = h("table", { class: "lens-table" },
+    h("thead", null, h("tr", null, h("th", { text: "layer" }),
+      h("th", { class: "num", text: predicted ? "rank of the chosen" : "rank" }), h("th", { text: `top ${k}, best first` }))),
+    h("tbody", null, rows.map((r) => h("tr", { class: r.layer === first ? "first-top1" : null, dataset: { layer: String(r.layer) } },
+      h("td", { class: "layer", text: layerName(r.layer, L) }),
+      h("td", { class: "num rank", text: r.chosen_rank === null ? `not in top ${k}` : String(r.chosen_rank + 1) }),
+      h("td", { class: "chips" }, r.top.map((t, i) => chip(t, i, chosenId)))))));
+  const nSearch = rows.length;
+  box.replaceChildren(
+    h("h3", { text: "The path to the next token (the lens)" }),
+    h("p", { class: "note" },
+      `Entering each block, the vector of position ${view.query_position} is normalised (ln_f) and searched against the token vectors: `,
+      `${plural(nSearch, "top-k search", "top-k searches")}, one a row (the last row is the model's own final search). `,
+      predicted ? ["The chosen token ", visibleToken(predicted.text, predicted.bytes_hex), first === null
+        ? " never becomes the top-1 here." : ` first becomes the top-1 at layer ${first} (highlighted).`] : "Its token is not chosen yet."),
+    h("div", { class: "table-scroll" }, labelled(table)));
+}

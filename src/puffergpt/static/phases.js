@@ -1,0 +1,57 @@
+// Prefill and decode side by side: what reading the prompt in one batch cost, and
+// what each token written one at a time costs.
+import { $, h, placeholder } from "./dom.js";
+import { int, ms, usdPlain } from "./format.js";
+import { S, stepAt, view } from "./state.js";
+
+function renderPhases() {
+  const box = $("phases");
+  const steps = [];
+  for (let p = 1; p < S.length; p++) {
+    const s = stepAt(p);
+    if (s) steps.push(s);
+  }
+  if (!steps.length) {
+    box.replaceChildren(placeholder("Generate to see what reading the prompt and writing each token cost."));
+    return;
+  }
+  const pre = steps.filter((s) => s.read > 1);
+  const dec = steps.filter((s) => s.read === 1);
+  const rep = steps.filter((s) => s.read === 0);
+  const sum = (a, f) => a.reduce((x, s) => x + f(s), 0);
+  const perToken = S.info ? S.info.requests_per_token : null;
+
+  const preTokens = sum(pre, (s) => s.read), preReq = sum(pre, (s) => s.requests), preMs = sum(pre, (s) => s.ms), preCost = sum(pre, (s) => s.cost_usd);
+  const decReq = sum(dec, (s) => s.requests), decMs = sum(dec, (s) => s.ms), decCost = sum(dec, (s) => s.cost_usd);
+
+  const preBox = h("div", { class: "phase phase-prefill" },
+    h("h3", { text: "Prefill" }),
+    pre.length
+      ? [h("p", { class: "big" }, h("b", { text: int(preTokens) }), " tokens read in ", h("b", { text: int(preReq) }), " requests"),
+        h("p", { text: `${ms(preMs)} · ${usdPlain(preCost)}` }),
+        h("p", { class: "note", text: `One batched forward: every request carried all ${int(preTokens)} tokens as queries. ` +
+          `Read one at a time they would have taken ${int(preTokens * (perToken || preReq / pre.length))} requests.` })]
+      : h("p", { class: "note", text: "Nothing was read in a batch (a one-token prompt is read like a decode)." }));
+  const decBox = h("div", { class: "phase phase-decode" },
+    h("h3", { text: "Decode" }),
+    dec.length
+      ? [h("p", { class: "big" }, h("b", { text: ms(decMs / dec.length) }), " per token"),
+        h("p", { text: `${(decReq / dec.length).toFixed(decReq % dec.length ? 1 : 0)} requests/token · ${usdPlain(decCost / dec.length)}/token · ${int(dec.length)} tokens` }),
+        h("p", { class: "note", text: "Each new token is one full pass: its requests run one after another, so latency is requests × round trip." })]
+      : h("p", { class: "note", text: "No token decoded one at a time yet." }));
+  const kids = [preBox, decBox];
+  if (rep.length) {
+    kids.push(h("div", { class: "phase phase-replay" },
+      h("h3", { text: "Replayed" }),
+      h("p", { class: "big" }, h("b", { text: int(rep.length) }), " tokens, 0 requests"),
+      h("p", { class: "note", text: "Their candidates were already known from an earlier pass over the same prefix." })));
+  }
+  if (pre.length && dec.length) {
+    const oneByOne = preTokens * (decReq / dec.length);
+    kids.push(h("p", { class: "saving" }, "Batching: ", h("b", { text: `${int(preTokens)} prompt tokens cost ${int(preReq)} requests instead of ${int(Math.round(oneByOne))}` }),
+      ` — ${(oneByOne / Math.max(1, preReq)).toFixed(1)}× fewer round trips than reading them one by one.`));
+  }
+  box.replaceChildren(...kids);
+}
+
+export function initPhases() { view("phases", renderPhases); }

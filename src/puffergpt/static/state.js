@@ -1,0 +1,103 @@
+// The page's state, the bookkeeping that mirrors the server's text, and the views
+// that render it. Panels register a view; renderAll() draws them in that order.
+import { $ } from "./dom.js";
+
+// A step's candidates depend only on the tokens before it, so steps are kept by the
+// ids of that prefix: they stay valid after a step back, a branch or a cut, and let
+// the branch tree bring a continuation back without asking the model again.
+export const S = {
+  info: null,
+  textId: null,
+  prompt: null, // the prompt string the current text was opened with
+  promptLen: 0,
+  tokens: [], // [{id, text, hex}] every known token (beyond `length`: stepped back from)
+  length: 0,
+  readUpto: 0, // positions the model has read (keys stored for 0..readUpto-1)
+  serverSteps: new Set(), // positions whose step the server holds (branch by rank works there)
+  memo: new Map(), // prefix key -> step JSON
+  chosen: new Map(), // prefix key -> token id the user branched to
+  paths: [], // the known token id sequences of this text, for the tree
+  inside: new Map(), // "prefix key|token id" -> an inspect view (a few kept, newest last)
+  selected: null,
+  generating: false,
+  busy: false,
+};
+
+export const keyAt = (p) => S.tokens.slice(0, p).map((t) => t.id).join(",");
+export const stepAt = (p) => S.memo.get(keyAt(p));
+export const temperature = () => Number($("temperature").value);
+export const nLayer = () => (S.info ? S.info.config.n_layer : 0);
+
+// The view from position p-1 predicts position p: it depends on the tokens before p
+// and, for the chosen token's rank, on the token at p (absent when not chosen yet).
+export const insideKey = (p) => keyAt(p) + "|" + (p < S.tokens.length ? S.tokens[p].id : "");
+const INSIDE_KEPT = 12; // layers x heads x positions each: keep only the latest few
+export function keepInside(p, view) {
+  const key = insideKey(p);
+  S.inside.delete(key);
+  S.inside.set(key, view);
+  while (S.inside.size > INSIDE_KEPT) S.inside.delete(S.inside.keys().next().value);
+}
+
+export function resetText() {
+  Object.assign(S, { textId: null, prompt: null, promptLen: 0, tokens: [], length: 0, readUpto: 0, selected: null,
+    serverSteps: new Set(), memo: new Map(), chosen: new Map(), paths: [], inside: new Map() });
+}
+
+const tokenOf = (x) => ({ id: x.token_id, text: x.text, hex: x.bytes_hex || null });
+
+// The server's text JSON is the truth; take it whole.
+export function applyText(t) {
+  S.textId = t.id;
+  S.tokens = t.tokens.map(tokenOf);
+  S.length = t.length;
+  S.readUpto = t.read_upto ?? S.readUpto;
+  S.serverSteps = new Set();
+  for (const [p, step] of Object.entries(t.steps || {})) {
+    const pos = Number(p);
+    S.serverSteps.add(pos);
+    S.memo.set(keyAt(pos), { ...S.memo.get(keyAt(pos)), ...step });
+  }
+  recordPath();
+}
+
+// A token streamed in: the same bookkeeping the server does.
+export function applyStep(step) {
+  const p = step.position;
+  const key = keyAt(p);
+  if (p < S.tokens.length && S.tokens[p].id === step.token_id) {
+    S.length = p + 1; // the same token as the one kept: what follows stays known
+  } else {
+    S.tokens = S.tokens.slice(0, p).concat([tokenOf(step)]);
+    S.length = p + 1;
+  }
+  S.readUpto = Math.max(S.readUpto, p); // this step read every position before p
+  const { attention, lens, ...rest } = step; // a live "look inside" is kept apart, bounded
+  S.memo.set(key, rest);
+  S.serverSteps.add(p);
+  if (attention || lens) keepInside(p, { position: p, query_position: p - 1, attention, lens, live: true, requests: [] });
+}
+
+function recordPath() {
+  const ids = S.tokens.map((t) => t.id);
+  const texts = S.tokens.map((t) => t.text);
+  const isPrefix = (a, b) => a.length <= b.length && a.every((x, i) => x === b[i]);
+  if (S.paths.some((q) => isPrefix(ids, q.ids))) return;
+  S.paths = S.paths.filter((q) => !isPrefix(q.ids, ids));
+  S.paths.push({ ids, texts });
+}
+
+// --- views ---
+const views = new Map();
+export function view(name, fn) { views.set(name, fn); }
+export function render(...names) { for (const n of names) { const fn = views.get(n); if (fn) fn(); } }
+export function renderAll() { for (const fn of views.values()) fn(); }
+
+// Select the token at position p: every view of "the selected token" follows.
+export function select(p) {
+  S.selected = p;
+  document.querySelectorAll("#tokens .token.selected").forEach((el) => el.classList.remove("selected"));
+  const el = document.querySelector(`#tokens .token[data-position="${p}"]`);
+  if (el) el.classList.add("selected");
+  render("candidates", "inside", "waterfall", "controls");
+}
