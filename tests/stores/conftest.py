@@ -180,3 +180,39 @@ def _start_bare(pg: Pg) -> dict:
         shutil.rmtree(root, ignore_errors=True)
         raise RuntimeError(f"the server without pgvector did not start: {e.stderr}") from None
     return {"root": root, "data": data, "bin": bin_, "user": user, "dsn": f"postgresql://postgres@/postgres?host={data}"}
+
+
+# --- turbopuffer: the real service when TURBOPUFFER_API_KEY is set and TURBOPUFFER_BASE_URL
+# is not; otherwise the local emulator (tests/tpuf_emulator.py), which is not the service.
+def tpuf_real() -> bool:
+    return bool(os.environ.get("TURBOPUFFER_API_KEY")) and not os.environ.get("TURBOPUFFER_BASE_URL")
+
+
+@pytest.fixture(scope="session")
+def tpuf_emulator():
+    """One emulator for the session, on 127.0.0.1 at a free port, in a thread."""
+    from tpuf_emulator import Emulator, serve
+
+    emu = Emulator()
+    server, _ = serve(emu)
+    yield emu
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def tpuf_options(request, monkeypatch):
+    """open_store("turbopuffer", ...) options for one test, under a fresh namespace prefix.
+    On the emulator, the test fails if any request broke a documented limit."""
+    import uuid
+
+    prefix = f"puffergpt-test-{uuid.uuid4().hex[:8]}-"
+    if tpuf_real():
+        yield {"api_key": os.environ["TURBOPUFFER_API_KEY"], "region": os.environ.get("TURBOPUFFER_REGION"), "prefix": prefix}
+        return
+    monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)  # the client refuses a region beside a base URL
+    emu = request.getfixturevalue("tpuf_emulator")
+    limits, internal = len(emu.limit_errors), len(emu.internal_errors)
+    yield {"api_key": emu.api_key, "base_url": emu.url, "prefix": prefix}
+    assert emu.internal_errors[internal:] == [], "the emulator failed"
+    assert emu.limit_errors[limits:] == [], "the turbopuffer store broke a documented limit"

@@ -1,8 +1,5 @@
 """The store protocol, on every backend: what the engine relies on, checked against numpy."""
 
-import os
-import uuid
-
 import numpy as np
 import pytest
 
@@ -16,23 +13,21 @@ def store(request, tmp_path):
     options = {}
     if request.param == "pgvector":  # a fresh database of the session's PostgreSQL (tests/stores/conftest.py)
         options = {"dsn": request.getfixturevalue("pg_dsn")}
-    if request.param == "turbopuffer":  # the real service only: there is no stand-in for it
-        if not os.environ.get("TURBOPUFFER_API_KEY"):
-            pytest.skip("TURBOPUFFER_API_KEY is not set: the turbopuffer contract needs the real service")
-        options = {"api_key": os.environ["TURBOPUFFER_API_KEY"], "region": os.environ.get("TURBOPUFFER_REGION"),
-                   "prefix": f"puffergpt-test-{uuid.uuid4().hex[:8]}-"}
+    if request.param == "turbopuffer":  # the emulator, or the real service with its key (tests/stores/conftest.py)
+        options = request.getfixturevalue("tpuf_options")
     s = open_store(request.param, tmp_path, **options)
     yield s
     if request.param == "turbopuffer":
         for ns in s.namespaces():
             s.drop_namespace(ns)
+        s.forget()
     s.close()
 
 
-def fill(store, ns="m", n=50, dim=8, seed=0):
+def fill(store, ns="m", n=50, dim=8, seed=0, metric=None):
     rng = np.random.default_rng(seed)
     a, b = rng.standard_normal((n, dim)).astype(np.float32), rng.standard_normal((n, dim)).astype(np.float32)
-    store.create_namespace(ns, dim, SCHEMA)
+    store.create_namespace(ns, dim, SCHEMA, metric)
     store.upsert(ns, [f"a.{i}" for i in range(n)], a, {"matrix": ["a"] * n, "row": np.arange(n)})
     store.upsert(ns, [f"b.{i}" for i in range(n)], b, {"matrix": ["b"] * n, "row": np.arange(n)})
     return a, b
@@ -47,10 +42,10 @@ def test_upsert_overwrites_by_id(store):
 
 
 def test_search_returns_every_matching_row_with_exact_distances(store):
-    a, b = fill(store)
     q = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
-    for metric in store.metrics:
-        hits = store.search("m", [Query(v, (("matrix", "=", "a"),)) for v in q], metric, include=("row", "matrix"))
+    for metric in store.metrics:  # a namespace per metric: turbopuffer fixes it per namespace
+        a, b = fill(store, ns=f"m-{metric}", metric=metric)
+        hits = store.search(f"m-{metric}", [Query(v, (("matrix", "=", "a"),)) for v in q], metric, include=("row", "matrix"))
         assert len(hits.query) == 3 * 50 and set(hits.attrs["matrix"]) == {"a"}
         got = np.full((3, 50), np.nan)
         got[hits.query, hits.attrs["row"]] = hits.distance
@@ -62,10 +57,10 @@ def test_search_returns_every_matching_row_with_exact_distances(store):
 
 
 def test_top_k_is_best_first_per_query(store):
-    a, _ = fill(store)
     q = np.random.default_rng(6).standard_normal((4, 8)).astype(np.float32)
-    for metric in store.metrics:
-        hits = store.search("m", [Query(v, (("matrix", "=", "a"),), top_k=5) for v in q], metric, include=("row",))
+    for metric in store.metrics:  # a namespace per metric, as above
+        a, _ = fill(store, ns=f"m-{metric}", metric=metric)
+        hits = store.search(f"m-{metric}", [Query(v, (("matrix", "=", "a"),), top_k=5) for v in q], metric, include=("row",))
         for i in range(4):
             rows = hits.attrs["row"][hits.query == i]
             closeness = {"inner_product": a @ q[i], "euclidean_squared": -((a - q[i]) ** 2).sum(1),
@@ -98,7 +93,8 @@ def test_float_attributes(store):
     store.create_namespace("f", 2, {"pos": "int", "norm2": "float"})
     v = np.array([[1, 2], [3, 4], [0.5, 0.25]], np.float32)
     store.upsert("f", ["x", "y", "z"], v, {"pos": [0, 1, 2], "norm2": (v.astype(np.float64) ** 2).sum(1)})
-    hits = store.search("f", [Query(np.ones(2, np.float32))], store.metrics[0], include=("pos", "norm2"))
+    # A filter that every key passes: turbopuffer's exact kNN ranks a filtered subset only.
+    hits = store.search("f", [Query(np.ones(2, np.float32), (("pos", "<=", 2),))], store.metrics[0], include=("pos", "norm2"))
     got = dict(zip(hits.attrs["pos"].tolist(), hits.attrs["norm2"].tolist()))
     assert got == {0: 5.0, 1: 25.0, 2: 0.3125}
     assert store.count("f", (("norm2", ">", 1.5),)) == 2
