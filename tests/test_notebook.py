@@ -50,7 +50,10 @@ def commits(repo: Path) -> list[str]:
     return git(repo, "log", "--format=%H").split()
 
 
-def step_evidence(products, model: str, prompt: str = PROMPT, n: int = 3, s: Sampling = Sampling(0.0, 40)) -> dict:
+GREEDY = Sampling(0.0, 40)
+
+
+def step_evidence(products, model: str, prompt: str = PROMPT, n: int = 3, s: Sampling = GREEDY) -> dict:
     """Evidence as the playground attaches it: the last generated token of a text."""
     text = Text(products)
     try:
@@ -284,10 +287,22 @@ def test_no_git_binary_is_a_clear_error_and_the_file_stays(tmp_path, evidence, m
     with pytest.raises(GitError, match="git is not installed"):
         Notebook(root)
     monkeypatch.undo()
-    assert [p.name for p in (root / "insights").glob("*.md")][0].endswith(".md")
+    kept = list((root / "insights").glob("*.md"))
+    assert len(kept) == 1 and "still here" in kept[0].read_text(encoding="utf-8")
     later = Notebook(root).save("Git is back", "", [], evidence)
     assert len(git(root, "show", "--name-only", "--format=", later.commit).split()) == 2
     assert sorted(i.title for i in Notebook(root).list()) == ["Git is back", "No git"]
+
+
+def test_saves_at_once_are_each_one_commit(tmp_path, evidence):
+    from concurrent.futures import ThreadPoolExecutor
+
+    book = Notebook(tmp_path / "nb")
+    with ThreadPoolExecutor(4) as pool:
+        saved = list(pool.map(lambda i: book.save(f"Same moment {i}", "", [], evidence), range(6)))
+    assert len(set(commits(tmp_path / "nb"))) == 6 and sorted(commits(tmp_path / "nb")) == sorted(i.commit for i in saved)
+    for ins in saved:
+        assert git(tmp_path / "nb", "show", "--name-only", "--format=", ins.commit).split() == [ins.path]
 
 
 # --- push --------------------------------------------------------------------------------
@@ -422,6 +437,22 @@ def test_http_errors_are_4xx_with_a_message(client, evidence, tiny):
     assert r.status_code == 503 and "index is locked" in r.json()["detail"]
 
 
+def test_http_push(client, evidence, tmp_path):
+    c, book = client
+    saved = c.post("/api/insights", json={"title": "t", "body": "", "tags": [], "evidence": evidence}).json()
+    r = c.post("/api/insights/push")
+    assert r.status_code == 409 and "has no remote" in r.json()["detail"]
+    git(book.path, "remote", "add", "origin", "file:///nonexistent/remote.git")
+    r = c.post("/api/insights/push")
+    assert r.status_code == 503 and "could not push the notebook to origin" in r.json()["detail"]
+    assert commits(book.path) == [saved["commit"]]
+    remote = tmp_path / "ok.git"
+    subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
+    git(book.path, "remote", "set-url", "origin", str(remote))
+    r = c.post("/api/insights/push")
+    assert r.status_code == 200 and r.json()["commit"] == saved["commit"]
+
+
 # --- CLI ---------------------------------------------------------------------------------
 
 def run(*args: str):
@@ -451,6 +482,21 @@ def test_cli_list_show_replay_push(tmp_path, engine_evidence, tiny_dir):
     git(root, "remote", "add", "origin", str(remote))
     r = run("push", "--notebook", str(root))
     assert r.exit_code == 0 and "pushed main" in r.output and "to origin" in r.output
+
+
+def test_cli_replay_on_the_search_engine(tmp_path, tiny, tiny_dir, evidence):
+    from puffergpt import loading
+    from puffergpt.stores import open_store
+
+    data = tmp_path / "data"
+    store = open_store("embedded", data)
+    loading.load(store, tiny, loading.model_key(str(tiny_dir)), progress=False)
+    store.close()
+    ins = Notebook(data / "notebook").save("On the store", "", [], evidence)  # made on numpy, replayed on searches
+    r = run("replay", ins.id, "--data", str(data), "--engine", "search", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["matches"] and out["max_abs_diff"] <= nb.TOLERANCE and out["engine"] == "search"
 
 
 def test_cli_errors_are_one_clear_line(tmp_path):

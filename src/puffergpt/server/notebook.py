@@ -65,6 +65,13 @@ def notebook_router(notebook: Notebook, candidates_at: CandidatesAt, model: str 
         with http_errors():
             return {"insights": [i.summary() for i in notebook.list(query=q, tag=tag)]}
 
+    @router.post("/push")
+    def push() -> dict:
+        """Push the notebook to its remote (the user's git setup); 409 without a remote,
+        503 with git's reason when the push fails (the commits stay)."""
+        with http_errors():
+            return notebook.push()
+
     @router.get("/{insight_id}")
     def show(insight_id: str) -> dict:
         with http_errors():
