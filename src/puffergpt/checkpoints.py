@@ -255,6 +255,8 @@ def download(m: HubModel, cache_dir: Path | None = None, timeout: float = HUB_TI
 
     Raises DownloadFailed within about ``timeout`` seconds when the hub can't be reached.
     """
+    if not timeout > 0:
+        raise ValueError(f"the hub timeout must be a positive number of seconds, got {timeout!r}")
     out = (cache_dir or default_cache_dir()) / m.repo.replace("/", "--") / m.revision
     damaged = check_cached(out / "model.safetensors", m.sha256, m.size, progress)
     for name, sha256, size in (("model.safetensors", m.sha256, m.size), ("config.json", None, None)):
@@ -268,7 +270,7 @@ def download(m: HubModel, cache_dir: Path | None = None, timeout: float = HUB_TI
         except DownloadFailed as e:
             if not damaged:
                 raise
-            raise DownloadFailed(f"{damaged}, so it was removed. {e}", f"{damaged}, so it was removed; {e.reason}") from None
+            raise DownloadFailed(f"{damaged}, so it was removed; {e}", f"{damaged}, so it was removed; {e.reason}") from None
         except Exception as e:  # network errors come in many types across huggingface_hub versions
             raise DownloadFailed(f"could not download {m.repo}@{m.revision[:12]} from the Hugging Face hub ({type(e).__name__}: {e}). {OFFLINE_HINT}",
                                  f"the download failed: {type(e).__name__}: {_one_line(e)}") from None
