@@ -103,7 +103,7 @@ def test_a_batch_of_queries_is_one_statement(pg_dsn):
     # attention's shape: head and last position vary per query, the layer does not
     queries = [Query(q[i], (("layer", "=", 0), ("head", "=", i % 2), ("pos", "<=", 3 * i))) for i in range(6)]
     hits = store.search("k", queries, "inner_product", include=("pos", "head", "id"))
-    assert len(sent) == 1 and "unnest(" in sent[0] and "LATERAL" not in sent[0]
+    assert len(sent) == 1 and "unnest(" in sent[0] and "LATERAL" not in sent[0] and "GROUP BY q.qi" in sent[0]
     for i in range(6):
         sel = hits.query == i
         want = [j for j in range(40) if j % 2 == i % 2 and j // 2 <= 3 * i]
@@ -186,10 +186,9 @@ def test_dsn_without_password_in_commands():
 
 # --- faults -------------------------------------------------------------------------------
 
-def test_a_missing_dsn(monkeypatch, tmp_path):
-    monkeypatch.delenv("PUFFERGPT_DSN", raising=False)
-    with pytest.raises(StoreError, match="give --dsn or set PUFFERGPT_DSN"):
-        open_store("pgvector", tmp_path)
+def test_no_dsn_and_no_data_directory():
+    with pytest.raises(StoreError, match=r"give --dsn or set PUFFERGPT_DSN.*or a data directory"):
+        open_store("pgvector", None)
 
 
 def test_the_cli_on_pgvector_gives_the_reference_tokens(pg_dsn):
@@ -216,13 +215,127 @@ def test_the_cli_on_pgvector_gives_the_reference_tokens(pg_dsn):
     assert lines[-1]["summary"]["backend"] == "pgvector"
 
 
-def test_the_cli_needs_a_dsn_for_pgvector():
+def test_no_dsn_starts_a_local_server_loads_searches_and_stops(tmp_path, tiny, tiny_dir, capfd):
+    """open_store("pgvector", data_dir) with no DSN: a PostgreSQL of its own under the data
+    directory, on a unix socket, with shared_buffers set; a second process reuses it, the
+    CLI reaches it with --data, and the last one to close stops it."""
+    import json
+    import subprocess
+    import sys
+
     from click.testing import CliRunner
 
     from puffergpt.cli import main
+    from puffergpt.stores import pglocal
 
-    r = CliRunner().invoke(main, ["generate", "--model", "demo", "--backend", "pgvector", "x"], env={"PUFFERGPT_DSN": None})
-    assert r.exit_code != 0 and "give --dsn or set PUFFERGPT_DSN" in r.output
+    data = tmp_path / "data"
+    store = open_store("pgvector", data)
+    local = store.local
+    assert "starting a local PostgreSQL with pgvector" in capfd.readouterr().err
+    assert local.running and local.pgdata == data.resolve() / "postgres" and "host=" in local.dsn
+    assert store.cli_args() == f"--backend pgvector --data {data.resolve()}"
+    settings = dict(store._run("SELECT name, setting FROM pg_settings WHERE name IN ('listen_addresses', 'shared_buffers', 'block_size')"))
+    assert settings["listen_addresses"] == ""  # a unix socket only
+    assert int(settings["shared_buffers"]) * int(settings["block_size"]) == pglocal.shared_buffers_mb() * 2**20
+    key = loading.model_key(tiny.name)
+    m = loading.load(store, tiny, key, progress=False)
+    _, tokens = compare(tiny, store, key, PROMPTS[0], 6)
+    assert tokens == Reference(tiny).greedy(tokenizer.encode(PROMPTS[0]), 6)
+    # another process on the same data directory joins the running server
+    code = ("import sys; from pathlib import Path; from puffergpt.stores import open_store; "
+            "s = open_store('pgvector', Path(sys.argv[1])); print(len(s.namespaces())); s.close()")
+    r = subprocess.run([sys.executable, "-c", code, str(data)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "using the PostgreSQL already running" in r.stderr and int(r.stdout) == len(store.namespaces()) > 0
+    assert local.running  # it left the server to us
+    # the CLI, in this process, with --data and no --dsn: the same server and the same model
+    r = CliRunner().invoke(main, ["generate", "--model", str(tiny_dir), "--backend", "pgvector", "--data", str(data),
+                                  "--temperature", "0", "-n", "4", "--json", PROMPTS[0]], env={"PUFFERGPT_DSN": None})
+    assert r.exit_code == 0, r.output
+    got = [json.loads(x)["token_id"] for x in r.output.strip().splitlines()[:-1]]
+    assert got == tokens[:4] and local.running
+    store.close()
+    assert not local.running  # the last holder stopped it
+    # started again, everything loaded is still there
+    again = open_store("pgvector", data)
+    assert loading.manifest(again, key, tiny.name) == m and loading.verify(again, m) == {}
+    again.close()
+    assert not again.local.running
+
+
+def test_shared_buffers_is_a_quarter_of_memory_at_most():
+    from puffergpt.stores.pglocal import SHARED_BUFFERS_MB, shared_buffers_mb
+
+    assert shared_buffers_mb(64 * 2**30) == SHARED_BUFFERS_MB == 1024
+    assert shared_buffers_mb(2 * 2**30) == 512 and shared_buffers_mb(256 * 2**20) == 128
+
+
+def test_vectors_that_fit_a_page_are_stored_plain(pg_dsn):
+    """770 numbers (3 KB) stay in the row, uncompressed; 3,074 (12 KB) can't (PLAIN refuses
+    such a row), so they go out of line without compression (EXTERNAL)."""
+    from puffergpt.stores.pgvector import PLAIN_MAX_DIM
+
+    store = PgvectorStore(pg_dsn)
+    rng = np.random.default_rng(5)
+    for dim, want in [(770, "p"), (PLAIN_MAX_DIM, "p"), (3074, "e")]:
+        ns = f"w{dim}"
+        store.create_namespace(ns, dim, {"matrix": "str", "row": "int"})
+        v = rng.standard_normal((3, dim)).astype(np.float32)
+        store.upsert(ns, ["a.0", "a.1", "a.2"], v, {"matrix": ["a"] * 3, "row": [0, 1, 2]})
+        (storage,), = store._run("SELECT attstorage FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'vector'",
+                                 [f'"ns:{ns}"'])
+        assert storage == want, dim
+        # never compressed; and the row is in the heap (PLAIN) or its vector in the TOAST table (EXTERNAL)
+        assert store._run(f'SELECT DISTINCT pg_column_compression(vector) FROM "ns:{ns}"') == [(None,)]
+        np.testing.assert_array_equal(store.fetch(ns, ["a.2"])[0], v[2])
+    toast = store._one("SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE oid = '\"ns:w3074\"'::regclass")[0]
+    assert toast > 0 and store._one("SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE oid = '\"ns:w770\"'::regclass")[0] == 0
+    store._run('ALTER TABLE "ns:w3074" ALTER COLUMN vector SET STORAGE PLAIN')  # what PLAIN would do with 3,074
+    with pytest.raises(StoreError, match="row is too big"):
+        store.upsert("w3074", ["b"], np.ones((1, 3074), np.float32), {"matrix": ["b"], "row": [0]})
+    store.close()
+
+
+def test_one_aggregated_row_a_query_equals_numpy(pg_dsn):
+    """A product (every row of a 3,072 x 770 matrix) comes back as one row a query; its values
+    equal pgvector's own per-document operators exactly, and numpy's within float32 rounding."""
+    store = PgvectorStore(pg_dsn)
+    rng = np.random.default_rng(6)
+    w = rng.standard_normal((3072, 770)).astype(np.float32)
+    store.create_namespace("m", 770, {"matrix": "str", "row": "int"})
+    store.upsert("m", [f"fc.{i}" for i in range(3072)], w, {"matrix": ["fc"] * 3072, "row": np.arange(3072)})
+    store.upsert("m", ["other.0"], w[:1], {"matrix": ["other"], "row": [0]})
+    q = rng.standard_normal((4, 770)).astype(np.float32)
+    sent, rows = [], []
+    run = store._run
+
+    def spy(query, params=None, **kw):
+        sent.append(query.as_string(store.conn))
+        rows.append(run(query, params, **kw))
+        return rows[-1]
+
+    store._run = spy
+    w64, q64 = w.astype(np.float64), q.astype(np.float64)
+    want = {"inner_product": q64 @ w64.T, "euclidean_squared": ((q64[:, None] - w64[None]) ** 2).sum(-1),
+            "cosine_distance": 1 - (q64 @ w64.T) / np.linalg.norm(q64, axis=1)[:, None] / np.linalg.norm(w64, axis=1)}
+    op = {"inner_product": "-(vector <#> %s)", "euclidean_squared": "(vector <-> %s) ^ 2", "cosine_distance": "vector <=> %s"}
+    for metric in store.metrics:
+        sent.clear(), rows.clear()
+        hits = store.search("m", [Query(v, (("matrix", "=", "fc"),)) for v in q], metric, include=("row", "id"))
+        assert len(sent) == 1 and "GROUP BY q.qi" in sent[0] and "array_agg" in sent[0] and len(rows[0]) == 4
+        assert (hits.attrs["id"] == np.array([f"fc.{r}" for r in hits.attrs["row"]], dtype=object)).all()
+        got = np.full((4, 3072), np.nan)
+        got[hits.query, hits.attrs["row"]] = hits.distance
+        assert not np.isnan(got).any() and len(hits.query) == 4 * 3072
+        diff = np.abs(got - want[metric]).max()
+        print(f"{metric}: one aggregated row a query, max abs diff {diff:.3g} against float64 numpy")
+        assert diff <= {"inner_product": 1e-3, "euclidean_squared": 2e-3, "cosine_distance": 1e-6}[metric]
+        # the per-document operator, row by row: the same numbers (float32 sums for these two)
+        one = dict(run(f"SELECT row, {op[metric] % '%b::vector'} FROM \"ns:m\" WHERE matrix = 'fc'", [q[1]]))
+        per_doc = np.array([one[r] for r in range(3072)])
+        tol = 0 if metric == "inner_product" else 1e-9 * np.abs(per_doc).max()  # squaring pgvector's sqrt
+        assert np.abs(got[1] - per_doc).max() <= tol, metric
+    store.close()
 
 
 def test_an_unreachable_server():

@@ -15,6 +15,13 @@ pgvector computes each of them in float32 over float32 vectors, as DuckDB does.
 Many queries travel in one round trip: their vectors, and the filter values that
 differ between them, are arrays unnested into a query relation ``q`` that joins
 the namespace's table (``CROSS JOIN LATERAL (... ORDER BY .. LIMIT k)`` for top-k).
+A search for every matching row (a matrix product, attention) returns one row a query,
+not one a document: its values aggregated into one array (float4, float8 for cosine)
+and each included attribute into an array in the same order (``GROUP BY q.qi``).
+
+The vector column is ``STORAGE PLAIN`` where a row fits a page (a 770-wide vector is
+3 KB), so it is never TOASTed nor compressed; longer vectors (3,074 wide) are
+``EXTERNAL``: out of line, but never run through pglz.
 Filter values equal across the batch are plain parameters. Every value is a
 parameter and every identifier is quoted with ``psycopg.sql.Identifier``.
 
@@ -36,12 +43,15 @@ import json
 import os
 import shlex
 import threading
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
 from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name, check_schema, check_upsert
+
+if TYPE_CHECKING:
+    from puffergpt.stores.pglocal import LocalServer
 
 try:
     import psycopg
@@ -60,6 +70,19 @@ _METRICS = {
     "euclidean_squared": ("(t.vector <-> q.v)", "{} ^ 2"),  # <-> is the L2 distance
     "cosine_distance": ("(t.vector <=> q.v)", "{}"),
 }
+# metric -> (its value for every matching row, the type a query's values are aggregated into).
+# pgvector sums inner products and squared distances in float32, so float4 holds them
+# exactly and is half the bytes (not a `vector`: it stops at 16,000 numbers, and wte has
+# 50,257 rows); cosine is divided in float64: keep float8.
+_ALL_ROWS = {
+    "inner_product": ("(-(t.vector <#> q.v))::float4", "float4[]"),
+    "euclidean_squared": ("vector_l2_squared_distance(t.vector, q.v)::float4", "float4[]"),
+    "cosine_distance": ("(t.vector <=> q.v)", "float8[]"),
+}
+# A vector whose row fits a page (8 KB) stays in it, uncompressed (PLAIN: no TOAST, no
+# compression tried at load, nothing to detoast at search). A longer one (mlp.c_proj's
+# 3,074 numbers, 12 KB) can't: EXTERNAL moves it out of line without trying pglz on it.
+PLAIN_MAX_DIM = 1800  # 4 * 1800 + 8 bytes of vector leaves room in a page for the id and attributes
 _PY_TYPES = {"int": int, "float": float, "str": str}
 _NP_TYPES = {"int": np.int64, "float": np.float64, "str": object}
 CONNECT_TIMEOUT_S = 5
@@ -147,7 +170,7 @@ class PgvectorStore(Store):
     metrics = ("inner_product", "euclidean_squared", "cosine_distance")
     max_queries = 4096
 
-    def __init__(self, dsn: str, connect_timeout: int = CONNECT_TIMEOUT_S):
+    def __init__(self, dsn: str, connect_timeout: int = CONNECT_TIMEOUT_S, local: "LocalServer | None" = None):
         if not dsn or not isinstance(dsn, str):
             raise StoreError("the pgvector backend needs a PostgreSQL DSN: give --dsn or set PUFFERGPT_DSN")
         try:
@@ -155,6 +178,7 @@ class PgvectorStore(Store):
         except psycopg.ProgrammingError as e:
             raise StoreError(f"invalid DSN {redact(dsn)!r}: {_msg(e)}; {FIX_DSN}") from None
         self.dsn = dsn
+        self.local = local  # the local server this store started or joined (pglocal), released at close
         self.connect_timeout = connect_timeout
         self.lock = threading.RLock()
         self.conn: psycopg.Connection | None = None
@@ -265,8 +289,8 @@ class PgvectorStore(Store):
                 create = "CREATE UNLOGGED TABLE" if ephemeral else "CREATE TABLE"
                 self._run(sql.SQL(create + " {} (id text PRIMARY KEY, vector vector({}) NOT NULL{})").format(
                     _table(ns), sql.Literal(int(dim)), cols))
-                # Vectors stay in the row (not TOASTed) while a row fits a page.
-                self._run(sql.SQL("ALTER TABLE {} ALTER COLUMN vector SET STORAGE MAIN").format(_table(ns)))
+                self._run(sql.SQL("ALTER TABLE {} ALTER COLUMN vector SET STORAGE {}").format(
+                    _table(ns), sql.SQL(storage(dim))))
                 if schema:  # a B-tree on the attributes (not an ANN index): filters read only their rows
                     self._run(sql.SQL("CREATE INDEX ON {} ({})").format(
                         _table(ns), sql.SQL(", ").join(map(sql.Identifier, schema))))
@@ -395,18 +419,19 @@ class PgvectorStore(Store):
         alias = sql.SQL(", ").join(sql.Identifier(c) for c in ["qi", "v", *(f"f{i}" for i in varying)])
         rel = sql.SQL("unnest({}) AS q({})").format(names, alias)
         k = qs[0].top_k
-        if k is None:
-            sel = sql.SQL("").join(sql.SQL(", {}").format(_col(a)) for a in include)
-            query = sql.SQL("SELECT q.qi, {} AS d{} FROM {} JOIN {} t ON {}").format(
-                sql.SQL(value.format(order)), sel, rel, _table(ns), where)
-        else:
-            inner = sql.SQL("").join(sql.SQL(", {} AS {}").format(_col(a), sql.Identifier("a_" + a)) for a in include if a != "id")
-            sel = sql.SQL("").join(sql.SQL(", h.{}").format(sql.Identifier("id" if a == "id" else "a_" + a)) for a in include)
-            # each query's k best (one distance a row: the outer select turns it into the metric's value)
-            query = sql.SQL("SELECT q.qi, {} AS d{} FROM {} CROSS JOIN LATERAL "
-                            "(SELECT {} AS o, t.id{} FROM {} t WHERE {} ORDER BY o, t.id LIMIT {}) h "
-                            "ORDER BY q.qi, h.o, h.id").format(
-                sql.SQL(value.format("h.o")), sel, rel, sql.SQL(order), inner, _table(ns), where, sql.Literal(max(int(k), 0)))
+        if k is None:  # one row a query: its values, and the attributes in the same order
+            expr, agg = _ALL_ROWS[metric]
+            sel = sql.SQL("").join(sql.SQL(", array_agg({})").format(_col(a)) for a in include)
+            query = sql.SQL("SELECT q.qi, array_agg({})::{} AS d{} FROM {} JOIN {} t ON {} GROUP BY q.qi").format(
+                sql.SQL(expr), sql.SQL(agg), sel, rel, _table(ns), where)
+            return _unnest_hits(self._run(query, params), index, include, types)
+        inner = sql.SQL("").join(sql.SQL(", {} AS {}").format(_col(a), sql.Identifier("a_" + a)) for a in include if a != "id")
+        sel = sql.SQL("").join(sql.SQL(", h.{}").format(sql.Identifier("id" if a == "id" else "a_" + a)) for a in include)
+        # each query's k best (one distance a row: the outer select turns it into the metric's value)
+        query = sql.SQL("SELECT q.qi, {} AS d{} FROM {} CROSS JOIN LATERAL "
+                        "(SELECT {} AS o, t.id{} FROM {} t WHERE {} ORDER BY o, t.id LIMIT {}) h "
+                        "ORDER BY q.qi, h.o, h.id").format(
+            sql.SQL(value.format("h.o")), sel, rel, sql.SQL(order), inner, _table(ns), where, sql.Literal(max(int(k), 0)))
         rows = self._run(query, params)
         n = len(rows)
         cols = list(zip(*rows)) if rows else [()] * (2 + len(include))
@@ -427,6 +452,8 @@ class PgvectorStore(Store):
         return json.loads(row[0]) if row else None
 
     def cli_args(self):
+        if self.local is not None:
+            return f"--backend pgvector --data {shlex.quote(str(self.local.data_dir))}"
         return f"--backend pgvector --dsn {shlex.quote(redact(self.dsn))}"
 
     def close(self):
@@ -438,6 +465,27 @@ class PgvectorStore(Store):
                 except Exception:
                     pass
                 self.conn = None
+            if self.local is not None:
+                self.local.release()
+
+
+def storage(dim: int) -> str:
+    """The vector column's STORAGE for vectors of length dim (see PLAIN_MAX_DIM)."""
+    return "PLAIN" if int(dim) <= PLAIN_MAX_DIM else "EXTERNAL"
+
+
+def _unnest_hits(rows: list, index: np.ndarray, include: Sequence[str], types: dict) -> Hits:
+    """Rows of (query, its values, one array per attribute) -> one hit per value.
+    Within a row every array_agg saw the documents in one order, so they line up."""
+    values = [np.asarray(r[1], np.float64) for r in rows]
+    sizes = np.fromiter((len(v) for v in values), np.int64, len(rows))
+    query = np.repeat(index[np.fromiter((r[0] for r in rows), np.int64, len(rows))], sizes)
+    distance = np.concatenate(values) if rows else np.zeros(0)
+    attrs = {}
+    for j, a in enumerate(include):
+        flat = [x for r in rows for x in r[2 + j]]
+        attrs[a] = np.array(flat, dtype=object) if types[a] == "str" else np.asarray(flat, _NP_TYPES[types[a]]).reshape(-1)
+    return Hits(query, distance, attrs)
 
 
 def _scalar(v: Any) -> Any:
