@@ -311,6 +311,16 @@ class SearchProducts:
         self._log("wte.fetch", "fetch", 1, len(docs), docs.nbytes, len(docs), t)
         return self.enc.rows(docs, C)
 
+    def key_counts(self) -> list[int]:
+        """Keys stored in this text's namespace, per layer: n_layer count requests (the KV cache view)."""
+        out = []
+        for layer in range(self.config.n_layer):
+            self._wait_keys(layer)
+            t = time.perf_counter()
+            out.append(int(self.store.count(self.keys_ns, (("layer", "=", layer),))))
+            self._log(f"h.{layer}.attn.keys", "count", 1, 0, 0, 1, t)
+        return out
+
     def cosine_all(self, v: np.ndarray) -> np.ndarray:
         """Cosine similarity of v (C,) to every token vector, one search: q.w from the
         distance, |w| from each document's ``norm2`` attribute. (C,) -> (V,)"""

@@ -9,7 +9,11 @@ model has not read cost requests:
   (stepping back deletes nothing) and are dropped only when a new token replaces them;
 - ``tokens[:read_upto]`` have been read: their keys are in the text's namespace, their
   values in ``cache``, their final hidden states in ``hidden`` (the query for the next token);
-- ``steps[p]`` holds, for each generated position p, its candidates and what they cost.
+- ``steps[p]`` holds, for each generated position p, its candidates (at most
+  ``KEEP_CANDIDATES``) and what they cost;
+- ``inspected[p]``: the attention and lens of the token at p - 1, for at most
+  ``KEEP_INSPECTED`` positions (the most recent); others are recomputed on demand;
+- ``writes`` and ``written_by``: which read wrote each position's keys (the KV cache view).
 
 Reading is batched: all unread tokens go through each matrix in one request (prefill).
 """
@@ -20,17 +24,21 @@ import logging
 import threading
 import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 import numpy as np
 
-from puffergpt import tokenizer
-from puffergpt.reference import Cache, Products, forward
+from puffergpt import inside, tokenizer
+from puffergpt.checkpoints import GPT2Config
+from puffergpt.reference import Cache, Products, Trace, forward
 from puffergpt.sampling import Sampling, pick, probabilities
 
 
 log = logging.getLogger("puffergpt")
+KEEP_CANDIDATES = 100  # a step keeps this many candidates, whatever top_k was (the page shows 40)
+KEEP_INSPECTED = 32  # positions whose attention and lens a text keeps
 
 
 class TextError(ValueError):
@@ -39,6 +47,19 @@ class TextError(ValueError):
 
 class TextBusy(TextError):
     """The text is generating; it takes no other generation or edit until that ends."""
+
+
+def check_generation(c: GPT2Config, s: Sampling, length: int, n) -> Sampling:
+    """The one check of a generation request: n new tokens, sampling, the context."""
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        raise TextError(f"the number of new tokens must be an integer >= 0, got {n!r}")
+    try:
+        s.check(c.n_vocab)
+    except ValueError as e:
+        raise TextError(str(e)) from None
+    if length + n > c.n_ctx:
+        raise TextError(f"{length} + {n} tokens would not fit the model's context of {c.n_ctx} tokens")
+    return s
 
 
 @dataclass
@@ -54,6 +75,7 @@ class Step:
     ms: float = 0.0
     read: int = 0  # tokens the model read for it: many for a prefill, 1 for a decode, 0 if replayed
     phase: str = "decode"  # "prefill" when it read the user's tokens (a prompt, appended text)
+    inspect: dict | None = None  # attention and lens, when the generation asked for them
 
     @property
     def text(self) -> str:
@@ -81,13 +103,16 @@ class Text:
         self.cache = Cache()
         self.hidden: list[np.ndarray] = []
         self.steps: dict[int, Step] = {}
+        self.inspected: OrderedDict[int, dict] = OrderedDict()
+        self.writes: list[dict] = []  # each read: {"batch", "phase", "start", "end", "requests"}
+        self.written_by: dict[int, dict] = {}  # position -> {"phase", "step", "batch"}
         self.lock = threading.RLock()
         self.generating = False  # claimed by begin(), for callers that generate from another thread
         self.last_used = time.monotonic()
 
     # --- what it costs ---
     def _log(self) -> list:
-        return getattr(self.products, "log", [])
+        return self.products.log
 
     @property
     def text(self) -> list[int]:
@@ -122,6 +147,8 @@ class Text:
         if same < max(len(old), len(new)):
             self.read_upto = min(self.read_upto, first)
             del self.hidden[self.read_upto:]
+            for q in [q for q in self.inspected if q > self.read_upto]:  # its query's token changed
+                del self.inspected[q]
             # A step's candidates depend only on the tokens before it, so the step at
             # `first` survives, with the token now there.
             self.steps = {q: st for q, st in self.steps.items() if q <= first}
@@ -180,16 +207,23 @@ class Text:
         self.generating = False
 
     # --- reading and writing: these cost requests ---
-    def _read(self) -> int:
+    def _read(self, trace: Trace | None = None) -> int:
         """Read every unread token of the text in one batched forward; how many were read."""
         n = self.length - self.read_upto
         if n > 0:
-            h = forward(self.products, np.asarray(self.tokens[self.read_upto: self.length]), self.read_upto, self.cache)
-            self.hidden[self.read_upto:] = list(h)
+            start, log0 = self.read_upto, len(self._log())
+            h = forward(self.products, np.asarray(self.tokens[start: self.length]), start, self.cache, trace)
+            self.hidden[start:] = list(h)
             self.read_upto = self.length
+            users = any(q not in self.steps for q in range(start, self.length))  # not all the model's own tokens
+            batch = len(self.writes)
+            self.writes.append({"batch": batch, "phase": "prefill" if users else "decode", "start": start,
+                                "end": self.length, "requests": len(self._log()) - log0})
+            for q in range(start, self.length):
+                self.written_by[q] = {"phase": self.writes[-1]["phase"], "step": self.length, "batch": batch}
         return n
 
-    def _candidates(self, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+    def _candidates(self, k: int, trace: Trace | None = None) -> tuple[np.ndarray, np.ndarray, int]:
         """Top-k at the end of the text: replayed from an earlier step when it can be."""
         p = self.length
         old = self.steps.get(p)
@@ -197,19 +231,59 @@ class Text:
             return old.ids[:k], old.logits[:k], 0
         read = 0
         if self.read_upto < p:
-            read = self._read()
+            read = self._read(trace)
         ids, logits = self.products.top_k(self.hidden[p - 1], k)
         return np.asarray(ids), np.asarray(logits, np.float64), read
 
-    def generate(self, n: int, s: Sampling, should_stop: Callable[[], bool] | None = None) -> Iterator[Step]:
+    def keep_inspection(self, p: int, got: dict) -> None:
+        self.inspected[p] = got
+        self.inspected.move_to_end(p)
+        while len(self.inspected) > KEEP_INSPECTED:
+            self.inspected.popitem(last=False)
+
+    def inspect(self, p: int, k: int = 10) -> tuple[dict, list, bool]:
+        """The view from the token at p - 1, whose output predicts position p: attention
+        over 0..p-1 per layer and head, and the lens. Kept from a generation that asked,
+        else recomputed: that token through the layers again over a copy of the cache,
+        so the text's own cache and keys stay as they are (its key is rewritten as it
+        was). -> (inspection, the requests it cost, marked extra; recomputed?)"""
+        try:
+            k = inside.check_k(k)
+        except ValueError as e:
+            raise TextError(str(e)) from None
+        with self.lock:
+            if self.generating:
+                raise TextBusy("this text is generating: inspect a token when it ends")
+            return self._inspect(p, k)
+
+    def _inspect(self, p: int, k: int) -> tuple[dict, list, bool]:
+        with self.lock:
+            if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 1 <= p <= self.read_upto:
+                raise TextError(f"inspect: position {p!r} is outside 1..{self.read_upto} "
+                                f"(the positions whose previous token the model has read)")
+            kept = self.inspected.get(p)
+            if kept is not None and kept["k"] >= k:
+                return kept, [], False
+            log0 = len(self._log())
+            self.products.extra = True
+            try:
+                trace = Trace()
+                cache = Cache([v[:, : p - 1].copy() for v in self.cache.values])
+                forward(self.products, np.asarray([self.tokens[p - 1]]), p - 1, cache, trace)
+                got = inside.inspection(self.products, trace, k)
+            finally:
+                self.products.extra = False
+            self.keep_inspection(p, got)
+            return got, list(self._log()[log0:]), True
+
+    def generate(self, n: int, s: Sampling, should_stop: Callable[[], bool] | None = None,
+                 inspect: int = 0) -> Iterator[Step]:
         """Write up to n tokens at the end of the text, stopping at <|endoftext|> or when
-        should_stop() says so (checked before each token; the text stays consistent)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise TextError(f"the number of new tokens must be an integer >= 0, got {n!r}")
-        s.check(self.config.n_vocab)
+        should_stop() says so (checked before each token; the text stays consistent).
+        ``inspect`` = k > 0 also records each step's attention and a lens of top-k."""
+        check_generation(self.config, s, self.length, n)
         if self.length == 0:
             raise TextError("the text is empty: give at least one token")
-        self.check_tokens([], extra=n)
         rng = np.random.default_rng(s.seed)
         for _ in range(n):
             if should_stop is not None and should_stop():
@@ -218,14 +292,28 @@ class Text:
                 if self.length >= self.config.n_ctx:  # an edit from elsewhere may have filled it
                     raise TextError(f"the text has reached the model's context of {self.config.n_ctx} tokens")
                 log0, t0, first = len(self._log()), time.perf_counter(), self.read_upto
-                ids, logits, read = self._candidates(s.top_k)
+                trace = Trace() if inspect else None
+                ids, logits, read = self._candidates(s.top_k, trace)
                 tok = int(ids[pick(probabilities(logits, s.temperature), rng)])
                 p = self.length
                 users = read and any(q not in self.steps for q in range(first, first + read))  # not the model's own
-                step = Step(p, tok, ids, logits, s.temperature, list(self._log()[log0:]),
-                            (time.perf_counter() - t0) * 1e3, read, "prefill" if users else "decode")
+                got = None
+                if inspect and read:  # the lens: one more request, marked extra
+                    self.products.extra = True
+                    try:
+                        got = inside.inspection(self.products, trace, inspect, (ids, logits))
+                    finally:
+                        self.products.extra = False
+                step = Step(p, tok, ids[:KEEP_CANDIDATES], logits[:KEEP_CANDIDATES], s.temperature,
+                            list(self._log()[log0:]), (time.perf_counter() - t0) * 1e3, read,
+                            "prefill" if users else "decode")
                 self._set(p, tok)
                 self.steps[p] = step
+                if got is not None:
+                    self.keep_inspection(p, got)
+                elif inspect:  # replayed: what was kept, or the token through the layers again
+                    got = self._inspect(p, inspect)[0]
+                step.inspect = got
                 self.last_used = time.monotonic()
             yield step
             if tok == tokenizer.EOT:
@@ -235,75 +323,3 @@ class Text:
         close = getattr(self.products, "close", None)
         if close:
             close()
-
-
-class Texts:
-    """The open texts of one engine: a bound on how many, and expiry when idle."""
-
-    def __init__(self, open_products: Callable[[], Products], max_open: int = 32, idle_s: float = 1800):
-        self.open_products = open_products
-        self.max_open = max_open
-        self.idle_s = idle_s
-        self._texts: dict[str, Text] = {}
-        self._lock = threading.Lock()
-
-    def create(self, ids: list[int]) -> Text:
-        self.expire()
-        with self._lock:
-            if len(self._texts) >= self.max_open:
-                raise TextError(f"{self.max_open} texts are open already: close one first")
-            self._texts[placeholder := f"opening-{uuid.uuid4().hex}"] = None  # holds the place while it opens
-        try:
-            text = Text(self.open_products())  # store I/O: outside the registry's lock
-        finally:
-            with self._lock:
-                self._texts.pop(placeholder, None)
-        with self._lock:
-            self._texts[text.id] = text
-        try:
-            text.append(ids)
-        except TextError:
-            self.close(text.id)
-            raise
-        return text
-
-    def get(self, text_id: str) -> Text:
-        with self._lock:
-            text = self._texts.get(text_id) if not text_id.startswith("opening-") else None
-        if text is None:
-            raise KeyError(f"no open text {text_id!r} (closed, expired, or never opened)")
-        text.last_used = time.monotonic()
-        return text
-
-    def close(self, text_id: str) -> None:
-        with self._lock:
-            text = self._texts.get(text_id)
-        if text is None:
-            raise KeyError(f"no open text {text_id!r} (closed, expired, or never opened)")
-        with text.lock:
-            text.close()  # if dropping its namespace fails, the text stays listed, to close again
-        with self._lock:
-            self._texts.pop(text_id, None)
-
-    def expire(self, now: float | None = None) -> list[str]:
-        now = time.monotonic() if now is None else now
-        with self._lock:
-            old = [i for i, t in self._texts.items() if t is not None and now - t.last_used > self.idle_s]
-        closed = []
-        for i in old:
-            try:
-                self.close(i)
-                closed.append(i)
-            except Exception as e:  # one text that can't close must not keep the others open
-                log.warning("could not close idle text %s: %s", i, e)
-        return closed
-
-    def __len__(self) -> int:
-        return len(self._texts)
-
-    def close_all(self) -> None:
-        for i in [i for i, t in list(self._texts.items()) if t is not None]:
-            try:
-                self.close(i)
-            except Exception as e:
-                log.warning("could not close text %s: %s", i, e)

@@ -16,22 +16,22 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable, Iterator
 
+import numpy as np
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from pydantic import BaseModel, ConfigDict, Field
-
-from puffergpt import costs, loading, tokenizer
-from puffergpt.engine import Engine, requests_per_token
-from puffergpt.sampling import Sampling
-from puffergpt.stores.base import StoreError
+from puffergpt import costs, inside, loading, texts as app_layer, tokenizer
 from puffergpt.checkpoints import CheckpointError
-from puffergpt.text import Step, Text, TextBusy, TextError, Texts, log
+from puffergpt.engine import Engine, requests_per_token, round_trips_per_token
+from puffergpt.sampling import Sampling
+from puffergpt.server.bodies import (MAX_NEW_TOKENS, AnalogyBody, AppendBody, BranchBody, CompareBody, CreateBody,
+                                     MapBody, NeighboursBody, PositionBody, SamplingBodyInspect)
+from puffergpt.stores.base import StoreError
+from puffergpt.text import Step, Text, TextBusy, TextError, check_generation, log
+from puffergpt.texts import Texts, Usage
 
 MAX_BODY = 64 * 1024  # bytes of a request body
-MAX_PROMPT_CHARS = 16 * 1024
-MAX_NEW_TOKENS = 512
 STATIC = Path(str(resources.files("puffergpt") / "static"))
 # The pages load nothing from elsewhere and run no inline script.
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
@@ -45,6 +45,7 @@ class ServerConfig:
     idle_s: float = 1800.0
     max_new_tokens: int = MAX_NEW_TOKENS
     trusted_hosts: tuple[str, ...] | None = None  # Host headers accepted; None accepts any
+    fallback: str | None = None  # why the model is the demo one, when GPT-2 small could not be had
 
 
 class BoundedBody:
@@ -85,54 +86,6 @@ class BoundedBody:
         await JSONResponse({"detail": f"request body over {MAX_BODY} bytes"}, status_code=413)(scope, None, send)
 
 
-# --- request bodies: strict types, bounded values ---
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-
-class SamplingBody(Strict):
-    max_tokens: int = Field(32, ge=0, le=MAX_NEW_TOKENS)
-    temperature: float = Field(1.0, ge=0, le=100)
-    top_k: int = Field(40, ge=1, le=tokenizer.VOCAB_SIZE)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-
-
-class CreateBody(Strict):
-    prompt: str = Field(..., min_length=1, max_length=MAX_PROMPT_CHARS)
-
-
-class AppendBody(Strict):
-    text: str = Field(..., min_length=1, max_length=MAX_PROMPT_CHARS)
-
-
-class PositionBody(Strict):
-    position: int
-
-
-class BranchBody(Strict):
-    position: int
-    rank: int | None = None
-    token_id: int | None = None
-
-
-class CompareBody(Strict):
-    prompt: str = Field(..., min_length=1, max_length=MAX_PROMPT_CHARS)
-    top_k: int = Field(40, ge=1, le=tokenizer.VOCAB_SIZE)
-
-
-class CompletionBody(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)  # OpenAI clients send fields we don't use
-    model: str | None = None
-    prompt: str = Field(..., min_length=1, max_length=MAX_PROMPT_CHARS)
-    max_tokens: int = Field(16, ge=0, le=MAX_NEW_TOKENS)
-    temperature: float = Field(1.0, ge=0, le=100)
-    top_k: int = Field(40, ge=1, le=tokenizer.VOCAB_SIZE)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    logprobs: int | None = Field(None, ge=0, le=40)
-    stream: bool = False
-
-
 # --- rendering ---
 
 def request_json(r) -> dict:
@@ -141,22 +94,57 @@ def request_json(r) -> dict:
     return d
 
 
+def token_json(tok: int) -> dict:
+    """A token as text, and its bytes in hex where they are not whole UTF-8 on their own
+    (a piece of a multi-byte character), so the page can show ``<e6>`` and not U+FFFD."""
+    raw = tokenizer.token_bytes(tok)
+    d = {"token_id": tok, "text": tokenizer.token_text(tok)}
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        d["bytes_hex"] = raw.hex()
+    return d
+
+
+def inspect_json(got: dict, text: Text, p: int, requests: list, recomputed: bool) -> dict:
+    nxt = text.tokens[p] if p < len(text.tokens) and p < text.length else None
+    lens = [{"layer": e["layer"], "top": [{**token_json(int(i)), "logit": float(v)} for i, v in zip(e["ids"], e["logits"])],
+             "chosen_rank": None if nxt is None else inside.rank_of(e, nxt)} for e in got["lens"]]
+    return {"position": p, "query_position": p - 1, "predicts_token": None if nxt is None else token_json(nxt),
+            "tokens": [{"position": i, **token_json(t)} for i, t in enumerate(text.tokens[:p])],
+            "attention": np.round(got["weights"][:, :, :p], 6).tolist(), "scores": np.round(got["scores"][:, :, :p], 5).tolist(),
+            "lens": lens, "lens_k": got["k"], "first_top1_layer": None if nxt is None else inside.first_top1(got["lens"], nxt),
+            "requests": [request_json(r) for r in requests], "recomputed": recomputed}
+
+
+def step_inspect_json(step: Step) -> dict:
+    got = step.inspect
+    return {"attention": np.round(got["weights"][:, :, :step.position], 6).tolist(),
+            "lens": [{"layer": e["layer"], "top": [{**token_json(int(i)), "logit": float(v)} for i, v in zip(e["ids"], e["logits"])],
+                      "chosen_rank": inside.rank_of(e, step.token_id)} for e in got["lens"]],
+            "first_top1_layer": inside.first_top1(got["lens"], step.token_id)}
+
+
 def step_json(step: Step, full: bool = True) -> dict:
-    d = {"position": step.position, "token_id": step.token_id, "text": step.text, "phase": step.phase,
+    d = {"position": step.position, **token_json(step.token_id), "phase": step.phase,
          "read": step.read, "ms": round(step.ms, 3), "temperature": step.temperature,
-         "requests": len(step.requests), "cost_usd": sum(r.cost_usd() for r in step.requests)}
+         "requests": len(step.requests), "cost_usd": sum(r.cost_usd() for r in step.requests),
+         "round_trips": sum(r.round_trips for r in step.requests)}
     if full:
         d["candidates"] = [{"rank": i, **c} for i, c in enumerate(step.candidates())]
         d["probs_t1"] = [c["prob"] for c in step.candidates(1.0)]
         d["request_log"] = [request_json(r) for r in step.requests]
+    if step.inspect is not None:
+        d |= step_inspect_json(step)
     return d
 
 
 def text_json(t: Text, full: bool = True) -> dict:
     return {"id": t.id, "length": t.length, "known": len(t.tokens), "read_upto": t.read_upto,
-            "tokens": [{"position": i, "token_id": tok, "text": tokenizer.token_text(tok), "generated": i in t.steps,
+            "tokens": [{"position": i, **token_json(tok), "generated": i in t.steps,
                         "prob": _chosen_prob(t.steps.get(i))} for i, tok in enumerate(t.tokens)],
-            "steps": {str(p): step_json(s, full) for p, s in sorted(t.steps.items())}}
+            "steps": {str(p): {k: v for k, v in step_json(s, full).items() if k not in ("attention", "lens")}
+                      for p, s in sorted(t.steps.items())}}
 
 
 def _chosen_prob(step: Step | None) -> float | None:
@@ -244,8 +232,11 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
         return {"model": engine.model, "backend": engine.store.name, "metric": m["metric"],
                 "config": m["config"], "documents": m["documents"], "namespaces": m["namespaces"],
                 "megabytes": round(nbytes / 1e6, 1), "requests_per_token": requests_per_token(c),
+                "round_trips_per_token": round_trips_per_token(c),
                 "storage_usd_per_month": costs.storage_cost_per_month(nbytes), "rates": costs.rates(),
-                "max_new_tokens": config.max_new_tokens, "max_open_texts": config.max_open_texts}
+                "max_new_tokens": config.max_new_tokens, "max_open_texts": config.max_open_texts,
+                "about": app_layer.about(engine.model, c), "starters": app_layer.starters(engine.model),
+                "fallback": config.fallback}
 
     @app.post("/api/texts", status_code=201)
     def create(body: CreateBody) -> dict:
@@ -300,18 +291,12 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
         stops.setdefault(text_id, threading.Event()).set()
         return {"stopping": text_id}
 
-    def check_generate(t: Text, body) -> Sampling:
-        s = sampling(body)
-        s.check(t.config.n_vocab)
-        if t.length + body.max_tokens > t.config.n_ctx:
-            raise TextError(f"{t.length + body.max_tokens} tokens would not fit the model's context of {t.config.n_ctx} tokens")
-        return s
-
     @app.post("/api/texts/{text_id}/generate")
-    def generate(text_id: str, body: SamplingBody):
-        """Server-sent events: ``token`` for each new token, then ``done`` (or ``error``)."""
+    def generate(text_id: str, body: SamplingBodyInspect):
+        """Server-sent events: ``token`` for each new token, then ``done`` (or ``error``).
+        With ``inspect``, each token also carries its attention and lens."""
         t = get(text_id)
-        s = check_generate(t, body)  # errors before the stream starts are plain 4xx
+        s = check_generation(t.config, sampling(body), t.length, body.max_tokens)  # errors before the stream are plain 4xx
         t.begin()  # 409 if it is generating already
         stop_event = stops.setdefault(text_id, threading.Event())
         stop_event.clear()
@@ -319,7 +304,8 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
         def events() -> Iterator[str]:
             t0, n, requests = time.perf_counter(), 0, 0
             try:
-                for step in t.generate(body.max_tokens, s, should_stop=stop_event.is_set):
+                for step in t.generate(body.max_tokens, s, should_stop=stop_event.is_set,
+                                       inspect=body.lens_k if body.inspect else 0):
                     n, requests = n + 1, requests + len(step.requests)
                     yield sse("token", step_json(step))
                 with t.lock:
@@ -352,17 +338,14 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
         if len(ids) > engine.config.n_ctx:
             raise TextError(f"the prompt has {len(ids)} tokens, the context is {engine.config.n_ctx}")
         rows = {}
-        for name, products in (("search", engine.open()), ("reference", reference())):
-            t = Text(products)
-            try:
-                t.append(ids)
-                step = next(t.generate(1, Sampling(1.0, body.top_k)))
-                rows[name] = {"ids": [int(i) for i in step.ids], "logits": [float(v) for v in step.logits],
-                              "requests": len(step.requests), "ms": round(step.ms, 1)}
-            finally:
-                t.close()
+        for name, open_products in (("search", engine.open), ("reference", reference)):
+            products = open_products()  # the checkpoint's load is not the comparison's time
+            steps = list(app_layer.complete(lambda: products, ids, 1, Sampling(1.0, body.top_k)))
+            step = steps[0]
+            rows[name] = {"ids": [int(i) for i in step.ids], "logits": [float(v) for v in step.logits],
+                          "requests": len(step.requests), "ms": round(step.ms, 1)}
         ref = dict(zip(rows["reference"]["ids"], rows["reference"]["logits"]))
-        table = [{"rank": i, "token_id": tid, "text": tokenizer.token_text(tid), "search": lg, "reference": ref.get(tid)}
+        table = [{"rank": i, **token_json(tid), "search": lg, "reference": ref.get(tid)}
                  for i, (tid, lg) in enumerate(zip(rows["search"]["ids"], rows["search"]["logits"]))]
         diffs = [abs(r["search"] - r["reference"]) for r in table if r["reference"] is not None]
         return {"prompt_tokens": len(ids), "rows": table, "same_ids": rows["search"]["ids"] == rows["reference"]["ids"],
@@ -370,68 +353,60 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
                 "search": {k: v for k, v in rows["search"].items() if k in ("requests", "ms")},
                 "reference": {k: v for k, v in rows["reference"].items() if k in ("requests", "ms")}}
 
-    # --- OpenAI-compatible completions ---
-    @app.post("/v1/completions")
-    def completions(body: CompletionBody):
-        ids = tokenizer.encode(body.prompt)
-        t = texts.create(ids)
+    # --- inside the transformer: each view is searches, counted ---
+    @app.get("/api/texts/{text_id}/steps/{position}/inspect")
+    def inspect(text_id: str, position: int, lens_k: int = 10) -> dict:
+        """The view from the token at position - 1, whose output predicts ``position``:
+        attention per layer and head over 0..position-1, and the logit lens."""
+        t = get(text_id)
+        got, requests, recomputed = t.inspect(position, lens_k)
+        with t.lock:
+            return inspect_json(got, t, position, requests, recomputed)
+
+    @app.get("/api/texts/{text_id}/kv")
+    def kv(text_id: str) -> dict:
+        t = get(text_id)
+        with t.lock:
+            if t.generating:
+                raise TextBusy("this text is generating: look at its keys when it ends")
+            log0 = len(t.products.log)
+            d = app_layer.kv(t)
+            d["requests"] = [request_json(r) for r in t.products.log[log0:]]
+            return d
+
+    def view(run: Callable[[object], dict]) -> dict:
+        """A view on its own products (a fetch and a search or two), closed after."""
+        products = engine.open()
         try:
-            s = check_generate(t, body)
-        except TextError:
-            texts.close(t.id)
-            raise
-        cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
+            products.extra = True
+            d = run(products)
+            d["requests"] = [request_json(r) for r in products.log[1:]]  # after the layer-norm fetch of opening
+            return d
+        finally:
+            products.close()
 
-        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
+    @app.post("/api/analogy")
+    def analogy(body: AnalogyBody) -> dict:
+        """"a is to b as c is to ?": the tokens nearest by cosine to wte[b] - wte[a] + wte[c]."""
+        return view(lambda p: app_layer.analogy(p, body.a, body.b, body.c, body.k))
 
-        def choice(step: Step) -> dict:
-            lp = None
-            if body.logprobs is not None:
-                probs = {c["token_id"]: c["prob"] for c in step.candidates(1.0)}  # the model's own distribution
-                top = sorted(probs.items(), key=lambda kv: -kv[1])[: body.logprobs]
-                lp = {"tokens": [step.text], "token_logprobs": [_log(probs.get(step.token_id, 0.0))],
-                      "top_logprobs": [{tokenizer.token_text(i): _log(p) for i, p in top}]}
-            return {"text": utf8.decode(tokenizer.token_bytes(step.token_id)), "index": 0, "logprobs": lp, "finish_reason": None}
+    @app.post("/api/neighbours")
+    def neighbours(body: NeighboursBody) -> dict:
+        return view(lambda p: app_layer.neighbours(p, body.word, body.k))
 
-        def run() -> Iterator[tuple[Step, dict]]:
-            try:
-                for step in t.generate(body.max_tokens, s):
-                    yield step, choice(step)
-            finally:
-                texts.close(t.id)
+    @app.post("/api/map")
+    def embedding_map(body: MapBody) -> dict:
+        """Some token vectors on a plane, and the path of a text's token through the layers."""
+        residual = None
+        if body.text_id is not None:
+            t = get(body.text_id)
+            if body.position is None:
+                raise TextError("map: give the position whose path to draw with the text")
+            got, _, _ = t.inspect(body.position, 5)
+            residual = got["residual"]
+        return view(lambda p: app_layer.embedding_map(p, list(body.words), residual))
 
-        def finish(steps: list[Step]) -> str:
-            return "stop" if steps and steps[-1].token_id == tokenizer.EOT else "length"
+    from puffergpt.server.openai import openai_router
 
-        if body.stream:
-            def events() -> Iterator[str]:
-                steps = []
-                for step, ch in run():
-                    steps.append(step)
-                    yield f"data: {json.dumps({'id': cid, 'object': 'text_completion', 'created': created, 'model': engine.model, 'choices': [ch]})}\n\n"
-                last = {"text": utf8.decode(b"", final=True), "index": 0, "logprobs": None, "finish_reason": finish(steps)}
-                yield f"data: {json.dumps({'id': cid, 'object': 'text_completion', 'created': created, 'model': engine.model, 'choices': [last]})}\n\n"
-                yield "data: [DONE]\n\n"
-            return StreamingResponse(events(), media_type="text/event-stream")
-
-        out = list(run())
-        steps = [st for st, _ in out]
-        lp = None
-        if body.logprobs is not None:
-            lp = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-            offset = len(body.prompt)
-            for st, ch in out:
-                for k in ("tokens", "token_logprobs", "top_logprobs"):
-                    lp[k] += ch["logprobs"][k]
-                lp["text_offset"].append(offset)
-                offset += len(st.text)
-        text = tokenizer.decode([st.token_id for st in steps])
-        return {"id": cid, "object": "text_completion", "created": created, "model": engine.model,
-                "choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish(steps)}],
-                "usage": {"prompt_tokens": len(ids), "completion_tokens": len(steps), "total_tokens": len(ids) + len(steps)}}
-
+    app.include_router(openai_router(engine, texts, config))
     return app
-
-
-def _log(p: float) -> float:
-    return math.log(p) if p > 0 else -1e9  # JSON has no -inf
