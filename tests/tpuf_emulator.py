@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from collections import Counter, deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -674,3 +675,15 @@ def serve(emulator: Emulator) -> tuple[_Server, threading.Thread]:
     thread = threading.Thread(target=server.serve_forever, name="tpuf-emulator", daemon=True)
     thread.start()
     return server, thread
+
+
+@contextmanager
+def running(**settings):
+    """An emulator of its own for one test (``settings``: Emulator's), stopped at the end."""
+    emu = Emulator(**settings)
+    server, _ = serve(emu)
+    try:
+        yield emu
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -231,6 +231,9 @@ class TurbopufferStore(Store):
     # --- namespaces ---
     def create_namespace(self, ns, dim, schema, metric=None, ephemeral=False):
         self._name(ns)
+        room = MAX_ID_BYTES - len("namespace:")
+        if len(ns.encode()) > room:  # its layout's id must fit turbopuffer's id limit
+            raise StoreError(f"namespace name {ns!r} is over {room} bytes, all that turbopuffer's {MAX_ID_BYTES}-byte ids leave for it")
         check_schema(schema, TYPES)
         metric = metric or self.metrics[0]
         if metric not in self.metrics:
@@ -303,11 +306,12 @@ class TurbopufferStore(Store):
         cols = {k: [_plain(v) for v in np.asarray(attrs[k]).tolist()] for k in info["schema"]}
         self._check_values(ids, cols, info["schema"])
         row_bytes = 12 * info["dim"] + MAX_ID_BYTES + 32 * len(cols)  # JSON of a row, generously
-        step = max(1, min(WRITE_ROWS, WRITE_BYTES // row_bytes))
+        logical = 4 * info["dim"] + MAX_ID_BYTES + 8 * len(cols)  # what the service counts of a row, at most
+        step = max(1, min(WRITE_ROWS, WRITE_BYTES // row_bytes, self.unindexed_limit // logical))
         schema = {k: TYPES[t] for k, t in info["schema"].items()}
         for s in range(0, len(ids), step):
             e = min(s + step, len(ids))
-            self._make_room(ns, (e - s) * (4 * info["dim"] + MAX_ID_BYTES + 8 * len(cols)))
+            self._make_room(ns, (e - s) * logical)
             r = self._write(self._ns(ns), upsert_columns={"id": ids[s:e], "vector": vectors[s:e].tolist(),
                                                           **{k: v[s:e] for k, v in cols.items()}},
                             distance_metric=info["metric"], schema=schema)
@@ -333,15 +337,27 @@ class TurbopufferStore(Store):
             return
         shown = 0.0
         while True:
-            index = self._ns(ns).metadata().index
-            left = getattr(index, "unindexed_bytes", 0) if index.status != "up-to-date" else 0
-            if left + nbytes <= self.unindexed_limit:
+            left = self._unindexed_bytes(ns)
+            if left == 0 or left + nbytes <= self.unindexed_limit:
                 self._unindexed[ns] = left
                 return
             if time.monotonic() - shown > 10 * self.index_poll_s:
                 print(f"turbopuffer is indexing {self._name(ns)}: {left / 1e6:.1f} MB to go before the next write", file=sys.stderr)
                 shown = time.monotonic()
             time.sleep(self.index_poll_s)
+
+    def _unindexed_bytes(self, ns: str) -> int:
+        """Bytes written to ns that its index does not hold yet, as the service reports them."""
+        try:
+            index = self._ns(ns).metadata().index
+        except Exception as e:
+            if _status(e) == 404:  # never written: nothing to wait for
+                return 0
+            raise
+        status = index.get("status") if isinstance(index, dict) else getattr(index, "status", None)
+        if status == "up-to-date":
+            return 0
+        return int(index.get("unindexed_bytes", 0) if isinstance(index, dict) else getattr(index, "unindexed_bytes", 0))
 
     @_errors
     def fetch(self, ns, ids):
