@@ -238,6 +238,7 @@ def bad(ev: dict, **change) -> dict:
     (lambda e: bad(e, sampling={"temperature": -1, "top_k": 5, "seed": None}), "temperature must be >= 0"),
     (lambda e: bad(e, sampling={"temperature": 1.0, "top_k": 5}), "sampling lacks seed"),
     (lambda e: bad(e, html="<b>"), "unknown keys html"),
+    (lambda e: bad(e, candidates=[{"token_id": i, "logit": 0.0} for i in range(101)]), "a list of 1 to 100"),
     (lambda e: {k: v for k, v in e.items() if k != "model"}, "lacks model"),
     (lambda e: bad(e, data={"weights": [0.1] * 20_000}), "at most 49,152"),
 ])
@@ -323,6 +324,10 @@ def test_push_to_a_bare_local_remote(tmp_path, evidence):
 
 def test_push_without_a_remote_says_how_to_add_one(tmp_path, evidence):
     book = Notebook(tmp_path / "nb")
+    git(tmp_path / "nb", "remote", "add", "origin", str(tmp_path / "r.git"))
+    with pytest.raises(NotebookError, match="has no insights yet: nothing to push"):
+        book.push()
+    git(tmp_path / "nb", "remote", "remove", "origin")
     book.save("Local", "", [], evidence)
     with pytest.raises(NotebookError, match="has no remote: add one with `git -C"):
         book.push()

@@ -54,6 +54,7 @@ import numpy as np
 import yaml
 
 from puffergpt import tokenizer
+from puffergpt.text import KEEP_CANDIDATES
 
 if TYPE_CHECKING:
     from puffergpt.reference import Products
@@ -72,7 +73,7 @@ MAX_TAGS = 16
 MAX_TAG_CHARS = 32
 MAX_MODEL_CHARS = 500
 MAX_PROMPT_IDS = 4096
-MAX_CANDIDATES = 1000
+MAX_CANDIDATES = KEEP_CANDIDATES  # what a text's step keeps, so what replay can recompute
 MAX_EVIDENCE_BYTES = 48 * 1024  # of the evidence as compact JSON
 MAX_QUERY_CHARS = 200
 
@@ -577,6 +578,8 @@ class Notebook:
                                     f"`git -C {self.path} remote add origin URL`, then push again")
             if self._pending():
                 self._commit("Insights saved earlier whose commit had failed\n")
+            if not self._commits():
+                raise NotebookError(f"the notebook at {self.path} has no insights yet: nothing to push")
             branch = self._git("rev-parse", "--abbrev-ref", "HEAD", what="read the notebook's branch").strip()
             upstream = self._upstream()
             remote = upstream.split("/", 1)[0] if upstream else ("origin" if "origin" in remotes else remotes[0])
@@ -628,18 +631,14 @@ def replay(insight: Insight | dict, candidates_at: CandidatesAt, tolerance: floa
 
 
 def candidates_from_products(open_products: Callable[[], "Products"]) -> CandidatesAt:
-    """A candidates_at over any Products (the engine's ``open``, or numpy's), through a
-    Text as the playground reads one: prompt_ids[:position] in one prefill, then the top-k."""
+    """A candidates_at over any Products (the engine's ``open``, or numpy's), through the
+    application layer's one generation path, as the playground reads a text:
+    prompt_ids[:position] in one prefill, then the top-k for the token at position."""
     from puffergpt.sampling import Sampling
-    from puffergpt.text import Text
+    from puffergpt.texts import complete
 
     def candidates_at(prompt_ids: Sequence[int], position: int, k: int):
-        text = Text(open_products())
-        try:
-            text.append(list(prompt_ids[:position]))
-            step = next(text.generate(1, Sampling(1.0, k)))
-            return [int(i) for i in step.ids], [float(v) for v in step.logits]
-        finally:
-            text.close()
+        (step,) = list(complete(open_products, list(prompt_ids[:position]), 1, Sampling(1.0, k)))  # driven to its end
+        return [int(i) for i in step.ids], [float(v) for v in step.logits]
 
     return candidates_at

@@ -10,16 +10,12 @@ import contextlib
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import Field, StringConstraints
 
 from puffergpt import notebook as nb
 from puffergpt.notebook import CandidatesAt, Notebook
+from puffergpt.server.bodies import Strict
 from puffergpt.stores.base import StoreError
-
-
-class Strict(BaseModel):
-    # As server/app.py's Strict; not imported from there, so that app.py can import this module.
-    model_config = ConfigDict(extra="forbid", strict=True)
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=nb.MAX_TAG_CHARS)]
 
