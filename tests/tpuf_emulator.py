@@ -665,6 +665,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # many clients connect at once in the concurrency tests
 
 
 def serve(emulator: Emulator) -> tuple[_Server, threading.Thread]:
