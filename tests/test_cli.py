@@ -109,7 +109,7 @@ def test_generate_json_contract(engine_data, cli_ckpt):
         assert t["token_id"] in {x["token_id"] for x in c}
     assert summary["engine"] == engine and summary["model"] == str(cli_ckpt)
     assert summary["prompt_tokens"] == len(prompt_ids) and summary["new_tokens"] == n
-    assert set(summary["prefill"]) == {"tokens", "requests", "round_trips", "ms", "cost_usd"} == set(summary["decode"])
+    assert set(summary["prefill"]) == {"tokens", "requests", "round_trips", "bytes", "ms", "cost_usd"} == set(summary["decode"])
     assert summary["prefill"]["tokens"] == len(prompt_ids)
     assert summary["decode"]["tokens"] == n - 1
     assert summary["decode"]["requests"] == sum(t["requests"] for t in tokens[1:])
@@ -234,9 +234,14 @@ def test_model_that_is_a_file(tmp_path):
         assert_clear_error(r, "is a file")
 
 
-def test_search_engine_before_load(cli_ckpt, tmp_path):
-    r = run("generate", "hi", "--model", str(cli_ckpt), "--data", str(tmp_path / "empty-data"))
-    assert_clear_error(r, "not loaded", "puffergpt load")
+def test_search_engine_loads_on_first_use(cli_ckpt, tmp_path, greedy):
+    """As serve does: a model not in the store yet is loaded, then used."""
+    r = run("generate", PROMPT, "--model", str(cli_ckpt), "--data", str(tmp_path / "empty-data"), "--json",
+            "--temperature", "0", "-n", "4")
+    assert r.exit_code == 0, r.output
+    assert "not loaded" in r.stderr and "loading it now" in r.stderr
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [t["token_id"] for t in lines[:-1]] == greedy(4)
 
 
 def test_data_that_cannot_be_a_directory(cli_ckpt, tmp_path):

@@ -133,9 +133,39 @@ def verify(model, backend, dsn, data_dir) -> None:
     click.echo(f"{model}: all {m['documents']:,} documents match the manifest")
 
 
+def resolve_model(model: str | None) -> tuple[str, str | None]:
+    """--model, or what serve and generate both default to: GPT-2 small when it can be had,
+    else the demo model, with a one-line note saying why."""
+    if model is not None:
+        return model, None
+    model, note = checkpoints.default_model()
+    if note:
+        click.echo(f"puffergpt: using the demo model. {note}", err=True)
+    return model, note
+
+
+def search_engine(store, model: str):
+    """The model's engine on a store, loading it into the store on first use."""
+    from puffergpt import loading
+    from puffergpt.engine import Engine
+
+    try:
+        return Engine(store, model)
+    except loading.NotLoaded as e:
+        click.echo(f"{e.args[0].split(':')[0]}; loading it now", err=True)
+        try:
+            ckpt = checkpoints.load(model)
+        except checkpoints.CheckpointError as ce:
+            hint = " Or serve the demo model: `puffergpt serve --model demo`." if model in checkpoints.HUB_MODELS else ""
+            fail(f"{ce}{hint}")
+        loading.load(store, ckpt, loading.model_key(model))
+        del ckpt  # the weights leave the server's memory once they are documents
+        return Engine(store, model)
+
+
 @main.command()
 @click.argument("prompt")
-@click.option("--model", default="demo", show_default=True, help=MODEL_HELP)
+@click.option("--model", default=None, help=MODEL_HELP + " [default: gpt2, or the demo model when GPT-2 small can't be had]")
 @click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
               help="search: every product a vector search; reference: the numpy GPT-2")
 @backend_option
@@ -145,62 +175,66 @@ def verify(model, backend, dsn, data_dir) -> None:
 @click.option("--seed", type=int, default=None, help="makes sampling reproducible")
 @click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="tokens to generate")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object a token, then a summary line")
-def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, seed, n_tokens, as_json) -> None:
+@click.option("--inspect", is_flag=True, help="with --json: each token's attention per layer and head, and the logit lens")
+@click.option("--lens-k", type=click.IntRange(5, 100), default=10, show_default=True, help="tokens per layer in the lens")
+def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, seed, n_tokens, as_json, inspect, lens_k) -> None:
     """Continue PROMPT."""
-    from puffergpt.text import Text
+    from puffergpt.text import TextError, check_generation
+    from puffergpt.texts import complete
 
     if not prompt:
         fail("the prompt is empty: give some text to continue")
     if n_tokens < 0:
         fail(f"-n must be >= 0, got {n_tokens}")
+    if inspect and not as_json:
+        fail("--inspect adds attention and the lens to the --json output: give --json too")
+    model, _ = resolve_model(model)
     ids = tokenizer.encode(prompt)
     s = Sampling(temperature, top_k, seed)
     with clear_errors():
-        products, store = make_products(engine, model, backend, data_dir, dsn)
+        open_products, store = make_products(engine, model, backend, data_dir, dsn)
         try:
-            text = Text(products)
-            s.check(text.config.n_vocab)
-            text.check_tokens(ids, extra=n_tokens)
-            run_generate(text, prompt, ids, n_tokens, s, as_json, {"model": model, "engine": engine, "backend": backend if engine == "search" else None})
+            config = open_products.config
+            try:
+                check_generation(config, s, len(ids), n_tokens)
+            except TextError as e:
+                fail(str(e))
+            steps = complete(open_products, ids, n_tokens, s, inspect=lens_k if inspect else 0)
+            run_generate(steps, prompt, ids, as_json,
+                         {"model": model, "engine": engine, "backend": backend if engine == "search" else None})
         finally:
             if store is not None:
-                products.close()
                 store.close()
 
 
 @main.command()
-@click.option("--model", default="gpt2", show_default=True, help=MODEL_HELP)
+@click.option("--model", default=None, help=MODEL_HELP + " [default: gpt2, or the demo model when GPT-2 small can't be downloaded]")
 @backend_option
 @data_option
+@click.option("--notebook", "notebook_path", type=click.Path(path_type=Path), default=None,
+              help="the insight notebook, a git repository [default: DATA/notebook]")
 @click.option("--host", default="127.0.0.1", show_default=True, help="the address to listen on")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--max-texts", type=click.IntRange(1, 1000), default=32, show_default=True, help="texts open at once")
 @click.option("--idle-minutes", type=click.FloatRange(0.1, 10080), default=30.0, show_default=True,
               help="an idle text is closed after this long")
-def serve(model, backend, dsn, data_dir, host, port, max_texts, idle_minutes) -> None:
+def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, idle_minutes) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
     import uvicorn
 
-    from puffergpt import loading
-    from puffergpt.engine import Engine
+    from puffergpt import notebook as nb
+    from puffergpt.notebook_cli import notebook_dir
     from puffergpt.reference import NumpyProducts
     from puffergpt.server import create_app
 
+    model, fallback = resolve_model(model)
     with clear_errors():
         store = open_store(backend, data_dir, dsn)
-        key = loading.model_key(model)
+        engine = search_engine(store, model)
         try:
-            engine = Engine(store, model)
-        except loading.NotLoaded as e:
-            click.echo(f"{e.args[0].split(':')[0]}; loading it now", err=True)
-            try:
-                ckpt = checkpoints.load(model)
-            except checkpoints.CheckpointError as ce:
-                hint = " With make: `make run MODEL=demo`." if model in checkpoints.HUB_MODELS else ""
-                fail(f"{ce}{hint}")
-            loading.load(store, ckpt, key)
-            del ckpt  # the weights leave the server's memory once they are documents
-            engine = Engine(store, model)
+            notebook = nb.Notebook(notebook_dir(notebook_path, data_dir))
+        except nb.NotebookError as e:
+            fail(f"{e} (choose another with --notebook DIR)")
 
     def reference():  # Compare reads the checkpoint only while it compares
         return NumpyProducts(checkpoints.load(model))
@@ -209,9 +243,10 @@ def serve(model, backend, dsn, data_dir, host, port, max_texts, idle_minutes) ->
 
     loopback = host in ("127.0.0.1", "localhost", "::1")
     trusted = ("127.0.0.1", "localhost", "[::1]") if loopback else None  # no DNS rebinding onto a local server
-    app = create_app(engine, ServerConfig(max_open_texts=max_texts, idle_s=idle_minutes * 60, trusted_hosts=trusted),
-                     reference=reference)
-    click.echo(f"puffergpt: {model} on {backend}, {engine.manifest['documents']:,} documents. Open http://{host}:{port}/")
+    app = create_app(engine, ServerConfig(max_open_texts=max_texts, idle_s=idle_minutes * 60, trusted_hosts=trusted,
+                                          fallback=fallback), reference=reference, notebook=notebook)
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
+    click.echo(f"puffergpt: {model} on {backend}, {engine.manifest['documents']:,} documents. Open http://{shown}:{port}/")
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
@@ -271,38 +306,53 @@ def store_size_mb(store) -> float | None:
 
 
 def make_products(engine: str, model: str, backend: str, data_dir: Path | None, dsn: str | None = None):
-    """The products for one text, and the store behind them (None for numpy)."""
+    """A function that opens the products for one text, and the store behind them (None
+    for numpy). The callable carries the model's ``config``."""
     if engine == "reference":
         from puffergpt.reference import NumpyProducts
 
-        return NumpyProducts(checkpoints.load(model)), None
-    from puffergpt.engine import Engine
-
+        ckpt = checkpoints.load(model)
+        opener = lambda: NumpyProducts(ckpt)  # noqa: E731
+        opener.config = ckpt.config
+        return opener, None
     checkpoints.check_model(model)  # a bad name or path says so before the store is opened
     store = open_store(backend, data_dir, dsn)
     try:
-        return Engine(store, model).open(), store
+        e = search_engine(store, model)
+        opener = e.open
+        return _with_config(opener, e.config), store
     except BaseException:
         store.close()
         raise
 
 
-def run_generate(text, prompt, ids, n_tokens, s, as_json, summary) -> None:
-    t0, steps = time.perf_counter(), []
+def _with_config(f, config):
+    def opener():
+        return f()
+
+    opener.config = config
+    return opener
+
+
+def run_generate(steps, prompt, ids, as_json, summary) -> None:
+    """Render a completion: the text as it streams (or one JSON line a token), then the
+    usage of the prefill and the decode."""
+    from puffergpt.texts import Usage
+
+    t0, done = time.perf_counter(), []
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
     if not as_json:
         click.echo(prompt, nl=False)
-    text.append(ids)
-    for step in text.generate(n_tokens, s):
-        steps.append(step)
+    for step in steps:
+        done.append(step)
         if as_json:
-            click.echo(json.dumps(step.to_json()))
+            click.echo(json.dumps(step_line(step)))
         else:
             click.echo(utf8.decode(tokenizer.token_bytes(step.token_id)), nl=False)
     if not as_json:
         click.echo(utf8.decode(b"", final=True), nl=False)
-    summary |= {"prompt_tokens": len(ids), "new_tokens": len(steps), "ms": round((time.perf_counter() - t0) * 1e3, 1),
-                "prefill": phase(steps[:1], len(ids)), "decode": phase(steps[1:], len(steps[1:]))}
+    phases = {k: u.to_json() for k, u in Usage.phases(done, len(ids)).items()}
+    summary |= {"prompt_tokens": len(ids), "new_tokens": len(done), "ms": round((time.perf_counter() - t0) * 1e3, 1), **phases}
     if as_json:
         click.echo(json.dumps({"summary": summary}))
     else:
@@ -313,13 +363,59 @@ def run_generate(text, prompt, ids, n_tokens, s, as_json, summary) -> None:
                    f"${p['cost_usd'] + d['cost_usd']:.6f} at turbopuffer's rates]", err=True)
 
 
-def phase(steps, tokens: int) -> dict:
-    """Totals over steps: requests, sequential round trips (each request waits for the one
-    before it; a batch over the store's limit takes several), ms, and the turbopuffer cost."""
-    reqs = [r for st in steps for r in st.requests]
-    return {"tokens": tokens, "requests": len(reqs), "round_trips": sum(r.parts for r in reqs),
-            "ms": round(sum(st.ms for st in steps), 1),
-            "cost_usd": sum(r.cost_usd() for r in reqs)}
+def step_line(step) -> dict:
+    """The --json line of a token; with --inspect, its attention and lens (see the README)."""
+    d = step.to_json()
+    if step.inspect is not None:
+        got = step.inspect
+        d["attention"] = [[[round(float(w), 6) for w in head[: step.position]] for head in layer] for layer in got["weights"]]
+        d["lens"] = [[{"token_id": int(i), "logit": float(v)} for i, v in zip(e["ids"], e["logits"])] for e in got["lens"]]
+    return d
+
+
+@main.command()
+@click.argument("a")
+@click.argument("b")
+@click.argument("c")
+@click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
+@backend_option
+@data_option
+@click.option("-k", "k", type=click.IntRange(1, 100), default=10, show_default=True, help="answers to show")
+@click.option("--json", "as_json", is_flag=True, help='{"results": [{"token_id", "text", "score"}, ...]}')
+def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
+    """A is to B as C is to ?: the tokens nearest by cosine to wte[B] - wte[A] + wte[C], as one search.
+
+    Words are GPT-2 tokens: a word inside a sentence carries its leading space (" man")."""
+    from puffergpt import texts
+    from puffergpt.text import TextError
+
+    model, _ = resolve_model(model)
+    with clear_errors():
+        open_products, store = make_products("search", model, backend, data_dir, dsn)
+        products = open_products()
+        try:
+            try:
+                got = texts.analogy(products, a, b, c, k)
+            except TextError as e:
+                fail(str(e))
+        finally:
+            products.close()
+            store.close()
+    if as_json:
+        click.echo(json.dumps({"results": got["results"]}))
+        return
+    click.echo(f"{a!r} is to {b!r} as {c!r} is to:")
+    for r in got["results"]:
+        click.echo(f"  {r['score']:.4f}  {r['text']!r}  (token {r['token_id']})")
+
+
+def _attach_notebook() -> None:
+    from puffergpt.notebook_cli import notebook
+
+    main.add_command(notebook)
+
+
+_attach_notebook()
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ def check_generation(c: GPT2Config, s: Sampling, length: int, n) -> Sampling:
     except ValueError as e:
         raise TextError(str(e)) from None
     if length + n > c.n_ctx:
-        raise TextError(f"{length} + {n} tokens would not fit the model's context of {c.n_ctx} tokens")
+        raise TextError(f"{length + n} tokens ({length} read, {n} new) would not fit the model's context of {c.n_ctx} tokens")
     return s
 
 
