@@ -18,13 +18,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 from fastapi import FastAPI, HTTPException
-from fastapi.responses import FileResponse, JSONResponse, StreamingResponse
-from starlette.background import BackgroundTask
+from fastapi.responses import FileResponse, JSONResponse
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from puffergpt import costs, inside, loading, texts as app_layer, tokenizer
 from puffergpt.checkpoints import CheckpointError
 from puffergpt.engine import Engine, requests_per_token, round_trips_per_token
 from puffergpt.sampling import Sampling
+from puffergpt.server.streaming import Generations, stream
 from puffergpt.server.bodies import (MAX_NEW_TOKENS, AnalogyBody, AppendBody, BranchBody, CompareBody, CreateBody,
                                      MapBody, NeighboursBody, PositionBody, SamplingBodyInspect)
 from puffergpt.stores.base import StoreError
@@ -160,10 +160,13 @@ def sse(event: str, data: dict) -> str:
 
 # --- the app ---
 
-def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference: Callable | None = None) -> FastAPI:
-    """The app over one loaded model. ``reference`` returns a numpy Products for Compare."""
+def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference: Callable | None = None,
+               notebook=None) -> FastAPI:
+    """The app over one loaded model. ``reference`` returns a numpy Products for Compare;
+    ``notebook`` (a ``notebook.Notebook``) adds the insight routes."""
     texts = Texts(engine.open, max_open=config.max_open_texts, idle_s=config.idle_s)
     stops: dict[str, threading.Event] = {}
+    generations = Generations()  # each in a worker thread of its own (streaming.py)
     comparing = threading.Lock()
 
     @contextlib.asynccontextmanager
@@ -179,11 +182,13 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
         task = asyncio.create_task(sweep())
         yield
         task.cancel()
+        generations.stop_all()  # each ends within a token and closes what it holds
         texts.close_all()  # closing a text drops its namespace of keys
 
     app = FastAPI(title="puffergpt", description="GPT-2 where every matrix multiply is a vector search.",
                   version="0.1.0", lifespan=lifespan)
     app.state.texts = texts
+    app.state.generations = generations
 
     app.add_middleware(BoundedBody)
     if config.trusted_hosts:  # a page elsewhere can't drive this API by DNS rebinding
@@ -301,25 +306,21 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
         stop_event = stops.setdefault(text_id, threading.Event())
         stop_event.clear()
 
-        def events() -> Iterator[str]:
+        def events(stop: threading.Event) -> Iterator[str]:  # runs in the generation's worker thread
             t0, n, requests = time.perf_counter(), 0, 0
             try:
-                for step in t.generate(body.max_tokens, s, should_stop=stop_event.is_set,
+                for step in t.generate(body.max_tokens, s, should_stop=stop.is_set,
                                        inspect=body.lens_k if body.inspect else 0):
                     n, requests = n + 1, requests + len(step.requests)
                     yield sse("token", step_json(step))
                 with t.lock:
                     done = text_json(t)
                 yield sse("done", {"tokens": n, "requests": requests, "ms": round((time.perf_counter() - t0) * 1e3, 1),
-                                   "stopped": stop_event.is_set(), "text": done})
+                                   "stopped": stop.is_set(), "text": done})
             except (TextError, StoreError) as e:
                 yield sse("error", {"detail": str(e)})
-            finally:
-                t.end()
 
-        # end() also as a background task: a stream the client drops before it starts never runs its finally.
-        return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"},
-                                 background=BackgroundTask(t.end))
+        return stream(generations, events, stop=stop_event, on_end=t.end)
 
     @app.post("/api/compare")
     def compare(body: CompareBody) -> dict:
@@ -409,4 +410,9 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
     from puffergpt.server.openai import openai_router
 
     app.include_router(openai_router(engine, texts, config))
+    if notebook is not None:
+        from puffergpt import notebook as nb
+        from puffergpt.server.notebook import notebook_router
+
+        app.include_router(notebook_router(notebook, nb.candidates_from_products(engine.open), model=engine.model))
     return app
