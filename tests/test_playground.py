@@ -1,6 +1,8 @@
-"""The playground in a real browser (Debian's Chromium through Playwright): generate,
-inspect a token's candidates, branch, step back, move the temperature with no request,
-the waterfall and phases, Compare, text that stays text, and the How page.
+"""The playground in a real browser (Debian's Chromium through Playwright), on the demo
+model: generate, inspect a token's candidates, branch, step back, move the temperature
+with no request, the waterfall and phases, Compare, text that stays text, the How
+page, and the learning views: attention per layer and head, the lens, the embedding
+space (neighbours, analogy, the 2D map), the KV cache, and a 400 px wide phone.
 
 Screenshots go to artifacts/ at the repository root."""
 
@@ -18,15 +20,14 @@ import pytest
 import uvicorn
 from playwright.sync_api import Page, expect, sync_playwright
 
-from puffergpt import checkpoints, loading
 from puffergpt.engine import Engine
 from puffergpt.reference import NumpyProducts
 from puffergpt.server import create_app
-from puffergpt.stores import open_store
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 TIMEOUT_MS = 20_000
+expect.set_options(timeout=TIMEOUT_MS)  # a loaded 2-core machine: the first token can take seconds
 
 
 def free_port() -> int:
@@ -36,15 +37,10 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    """The app over the tiny model in a temp embedded store, served on a free port."""
-    tmp = tmp_path_factory.mktemp("playground")
-    ckpt_dir = checkpoints.make_model(tmp / "tiny", "tiny", seed=0)
-    ckpt = checkpoints.load(str(ckpt_dir))
-    store = open_store("embedded", tmp / "store")
-    loading.load(store, ckpt, loading.model_key(ckpt.name), progress=False)
-    engine = Engine(store, ckpt.name)
-    app = create_app(engine, reference=lambda: NumpyProducts(ckpt))
+def server(loaded, demo):
+    """The app over the demo model in an embedded store, served on a free port."""
+    store, key = loaded(demo)
+    app = create_app(Engine(store, demo.name, key), reference=lambda: NumpyProducts(demo))
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -57,7 +53,6 @@ def server(tmp_path_factory):
     yield f"http://127.0.0.1:{port}"
     srv.should_exit = True
     thread.join(timeout=10)
-    store.close()
 
 
 @pytest.fixture(scope="module")
@@ -130,6 +125,12 @@ def generated(page: Page):
     return page.locator("#tokens .token.generated")
 
 
+def in_view(el, box) -> bool:
+    """Whether element el lies inside box's visible rectangle (box scrolls its own content)."""
+    return el.evaluate("(e, b) => { const r = e.getBoundingClientRect(), v = b.getBoundingClientRect();"
+                       " return r.top >= v.top - 1 && r.bottom <= v.bottom + 1; }", box.element_handle())
+
+
 def test_generate_inspect_branch_step_back_and_temperature(page):
     p = page.page
     generate(p, "The capital of France is", n=6)
@@ -143,7 +144,8 @@ def test_generate_inspect_branch_step_back_and_temperature(page):
     rows = p.locator("#candidates tbody tr")
     expect(rows).to_have_count(40)
     expect(p.locator("#candidates tbody tr.chosen")).to_have_count(1)
-    assert p.locator("#candidates thead").inner_text().count("p at T=") == 2
+    head = p.locator("#candidates thead").inner_text()
+    assert head.count("p at T=") == 2 and head.count("among these 40") == 2, head  # probabilities among the k
     # At T = 0 the best candidate took all the mass; the cumulative column ends at 100%.
     expect(rows.nth(0).locator(".p-t")).to_have_text("100%")
     expect(rows.nth(39).locator(".cum")).to_have_text("100%")
@@ -204,9 +206,9 @@ def test_generate_inspect_branch_step_back_and_temperature(page):
 
 def test_stop_and_api_errors(page):
     p = page.page
-    # More tokens than the tiny model's context of 128: the server's 400 is shown as text.
-    generate(p, "1, 2, 3, 4, 5,", n=200)
-    expect(p.locator("#error")).to_contain_text("would not fit the model's context of 128 tokens")
+    # More tokens than the demo model's context of 256: the server's 400 is shown as text.
+    generate(p, "1, 2, 3, 4, 5,", n=300)
+    expect(p.locator("#error")).to_contain_text("would not fit the model's context of 256 tokens")
     expect(generated(p)).to_have_count(0)
 
     # Stop ends a long generation early and leaves a consistent text.
@@ -249,6 +251,14 @@ def test_waterfall_and_phases(page):
     generated(p).nth(1).click()  # a decode step
     expect(wf).to_contain_text("Decode")
     expect(wf.locator("tr.wf-row[data-kind]")).to_have_count(per_token)
+    # The slowest request is marked, named in the summary, and in view without scrolling.
+    log = wf.locator("tr.wf-row[data-kind]").evaluate_all(
+        "rs => rs.map(r => parseFloat(r.querySelector('td:nth-child(7)').textContent))")
+    largest = wf.locator("tr.largest")
+    expect(largest).to_have_count(1)
+    assert int(largest.locator("td.idx").inner_text()) - 1 == log.index(max(log))
+    expect(wf.locator(".stat-largest")).to_contain_text(largest.get_attribute("data-kind"))
+    assert in_view(largest, wf.locator(".wf-scroll").first), "the slowest request is scrolled out of its box"
     shot(p, "playground-waterfall")
 
 
@@ -263,7 +273,9 @@ def test_compare_shows_the_max_difference(page):
     expect(result).to_contain_text("max |search − numpy|")
     diff = float(result.locator(".max-diff").inner_text())
     assert diff < 1e-3
-    result.scroll_into_view_if_needed()
+    # The result comes into view by itself (the button is far above it).
+    p.wait_for_function("() => { const r = document.querySelector('#compare-result').getBoundingClientRect();"
+                        " return r.top >= 0 && r.top < window.innerHeight; }")
     shot(p, "playground-compare")
 
 
@@ -307,3 +319,189 @@ def test_how_page_shows_live_figures(page, server):
                   "layer norm", "GELU", "Prefill", "Decode"):
         expect(p.locator("main")).to_contain_text(words)
     shot(p, "how")
+
+
+# --- the learning views (issue 10) ---
+
+def api_get(page: Page, path: str):
+    root = re.match(r"https?://[^/]+", page.url).group(0)
+    r = httpx.get(root + path, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def text_id(page: Page) -> str:
+    tid = page.get_attribute("#tokens", "data-text-id")
+    assert tid, "the page has no open text"
+    return tid
+
+
+def open_inside(page: Page, nth: int = 1):
+    """Select the nth generated token and look inside it; the API's view of the same step."""
+    tok = generated(page).nth(nth)
+    tok.click()
+    position = int(tok.get_attribute("data-position"))
+    with page.expect_response(lambda r: "/inspect" in r.url) as got:
+        page.click("#look-inside")
+    expect(page.locator("#inside .attn-cell").first).to_be_visible()
+    assert got.value.ok, got.value.text()
+    return position, got.value.json()  # what the page was given, searches and all
+
+
+def test_first_run_teaches(page, server):
+    p = page.page
+    info = httpx.get(server + "/api/info").json()
+    # The header says which model this is, what the demo is and how to get GPT-2 small.
+    about = p.locator("#about")
+    expect(about).to_contain_text(info["about"]["name"])
+    assert info["about"]["is_demo"]
+    expect(about).to_contain_text(info["about"]["description"])
+    expect(about).to_contain_text(info["about"]["how_to_get_gpt2"])
+    # The starters are the server's, chosen for this model.
+    starters = p.locator("#starters .starter")
+    expect(starters).to_have_count(len(info["starters"]))
+    assert starters.evaluate_all("bs => bs.map(b => b.dataset.prompt)") == [s["prompt"] for s in info["starters"]]
+    # A token that is only spaces or a newline is visible; a split character shows its bytes.
+    generate(p, "def f():\n\n    return 日本", n=2)
+    tokens = p.locator("#tokens")
+    expect(tokens.locator(".token.prompt .ws").first).to_be_visible()
+    assert "↵" in tokens.inner_text() and "·" in tokens.inner_text()
+    shown = tokens.inner_text()
+    assert "\ufffd" not in shown and re.search(r"<e[0-9a-f]>", shown), shown  # 日 is 3 bytes over 2 tokens
+    shot(p, "playground-first-run")
+
+
+def test_attention_grid_and_one_head(page):
+    p = page.page
+    generate(p, "one two three one two three one two", n=4)
+    position, want = open_inside(p, 1)
+    L, H = len(want["attention"]), len(want["attention"][0])
+    cells = p.locator("#inside .attn-cell")
+    expect(cells).to_have_count(L * H)
+    expect(p.locator("#inside")).to_contain_text("position t's output predicts token t + 1")
+    # Open one head: its keys best first, with the weights and scores the search returned.
+    layer, head = L - 1, H - 1
+    p.click(f'#inside .attn-cell[data-layer="{layer}"][data-head="{head}"]')
+    rows = p.locator("#inside .attn-head tbody tr")
+    weights, scores = want["attention"][layer][head], want["scores"][layer][head]
+    assert len(weights) == position and abs(sum(weights) - 1) < 1e-5
+    order = sorted(range(position), key=lambda j: -weights[j])
+    expect(rows).to_have_count(min(position, 16))
+    shown = rows.evaluate_all("rs => rs.map(r => Number(r.dataset.position))")
+    assert [weights[j] for j in shown] == sorted(weights, reverse=True)[: len(shown)], (shown, order)
+    for i, j in enumerate(shown[:3]):
+        assert abs(float(rows.nth(i).locator("td").nth(3).inner_text()) - scores[j]) < 5e-4
+    # The extra searches are counted in the waterfall.
+    expect(p.locator("#waterfall .wf-extra h3")).to_contain_text(f"{len(want['requests'])} extra request")
+    shot(p, "playground-attention")
+
+
+def test_lens_table(page):
+    p = page.page
+    generate(p, "The for statement is used to", n=3)
+    position, want = open_inside(p, 0)
+    rows = p.locator("#inside .lens-table tbody tr")
+    expect(rows).to_have_count(len(want["lens"]))
+    assert len(want["lens"]) == len(want["attention"]) + 1  # the embedding, each block, the final candidates
+    for i, entry in enumerate(want["lens"]):
+        chips = rows.nth(i).locator(".lens-chip")
+        expect(chips).to_have_count(len(entry["top"]))
+        rank = rows.nth(i).locator("td.rank").inner_text()
+        assert rank == (str(entry["chosen_rank"] + 1) if entry["chosen_rank"] is not None else f"not in top {len(entry['top'])}")
+    first = want["first_top1_layer"]
+    if first is None:
+        expect(p.locator("#inside .lens-table tr.first-top1")).to_have_count(0)
+    else:
+        expect(p.locator("#inside .lens-table tr.first-top1")).to_have_attribute("data-layer", str(first))
+    shot(p, "playground-lens")
+
+
+def test_analogy_neighbours_and_a_multi_token_word(page, server):
+    p = page.page
+    p.fill("#an-a", " man"); p.fill("#an-b", " king"); p.fill("#an-c", " woman"); p.fill("#an-k", "5")
+    p.click("#an-go")
+    want = httpx.post(server + "/api/analogy", json={"a": " man", "b": " king", "c": " woman", "k": 5}).json()
+    rows = p.locator("#analogy-result tbody tr")
+    expect(rows).to_have_count(5)
+    assert rows.evaluate_all("rs => rs.map(r => Number(r.dataset.tokenId))") == [r["token_id"] for r in want["results"]]
+    expect(p.locator("#analogy-result .searched")).to_contain_text(f"{len(want['requests'])} search")
+    # A word of several tokens: the server's message, naming its tokens, shown as it is.
+    p.fill("#an-a", "puffergpt")
+    p.click("#an-go")
+    bad = httpx.post(server + "/api/analogy", json={"a": "puffergpt", "b": " king", "c": " woman", "k": 5})
+    assert bad.status_code == 400
+    expect(p.locator("#analogy-result .emb-error")).to_have_text(bad.json()["detail"])
+    p.fill("#nb-word", " king")
+    p.click("#nb-go")
+    expect(p.locator("#neighbours-result tbody tr")).to_have_count(10)
+    shot(p, "playground-analogy")
+
+
+def test_map_with_a_path(page):
+    p = page.page
+    generate(p, "The for statement is used to", n=2)
+    generated(p).first.click()
+    p.click("#map-go")
+    words = [w for w in p.locator("#map-words").input_value().split("\n") if w.strip()]
+    expect(p.locator("#map-result svg.map .map-point")).to_have_count(len(words))
+    L = int(httpx.get(p.url.rstrip("/") + "/api/info").json()["config"]["n_layer"])
+    expect(p.locator("#map-result svg.map .map-step")).to_have_count(L + 1)
+    labels = p.locator("#map-result svg.map .map-point text").evaluate_all("ts => ts.map(t => t.textContent)")
+    assert labels == [w.replace(" ", "·") for w in words]
+    shot(p, "playground-map")
+
+
+def test_kv_cache_panel(page):
+    p = page.page
+    generate(p, "one two three one two three", n=3)
+    kv = p.locator("#kv")
+    expect(kv.locator(".kv-pos")).not_to_have_count(0)
+    want = api_get(p, f"/api/texts/{text_id(p)}/kv")
+    expect(kv.locator(".kv-pos")).to_have_count(want["known"])
+    stored = kv.locator(".kv-pos").evaluate_all("es => es.map(e => [e.dataset.stored === 'true', e.dataset.phase])")
+    assert stored == [[q["stored"], q["written_by"]["phase"] if q["stored"] else "none"] for q in want["positions"]]
+    expect(kv.locator(".kv-writes tbody tr")).to_have_count(len(want["writes"]))
+    expect(kv).to_contain_text("Why decode reads only the new token")
+    # A step back keeps the keys after it: they are shown as kept. (The last token has
+    # none yet: the model reads it when it writes the next one; so step back twice.)
+    p.click("#step-back")
+    expect(p.locator("#step-back")).to_be_enabled()
+    p.click("#step-back")
+    expect(kv.locator(".kv-pos.kv-kept")).not_to_have_count(0)
+    shot(p, "playground-kv")
+
+
+def test_a_400px_phone(browser, server):
+    ctx = browser.new_context(viewport={"width": 400, "height": 860}, is_mobile=True, device_scale_factor=1)
+    ctx.set_default_timeout(TIMEOUT_MS)
+    p = ctx.new_page()
+    errors = []
+    p.on("pageerror", lambda e: errors.append(str(e)))
+    p.goto(server + "/")
+    expect(p.locator("#info")).to_contain_text("requests/token")
+    generate(p, "The for statement is used to", n=4)
+    open_inside(p, 1)
+    p.locator("#inside .attn-cell").first.click()
+    p.click("#an-go")
+    expect(p.locator("#analogy-result tbody tr").first).to_be_visible()
+    p.click("#map-go")
+    expect(p.locator("#map-result svg.map")).to_be_visible()
+    p.fill("#prompt", "1, 2, 3, 4, 5,")
+    p.fill("#top-k", "10")
+    p.click("#compare")
+    expect(p.locator("#compare-result tbody tr")).to_have_count(10)
+    # No element wider than the screen, and none reaching past its right edge.
+    wide = p.evaluate("""() => { const vw = document.documentElement.clientWidth;
+      return [...document.querySelectorAll('body *')].filter(e => e.scrollWidth > vw || e.getBoundingClientRect().right > vw + 0.5)
+        .map(e => `${e.tagName.toLowerCase()}#${e.id}.${e.getAttribute('class')} ${e.scrollWidth}`); }""")
+    assert wide == [], wide
+    assert p.evaluate("() => document.documentElement.scrollWidth") <= 400
+    # No hidden columns: every cell of every table is displayed, each naming its column.
+    hidden = p.evaluate("""() => [...document.querySelectorAll('tbody td')].filter(td => td.offsetParent === null
+      && td.closest('.card') && getComputedStyle(td.closest('.card')).display !== 'none').length""")
+    assert hidden == 0
+    unnamed = p.evaluate("() => [...document.querySelectorAll('.table-scroll tbody td')].filter(td => td.dataset.label === undefined).length")
+    assert unnamed == 0
+    shot(p, "playground-phone")
+    assert not errors, errors
+    ctx.close()

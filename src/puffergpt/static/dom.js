@@ -114,7 +114,7 @@ export function streamToken(text, hex) {
 export function labelled(table) {
   const heads = [...table.tHead.rows[0].cells].map((c) => c.dataset.label ?? c.textContent);
   for (const row of table.tBodies[0].rows) {
-    [...row.cells].forEach((td, i) => { if (heads[i] && !td.dataset.label) td.dataset.label = heads[i]; });
+    [...row.cells].forEach((td, i) => { if (heads[i] !== undefined && td.dataset.label === undefined) td.dataset.label = heads[i]; });
   }
   return table;
 }

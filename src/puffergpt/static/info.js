@@ -47,7 +47,18 @@ function renderStarters(info) {
   }, h("span", { class: "starter-kind", text: s.kind }), h("span", { class: "starter-text", text: s.prompt }))));
 }
 
+// The demo model learnt only the words of Python's documentation (the others kept
+// near-identical vectors): its embedding panel starts from words of that world.
+function demoWords(info) {
+  if (!info.about || !info.about.is_demo) return;
+  const set = (id, v) => { $(id).value = v; };
+  set("nb-word", " function");
+  set("an-a", " list"); set("an-b", " lists"); set("an-c", " string");
+  set("map-words", [" list", " tuple", " dict", " string", " integer", " float", " function", " method", " class", " module"].join("\n"));
+}
+
 export function renderInfo(info) {
+  demoWords(info);
   renderFigures(info);
   renderAbout(info);
   renderStarters(info);

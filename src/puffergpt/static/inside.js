@@ -58,7 +58,7 @@ function renderInside() {
     onclick: () => lookInside(p) }, v && !v.live ? "Look again" : "Look inside this token");
   const kids = [headline(p)];
   if (!v) {
-    kids.push(h("p", { class: "note", text: `Costs about ${plural(lensSearches, "extra search", "extra searches")}: one top-k search over the token vectors for each layer's lens. The attention weights are the ones this step's own searches returned.` }),
+    kids.push(h("p", { class: "note", text: `Costs extra searches: the lens is ${plural(lensSearches, "top-k search", "top-k searches")} over the token vectors (one a layer, sent together where the store allows), and a step whose attention is no longer kept is recomputed. Each is counted in the waterfall.` }),
       h("div", { class: "actions" }, button, loading ? h("span", { class: "status", text: "looking inside…" }) : ""));
     box.replaceChildren(...kids);
     return;

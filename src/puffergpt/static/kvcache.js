@@ -50,14 +50,15 @@ function why(kv) {
     h("p", { text: `A step back deletes nothing: the keys of the positions after it stay (shown faded), and Forward uses them again for free. ` +
       `A branch or a cut at position p keeps the keys before p and writes new ones from p on, over the old: ` +
       `attention only ever searches positions at or before its own, so a stale key after p is never read.` }),
-    h("p", { class: "note", text: `Here: ${plural(kv.documents, "key document")} in namespace ${kv.namespace}, ${kv.per_layer.map((n, l) => `layer ${l}: ${int(n)}`).join(", ")}.` }));
+    kv.per_layer ? h("p", { class: "note", text: `Counted in the store: ${plural(kv.documents, "key document")} in namespace ${kv.namespace}; ${kv.per_layer.map((n, l) => `layer ${l}: ${int(n)}`).join(", ")}.` }) : "");
 }
 
 function show(kv) {
   const stored = kv.positions.filter((p) => p.stored).length;
+  const asked = (kv.requests || []).length; // counting the keys is itself a request or two
   $("kv").replaceChildren(
     h("p", { class: "note", text: `${plural(stored, "position")} of ${int(kv.known)} known have keys: ${int(kv.layers)} layers × ${int(kv.heads)} heads each, tagged layer, head and position. ` +
-      `The text is ${int(kv.length)} tokens long; the model has read ${int(kv.read_upto)}.` }),
+      `The text is ${int(kv.length)} tokens long; the model has read ${int(kv.read_upto)}. Reading this panel cost ${plural(asked, "request")}.` }),
     h("div", { class: "legend kv-legend" },
       h("span", null, h("span", { class: "swatch kv-prefill" }), "prefill (one batch)"),
       h("span", null, h("span", { class: "swatch kv-decode" }), "a decode step"),

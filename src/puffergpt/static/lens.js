@@ -22,6 +22,14 @@ function tokenText(t) {
   return { ...t, text: known ? known.text : `#${t.token_id}` };
 }
 
+// As the server defines it: the first layer from which the top-1 stays the final top-1.
+function firstTop1(rows) {
+  const final = rows[rows.length - 1].top[0].token_id;
+  let first = null;
+  for (const r of rows) first = r.top.length && r.top[0].token_id === final ? (first === null ? r.layer : first) : null;
+  return first;
+}
+
 const layerName = (l, L) => (l === 0 ? "0 · embedding" : l === L ? `${l} · final` : `${l} · entering block ${l}`);
 
 function chip(t, i, chosenId) {
@@ -36,8 +44,7 @@ export function renderLens(box, view) {
   const chosenId = predicted ? predicted.token_id : null;
   const rows = normLens(view.lens, chosenId);
   const L = rows.length - 1;
-  const first = view.first_top1_layer !== undefined && view.first_top1_layer !== null ? view.first_top1_layer
-    : (rows.find((r) => r.chosen_rank === 0) || { layer: null }).layer;
+  const first = view.first_top1_layer !== undefined ? view.first_top1_layer : firstTop1(rows);
   const k = rows[0].top.length;
   const table = h("table", { class: "lens-table" },
     h("thead", null, h("tr", null, h("th", { text: "layer" }),
@@ -51,8 +58,8 @@ export function renderLens(box, view) {
     h("h3", { text: "The path to the next token (the lens)" }),
     h("p", { class: "note" },
       `Entering each block, the vector of position ${view.query_position} is normalised (ln_f) and searched against the token vectors: `,
-      `${plural(nSearch, "top-k search", "top-k searches")}, one a row (the last row is the model's own final search). `,
-      predicted ? ["The chosen token ", visibleToken(predicted.text, predicted.bytes_hex), first === null
-        ? " never becomes the top-1 here." : ` first becomes the top-1 at layer ${first} (highlighted).`] : "Its token is not chosen yet."),
+      `${plural(nSearch, "top-k search", "top-k searches")}, one a row (the last row is the model's own final search), counted with this view's requests in the waterfall. `,
+      first === null ? "" : `From layer ${first} on (highlighted), the top-1 is already the model's final top-1: there it made up its mind. `,
+      predicted ? ["The rank column follows the token chosen here, ", visibleToken(predicted.text, predicted.bytes_hex), "."] : "The token at this position is not chosen yet."),
     h("div", { class: "table-scroll" }, labelled(table)));
 }

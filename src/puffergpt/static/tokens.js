@@ -28,6 +28,7 @@ function tokenTitle(p, tok, step, ghost) {
 
 function renderTokens() {
   const box = $("tokens");
+  box.dataset.textId = S.textId || ""; // which text this is (the tests ask the API about it)
   if (!S.tokens.length) {
     box.replaceChildren(h("span", { class: "placeholder", text: "Tokens appear here as the model writes them." }));
     return;
