@@ -86,6 +86,23 @@ class BoundedBody:
         await JSONResponse({"detail": f"request body over {MAX_BODY} bytes"}, status_code=413)(scope, None, send)
 
 
+GRACE_S = 2  # on shutdown, responses still streaming after this are cancelled (their generations stop)
+
+
+def uvicorn_config(app: FastAPI, host: str, port: int):
+    """How the server runs: shutdown cancels streams that outlive GRACE_S (uvicorn would
+    otherwise wait for every running generation to finish)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_S)
+
+
+def run(app: FastAPI, host: str, port: int) -> None:
+    import uvicorn
+
+    uvicorn.Server(uvicorn_config(app, host, port)).run()
+
+
 # --- rendering ---
 
 def request_json(r) -> dict:

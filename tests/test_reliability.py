@@ -1,0 +1,148 @@
+"""The probes of issue 13, kept: disconnect storms against a real server on 127.0.0.1,
+shutdown while generating, bad inputs of every kind, bounded memory and reads.
+Bounded in count and time, loopback only."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+
+from puffergpt.engine import Engine
+from puffergpt.server import ServerConfig, create_app
+from puffergpt.server.app import uvicorn_config
+
+PROMPT = "The quick brown fox"
+
+
+class Running:
+    """A uvicorn server in a thread, on a free port of 127.0.0.1."""
+
+    def __init__(self, app):
+        self.app = app
+        self.server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", 0))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            assert time.monotonic() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.02)
+        self.port = self.server.servers[0].sockets[0].getsockname()[1]
+        return self
+
+    def shutdown(self, within_s: float) -> float:
+        t0 = time.monotonic()
+        self.server.should_exit = True  # what SIGTERM sets
+        self.thread.join(within_s)
+        assert not self.thread.is_alive(), f"the server did not shut down within {within_s} s"
+        return time.monotonic() - t0
+
+    def __exit__(self, *exc):
+        if self.thread.is_alive():
+            self.shutdown(30)
+
+    def request(self, method: str, path: str, body: dict | None = None, timeout: float = 10) -> tuple[int, bytes]:
+        s = self.send(method, path, body, timeout)
+        with s:
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        return int(head.split()[1]), rest
+
+    def send(self, method: str, path: str, body: dict | None = None, timeout: float = 10,
+             raw: bytes | None = None, headers: dict | None = None) -> socket.socket:
+        s = socket.create_connection(("127.0.0.1", self.port), timeout=timeout)
+        payload = raw if raw is not None else (json.dumps(body).encode() if body is not None else b"")
+        h = {"Host": "127.0.0.1", "Content-Type": "application/json", "Content-Length": str(len(payload)),
+             "Connection": "close", **(headers or {})}
+        s.sendall(f"{method} {path} HTTP/1.1\r\n".encode() + "".join(f"{k}: {v}\r\n" for k, v in h.items()).encode()
+                  + b"\r\n" + payload)
+        return s
+
+
+def read_events(s: socket.socket, n: int) -> bytes:
+    """Read until n server-sent events have come (the events are split by blank lines)."""
+    data = b""
+    while data.count(b"\n\n") < n + 1:  # the response head ends with one too (\r\n\r\n holds no \n\n)
+        chunk = s.recv(4096)
+        assert chunk, f"the stream ended early: {data[-300:]!r}"
+        data += chunk
+    return data
+
+
+def wait_for(cond, within_s: float, what: str) -> float:
+    t0 = time.monotonic()
+    while not cond():
+        assert time.monotonic() - t0 < within_s, f"{what}: not within {within_s} s"
+        time.sleep(0.01)
+    return time.monotonic() - t0
+
+
+@pytest.fixture
+def served(loaded, tiny):
+    store, key = loaded(tiny)
+    engine = Engine(store, tiny.name, key)
+    app = create_app(engine, ServerConfig(max_open_texts=8, max_new_tokens=400))
+    with Running(app) as r:
+        r.store = store
+        yield r
+
+
+def open_texts(store) -> set[str]:
+    return set(store.namespaces("text-"))
+
+
+def test_a_disconnect_storm_on_generate_ends_each_generation(served):
+    """40 rounds of: generate (stream), read 2 events, close the socket. Each generation
+    ends within about a token, the text is free again, and the server still answers."""
+    texts = served.app.state.texts
+    code, body = served.request("POST", "/api/texts", {"prompt": PROMPT})
+    assert code == 201, body
+    tid = json.loads(body)["id"]
+    text = texts.get(tid)
+    ns = text.products.keys_ns
+    ended = []
+    for _ in range(40):
+        s = served.send("POST", f"/api/texts/{tid}/generate", {"max_tokens": 100, "temperature": 1.0, "top_k": 40})
+        read_events(s, 2)
+        s.close()
+        ended.append(wait_for(lambda: not text.generating, 5, "the generation ended after its client left"))
+        assert text.length < 5 + 100  # it stopped: had it run on, it would have written 100
+        code, body = served.request("POST", f"/api/texts/{tid}/cut", {"position": 5})  # room for the next round
+        assert code == 200, body
+    assert len(served.app.state.generations) == 0
+    assert served.request("GET", "/api/info")[0] == 200
+    code, _ = served.request("DELETE", f"/api/texts/{tid}")
+    assert code == 200 and ns not in open_texts(served.store)
+    print(f"generation ended {max(ended) * 1e3:.0f} ms at most after its client left (40 rounds)")
+
+
+@pytest.mark.xfail(strict=True, reason="openai.py (issue 14, another engineer) does not call streaming.stream yet")
+def test_a_disconnect_storm_on_completions_frees_every_text(served):
+    before = open_texts(served.store)
+    for _ in range(40):
+        s = served.send("POST", "/v1/completions", {"prompt": "The module", "max_tokens": 200, "stream": True})
+        read_events(s, 2)
+        s.close()
+    wait_for(lambda: open_texts(served.store) == before, 5, "every completion's text closed after its client left")
+    assert served.request("GET", "/api/info")[0] == 200
+
+
+def test_shutdown_cancels_running_generations(served):
+    code, body = served.request("POST", "/api/texts", {"prompt": PROMPT})
+    tid = json.loads(body)["id"]
+    ns = served.app.state.texts.get(tid).products.keys_ns
+    s = served.send("POST", f"/api/texts/{tid}/generate", {"max_tokens": 100, "temperature": 1.0})
+    read_events(s, 2)  # generating, its client still reading
+    took = served.shutdown(within_s=8)
+    s.close()
+    assert ns not in open_texts(served.store)  # closed by the lifespan's shutdown
+    assert len(served.app.state.generations) == 0
+    print(f"shutdown with a generation running took {took:.2f} s")
