@@ -33,7 +33,7 @@ import numpy as np
 from puffergpt import inside, tokenizer
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.reference import Cache, Products, Trace, forward
-from puffergpt.sampling import Sampling, pick, probabilities
+from puffergpt.sampling import Sampling, distribution, log_softmax, pick, probabilities
 
 
 log = logging.getLogger("puffergpt")
@@ -76,6 +76,14 @@ class Step:
     read: int = 0  # tokens the model read for it: many for a prefill, 1 for a decode, 0 if replayed
     phase: str = "decode"  # "prefill" when it read the user's tokens (a prompt, appended text)
     inspect: dict | None = None  # attention and lens, when the generation asked for them
+    # With the whole vocabulary scored (``full``): log sum exp of all n_vocab logits, so
+    # a candidate's exact log-probability is logit - logz; and the chosen token's own.
+    logz: float | None = None
+    logprob: float | None = None
+
+    def logprobs(self, k: int) -> list[tuple[int, float]]:
+        """The k best tokens and their exact log-probabilities (needs ``logz``)."""
+        return [(int(i), float(l) - self.logz) for i, l in zip(self.ids[:k], self.logits[:k])]
 
     @property
     def text(self) -> str:
@@ -235,6 +243,39 @@ class Text:
         ids, logits = self.products.top_k(self.hidden[p - 1], k)
         return np.asarray(ids), np.asarray(logits, np.float64), read
 
+    def _all_logits(self, q: int, trace: Trace | None = None) -> tuple[np.ndarray, int]:
+        """Every token's score at position q (from the hidden state at q - 1): one search
+        over all of wte, reading the text first if needed. -> ((V,) float64, tokens read)"""
+        read = self._read(trace) if self.read_upto < q else 0
+        return np.asarray(self.products.logits(self.hidden[q - 1]), np.float64), read
+
+    def score_prompt(self) -> Iterator[Step]:
+        """The text's own tokens scored as the model predicts them (OpenAI's ``echo``):
+        a read, then one all-vocabulary search a position from 1 on; position 0 has no
+        prediction (logprob None). Keeps KEEP_CANDIDATES a position, never all V scores."""
+        for q in range(self.length):
+            with self.lock:
+                log0, t0 = len(self._log()), time.perf_counter()
+                tok = self.tokens[q]
+                if q == 0:
+                    read = self._read() if self.read_upto < 1 else 0
+                    step = Step(0, tok, np.zeros(0, np.int64), np.zeros(0), 1.0, read=read, phase="prompt")
+                else:
+                    full, read = self._all_logits(q)
+                    step = self._full_step(q, tok, full, 1.0, read, "prompt")
+                step.requests, step.ms = list(self._log()[log0:]), (time.perf_counter() - t0) * 1e3
+            yield step
+
+    @staticmethod
+    def _full_step(p: int, tok: int, full: np.ndarray, temperature: float, read: int, phase: str) -> Step:
+        """A step from the whole vocabulary's scores (V,): the best KEEP_CANDIDATES and
+        the normaliser; the V scores themselves are dropped with the step's request."""
+        full, logz = log_softmax(full)
+        best = np.argpartition(-full, KEEP_CANDIDATES)[:KEEP_CANDIDATES]
+        best = best[np.argsort(-full[best], kind="stable")]
+        return Step(p, tok, best.astype(np.int64), full[best], temperature, read=read, phase=phase,
+                    logz=logz, logprob=float(full[tok]) - logz)
+
     def keep_inspection(self, p: int, got: dict) -> None:
         self.inspected[p] = got
         self.inspected.move_to_end(p)
@@ -277,11 +318,16 @@ class Text:
             return got, list(self._log()[log0:]), True
 
     def generate(self, n: int, s: Sampling, should_stop: Callable[[], bool] | None = None,
-                 inspect: int = 0) -> Iterator[Step]:
+                 inspect: int = 0, full: bool = False) -> Iterator[Step]:
         """Write up to n tokens at the end of the text, stopping at <|endoftext|> or when
         should_stop() says so (checked before each token; the text stays consistent).
-        ``inspect`` = k > 0 also records each step's attention and a lens of top-k."""
+        ``inspect`` = k > 0 also records each step's attention and a lens of top-k.
+        ``full`` (implied by top_p < 1) scores the whole vocabulary each token, one search
+        (``wte.all``): sampling then uses the exact distribution, and the step has ``logz``."""
         check_generation(self.config, s, self.length, n)
+        if inspect and (full or s.top_p < 1):
+            raise TextError("inspect works over the top-k candidates: not with top_p or full log-probabilities")
+        full = full or s.top_p < 1
         if self.length == 0:
             raise TextError("the text is empty: give at least one token")
         rng = np.random.default_rng(s.seed)
@@ -293,9 +339,15 @@ class Text:
                     raise TextError(f"the text has reached the model's context of {self.config.n_ctx} tokens")
                 log0, t0, first = len(self._log()), time.perf_counter(), self.read_upto
                 trace = Trace() if inspect else None
-                ids, logits, read = self._candidates(s.top_k, trace)
-                tok = int(ids[pick(probabilities(logits, s.temperature), rng)])
                 p = self.length
+                if full:
+                    scores, read = self._all_logits(p, trace)
+                    tok = pick(distribution(scores, s), rng)
+                    whole = self._full_step(p, tok, scores, s.temperature, read, "decode")
+                    ids, logits, scores = whole.ids, whole.logits, None  # (V,) scores go here
+                else:
+                    ids, logits, read = self._candidates(s.top_k, trace)
+                    tok = int(ids[pick(distribution(logits, s), rng)])
                 users = read and any(q not in self.steps for q in range(first, first + read))  # not the model's own
                 got = None
                 if inspect and read:  # the lens: one more request, marked extra
@@ -307,6 +359,8 @@ class Text:
                 step = Step(p, tok, ids[:KEEP_CANDIDATES], logits[:KEEP_CANDIDATES], s.temperature,
                             list(self._log()[log0:]), (time.perf_counter() - t0) * 1e3, read,
                             "prefill" if users else "decode")
+                if full:
+                    step.logz, step.logprob = whole.logz, whole.logprob
                 self._set(p, tok)
                 self.steps[p] = step
                 if got is not None:

@@ -126,8 +126,11 @@ def opened(open_products: Callable[[], Products], ids: list[int] = ()) -> Iterat
 
 
 def complete(open_products: Callable[[], Products], ids: list[int], n: int, s: Sampling,
-             should_stop: Callable[[], bool] | None = None, inspect: int = 0) -> Iterator[Step]:
+             should_stop: Callable[[], bool] | None = None, inspect: int = 0,
+             full: bool = False, echo: bool = False) -> Iterator[Step]:
     """Read ``ids`` and write up to ``n`` tokens in a text of its own, closed at the end.
+    ``full``: each token scores the whole vocabulary (exact log-probabilities, ``Step.logz``);
+    ``echo``: first a step (phase "prompt") for each prompt token, scored the same way.
 
     Drive it to its end or call its ``close()`` from the thread that runs it: never leave
     an unfinished one to the garbage collector, whose finaliser would take the store's
@@ -136,7 +139,9 @@ def complete(open_products: Callable[[], Products], ids: list[int], n: int, s: S
         text.check_tokens(list(ids))
         check_generation(text.config, s, len(ids), n)
         text.append(list(ids))
-        yield from text.generate(n, s, should_stop=should_stop, inspect=inspect)
+        if echo:
+            yield from text.score_prompt()
+        yield from text.generate(n, s, should_stop=should_stop, inspect=inspect, full=full)
 
 
 # --- the model, for a newcomer ---
