@@ -1,0 +1,235 @@
+"""Inside the transformer, as searches: attention per layer and head, the logit lens,
+the embedding space, the KV cache, and the round trips a decode step makes. Each
+against an independent reference: transformers (eager attention, output_attentions,
+output_hidden_states) and numpy on the checkpoint."""
+
+import numpy as np
+import pytest
+
+from puffergpt import checkpoints, loading, tokenizer, texts
+from puffergpt.checkpoints import GPT2Config
+from puffergpt.engine import Engine, round_trips_per_token
+from puffergpt.reference import NumpyProducts, Reference
+from puffergpt.sampling import Sampling
+from puffergpt.stores import open_store
+from puffergpt.text import Text, TextError
+
+from helpers import assert_close
+
+torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")
+transformers = pytest.importorskip("transformers")
+
+PROMPTS = ["The list of built-in functions", "x = 1\ny = 2\nx = 1\ny ="]
+
+
+@pytest.fixture(scope="module")
+def hf():
+    made = {}
+
+    def get(ckpt):
+        if ckpt.name not in made:
+            path = checkpoints.demo_dir() if ckpt.name == "demo" else ckpt.name
+            made[ckpt.name] = transformers.GPT2LMHeadModel.from_pretrained(
+                str(path), torch_dtype=torch.float32, attn_implementation="eager").eval()
+        return made[ckpt.name]
+
+    return get
+
+
+def hf_inside(m, ids):
+    """transformers' view of the last token: attention (L, H, T) and the lens logits (L+1, V)."""
+    with torch.no_grad():
+        out = m(torch.tensor([ids]), output_attentions=True, output_hidden_states=True)
+        att = np.stack([a[0, :, -1, :].numpy() for a in out.attentions])  # L x (H, T)
+        hs = out.hidden_states  # embeddings, after block 0, ..., after block L-1 with ln_f applied
+        lens = [m.lm_head(m.transformer.ln_f(h[0, -1])).numpy() for h in hs[:-1]] + [out.logits[0, -1].numpy()]
+    return att, np.stack(lens)
+
+
+def products_for(kind, loaded, ckpt):
+    if kind == "reference":
+        return lambda: NumpyProducts(ckpt)
+    store, key = loaded(ckpt)
+    return Engine(store, ckpt.name, key).open
+
+
+@pytest.mark.parametrize("kind", ["search", "reference"])
+@pytest.mark.parametrize("model", ["tiny", "demo"])
+def test_attention_and_lens_equal_transformers(request, hf, loaded, kind, model):
+    ckpt = request.getfixturevalue(model)
+    m, k = hf(ckpt), 10
+    for prompt in PROMPTS:
+        ids = tokenizer.encode(prompt)
+        want_att, want_lens = hf_inside(m, ids)
+        steps = list(texts.complete(products_for(kind, loaded, ckpt), ids, 2, Sampling(0, 40), inspect=k))
+        for step, upto in ((steps[0], ids), (steps[1], ids + [steps[0].token_id])):
+            if step is steps[1]:
+                want_att, want_lens = hf_inside(m, upto)
+            got = step.inspect
+            T = len(upto)
+            assert got["weights"].shape == (ckpt.config.n_layer, ckpt.config.n_head, T)
+            assert np.allclose(got["weights"].sum(axis=-1), 1, atol=1e-5)
+            assert_close(f"{model}/{kind} attention at {T - 1}", got["weights"], want_att, 1e-4)
+            assert len(got["lens"]) == ckpt.config.n_layer + 1
+            for e, want in zip(got["lens"], want_lens):
+                top = np.argsort(-want, kind="stable")[:k]
+                assert list(e["ids"]) == list(top), f"{model}/{kind} lens layer {e['layer']}: {list(e['ids'])} != {list(top)}"
+                assert_close(f"{model}/{kind} lens layer {e['layer']}", e["logits"], want[top], 1e-3)
+
+
+def test_inspect_on_demand_equals_the_generations_own(loaded, tiny):
+    """A position not kept is recomputed, its requests counted and marked extra, and the
+    text is left as it was: same tokens, same keys, same next candidates."""
+    store, key = loaded(tiny)
+    t = Text(Engine(store, tiny.name, key).open())
+    try:
+        t.append(tokenizer.encode(PROMPTS[0]))
+        steps = list(t.generate(6, Sampling(0, 40), inspect=10))
+        kept = {p: t.inspected[p] for p in list(t.inspected)}
+        t.inspected.clear()
+        before = (list(t.tokens), t.read_upto, t.products.key_counts())
+        for p, want in kept.items():
+            got, reqs, recomputed = t.inspect(p, 10)
+            assert recomputed and reqs and all(r.extra for r in reqs)
+            assert_close(f"weights at {p}", got["weights"], want["weights"], 1e-6)
+            for a, b in zip(got["lens"], want["lens"]):
+                assert list(a["ids"]) == list(b["ids"])
+        assert (list(t.tokens), t.read_upto, t.products.key_counts()) == before
+        more = list(t.generate(4, Sampling(0, 40)))
+        ref = Reference(tiny).greedy(tokenizer.encode(PROMPTS[0]), 10)
+        assert [s.token_id for s in steps + more] == ref
+    finally:
+        t.close()
+
+
+def test_inspect_bad_input_changes_nothing(loaded, tiny):
+    store, key = loaded(tiny)
+    t = Text(Engine(store, tiny.name, key).open())
+    try:
+        t.append(tokenizer.encode(PROMPTS[0]))
+        list(t.generate(3, Sampling(0, 40)))
+        state = (list(t.tokens), t.length, t.read_upto, sorted(t.steps))
+        for p in (0, -1, t.read_upto + 1, 999, True, "2"):
+            with pytest.raises(TextError, match="position"):
+                t.inspect(p)
+        for k in (0, 101, 2.5):
+            with pytest.raises(TextError, match="k must be"):
+                t.inspect(2, k)
+        t.cut(3)  # a cut text: positions past the cut are not read any more
+        with pytest.raises(TextError, match="outside 1..3"):
+            t.inspect(5)
+        assert (list(t.tokens), t.length, t.read_upto) == (state[0][:3], 3, 3)
+    finally:
+        t.close()
+
+
+def numpy_cosine(ckpt, v):
+    w = ckpt.params["wte.weight"].astype(np.float64)
+    return w @ v / (np.linalg.norm(w, axis=1) * np.linalg.norm(v))
+
+
+@pytest.mark.parametrize("model", ["tiny", "demo"])
+def test_analogy_and_neighbours_equal_numpy(request, loaded, model):
+    ckpt = request.getfixturevalue(model)
+    store, key = loaded(ckpt)
+    products = Engine(store, ckpt.name, key).open()
+    try:
+        n0 = len(products.log)
+        got = texts.analogy(products, " man", " woman", " king", 10)
+        assert [r.kind for r in products.log[n0:]] == ["wte.fetch", "wte.cosine"]  # a fetch and one search
+        w = ckpt.params["wte.weight"].astype(np.float64)
+        a, b, c = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
+        sims = numpy_cosine(ckpt, w[b] - w[a] + w[c])
+        want = [int(i) for i in np.argsort(-sims, kind="stable") if int(i) not in (a, b, c)][:10]
+        assert [r["token_id"] for r in got["results"]] == want
+        assert_close(f"{model} analogy scores", [r["score"] for r in got["results"]], sims[want], 1e-4)
+        got = texts.neighbours(products, " list", 5)
+        i = tokenizer.encode(" list")[0]
+        sims = numpy_cosine(ckpt, w[i])
+        want = [int(j) for j in np.argsort(-sims, kind="stable") if int(j) != i][:5]
+        assert [r["token_id"] for r in got["results"]] == want
+        assert_close(f"{model} neighbour scores", [r["score"] for r in got["results"]], sims[want], 1e-4)
+    finally:
+        products.close()
+
+
+def test_a_word_of_several_tokens_is_a_clear_error(loaded, tiny):
+    store, key = loaded(tiny)
+    products = Engine(store, tiny.name, key).open()
+    try:
+        with pytest.raises(TextError, match=r"'queen' is 2 GPT-2 tokens \('que' \+ 'en'\).*leading space, ' queen' is one token"):
+            texts.analogy(products, " man", "queen", " king")
+        with pytest.raises(TextError, match="k must be"):
+            texts.neighbours(products, " man", 0)
+        with pytest.raises(TextError, match="2 to 24 words"):
+            texts.embedding_map(products, [" man"])
+    finally:
+        products.close()
+
+
+def test_map_is_stable_and_is_the_words_pca(loaded, tiny):
+    store, key = loaded(tiny)
+    products = Engine(store, tiny.name, key).open()
+    words = [" man", " woman", " king", " queen", " list"]
+    try:
+        one, two = texts.embedding_map(products, words), texts.embedding_map(products, words)
+        assert one["points"] == two["points"]
+        rows = tiny.params["wte.weight"][[tokenizer.encode(w)[0] for w in words]].astype(np.float64)
+        centred = rows - rows.mean(axis=0)
+        got = np.array([[p["x"], p["y"]] for p in one["points"]])
+        # the same plane as numpy's PCA: distances between the points agree
+        _, _, vt = np.linalg.svd(centred, full_matrices=False)
+        want = centred @ vt[:2].T
+        assert_close("map distances", np.linalg.norm(got[:, None] - got[None], axis=-1),
+                     np.linalg.norm(want[:, None] - want[None], axis=-1), 1e-6)
+    finally:
+        products.close()
+
+
+def test_kv_view_counts_keys_in_the_store(loaded, tiny):
+    store, key = loaded(tiny)
+    t = Text(Engine(store, tiny.name, key).open())
+    c = tiny.config
+    try:
+        ids = tokenizer.encode(PROMPTS[0])
+        t.append(ids)
+        list(t.generate(3, Sampling(0, 40)))
+        v = texts.kv(t)
+        assert v["per_layer"] == [c.n_head * t.read_upto] * c.n_layer
+        assert v["writes"][0] == {**v["writes"][0], "phase": "prefill", "start": 0, "end": len(ids)}
+        assert [w["phase"] for w in v["writes"][1:]] == ["decode", "decode"]
+        t.step_back(len(ids) + 1)  # stepping back deletes nothing
+        assert texts.kv(t)["per_layer"] == v["per_layer"]
+    finally:
+        t.close()
+
+
+def test_a_decode_step_is_at_most_62_round_trips_at_gpt2_depth(tmp_path):
+    """12 layers, as GPT-2 small: 2 + 5 x 12 = 62 sequential requests, the 12 key writes beside them."""
+    c = GPT2Config(n_vocab=tokenizer.VOCAB_SIZE, n_ctx=64, n_embd=32, n_layer=12, n_head=2)
+    path = checkpoints.save_dir(tmp_path / "deep", c, checkpoints.random_params(c, 3))
+    ckpt = checkpoints.load(str(path))
+    store = open_store("embedded", tmp_path / "data")
+    try:
+        key = loading.model_key(ckpt.name)
+        loading.load(store, ckpt, key, progress=False)
+        t = Text(Engine(store, ckpt.name, key).open())
+        t.append(tokenizer.encode(PROMPTS[0]))
+        steps = list(t.generate(4, Sampling(0, 40)))
+        t.close()
+        for st in steps[1:]:
+            writes = [r for r in st.requests if r.op == "write"]
+            assert sum(r.round_trips for r in st.requests) == round_trips_per_token(c) == 62
+            assert len(writes) == 12 and all(r.concurrent for r in writes)
+        assert [s.token_id for s in steps] == Reference(ckpt).greedy(tokenizer.encode(PROMPTS[0]), 4)
+    finally:
+        store.close()
+
+
+def test_200_tokens_never_miss_a_key(loaded, demo):
+    """Concurrent key writes: every search still finds every earlier key (each search checks
+    its count), and 200 greedy tokens equal the reference's."""
+    store, key = loaded(demo)
+    ids = tokenizer.encode("The")
+    got = [s.token_id for s in texts.complete(Engine(store, demo.name, key).open, ids, 200, Sampling(0, 40))]
+    assert got == Reference(demo).greedy(ids, 200)
