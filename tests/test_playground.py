@@ -315,8 +315,10 @@ def test_how_page_shows_live_figures(page, server):
     expect(figures.locator('[data-live="requests_per_token"]')).to_have_text(str(info["requests_per_token"]))
     expect(figures.locator('[data-live="layers"]')).to_have_text(str(info["config"]["n_layer"]))
     expect(figures.locator('[data-live="width"]')).to_have_text(str(info["config"]["n_embd"]))
+    expect(p.locator('[data-live="lens_searches"]')).to_have_text(str(info["config"]["n_layer"] + 1))
     for words in ("(M² + |q|² − distance) / 2", "inner-product variant", "layer, head", "50,257",
-                  "layer norm", "GELU", "Prefill", "Decode"):
+                  "layer norm", "GELU", "Prefill", "Decode", "t + 1", "logit lens", "wte[B] − wte[A] + wte[C]",
+                  "The KV cache is a namespace"):
         expect(p.locator("main")).to_contain_text(words)
     shot(p, "how")
 
