@@ -86,21 +86,25 @@ class BoundedBody:
         await JSONResponse({"detail": f"request body over {MAX_BODY} bytes"}, status_code=413)(scope, None, send)
 
 
-GRACE_S = 2  # on shutdown, responses still streaming after this are cancelled (their generations stop)
+GRACE_S = 2  # on shutdown, responses still streaming after this are cancelled
 
 
-def uvicorn_config(app: FastAPI, host: str, port: int):
-    """How the server runs: shutdown cancels streams that outlive GRACE_S (uvicorn would
-    otherwise wait for every running generation to finish)."""
+def server(app: FastAPI, host: str, port: int):
+    """A uvicorn server for the app whose shutdown first stops every running generation
+    (each ends within a token and closes its text; uvicorn alone would wait for them all
+    to finish), then cancels any response still streaming after GRACE_S."""
     import uvicorn
 
-    return uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_S)
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            app.state.generations.stop_all(wait_s=None)
+            await super().shutdown(sockets)
+
+    return Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_S))
 
 
 def run(app: FastAPI, host: str, port: int) -> None:
-    import uvicorn
-
-    uvicorn.Server(uvicorn_config(app, host, port)).run()
+    server(app, host, port).run()
 
 
 # --- rendering ---

@@ -43,13 +43,14 @@ class Generations:
         with self._lock:
             return len(self._running)
 
-    def stop_all(self, wait_s: float = 10.0) -> None:
-        """Set every stop event, then wait (bounded) for each worker to close its text."""
+    def stop_all(self, wait_s: float | None = 10.0) -> None:
+        """Set every stop event, then wait (bounded; not at all for None) for each worker
+        to close its text."""
         with self._lock:
             running = list(self._running.values())
         for _, stop in running:
             stop.set()
-        for worker, _ in running:
+        for worker, _ in running if wait_s is not None else ():
             worker.join(wait_s)
             if worker.is_alive():
                 log.warning("a generation did not end within %.0f s of shutdown", wait_s)
