@@ -23,7 +23,7 @@ import numpy as np
 
 from puffergpt.reference import NumpyProducts
 from puffergpt.sampling import Sampling
-from puffergpt.text import Text
+from puffergpt.texts import Usage, complete
 
 GREEDY = Sampling(0.0, 40)
 
@@ -62,25 +62,16 @@ def prompt_of(n: int, n_vocab: int) -> list[int]:
 
 
 def run_engine(open_products: Callable, plan: Plan, n_vocab: int, s: Samples) -> None:
-    for n in plan.prefill_lengths:
-        t = Text(open_products())
-        try:
-            t.append(prompt_of(n, n_vocab))
-            step = next(t.generate(1, GREEDY))  # the prefill: read n tokens, then one top-k
-            s.prefill.setdefault(n, []).append(step.ms)
-        finally:
-            t.close()
+    for n in plan.prefill_lengths:  # the prefill: read n tokens, then one top-k
+        (step,) = list(complete(open_products, prompt_of(n, n_vocab), 1, GREEDY))
+        s.prefill.setdefault(n, []).append(step.ms)
     for p in plan.decode_positions:
-        t = Text(open_products())
-        try:
-            t.append(prompt_of(p, n_vocab))
-            steps = list(t.generate(plan.decode_tokens + 1, GREEDY))[1:]
-        finally:
-            t.close()
+        steps = list(complete(open_products, prompt_of(p, n_vocab), plan.decode_tokens + 1, GREEDY))[1:]
         s.decode.setdefault(p, []).extend(st.ms for st in steps)
         for st in steps:
-            s.requests.append(len(st.requests))
-            s.round_trips.append(sum(r.parts for r in st.requests))  # each waits for the one before
+            u = Usage.of([st])
+            s.requests.append(u.requests)
+            s.round_trips.append(u.round_trips)  # the concurrent key writes are not among them
             s.bytes.append(sum(r.bytes for r in st.requests if r.op == "search"))
     s.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
