@@ -107,7 +107,7 @@ function extraSection(p) {
     h("h3", { text: `Looking inside: ${plural(extra.length, "extra request")}` }),
     h("p", { class: "note", text: extra.length
       ? "The lens and, where it was recomputed, the attention: searches made only to show you the inside of this token, not needed to choose it."
-      : "Nothing extra: the attention and the lens came with the generation itself." }),
+      : "Nothing extra here: the attention and the lens came with the generation (a lens search it made is among the step's requests above)." }),
     extra.length ? h("div", { class: "table-scroll wf-scroll" }, requestTable(extra, total)) : "");
 }
 
