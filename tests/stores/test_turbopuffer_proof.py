@@ -5,7 +5,6 @@ model of GPT-2's depth loads completely; 429s, 5xxs and a dropped connection are
 import json
 import uuid
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 from tpuf_emulator import running
