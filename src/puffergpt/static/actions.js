@@ -55,6 +55,7 @@ export async function generate(opts = {}) {
   let body;
   try { body = samplingBody(); } catch (e) { showError(e); return; }
   S.generating = true;
+  S.stopping = false;
   render("controls");
   setStatus("generating…");
   let first = null;
@@ -63,13 +64,19 @@ export async function generate(opts = {}) {
     if (!opts.keepText) await ensureText();
     first = S.length;
     renderAll();
+    let done = false;
     await stream(textPath(S.textId, "/generate"), body, (event, data) => {
       if (event === "token") onToken(data, ++got, !!body.inspect);
       else if (event === "done") {
+        done = true;
         applyText(data.text);
         setStatus(`${data.tokens} token${data.tokens === 1 ? "" : "s"} · ${int(data.requests)} requests · ${ms(data.ms)}${data.stopped ? " · stopped" : ""}`);
       } else if (event === "error") throw new Error(data.detail);
     });
+    if (!done) { // the stream ended with no summary (stopped): take the text as the server has it
+      applyText(await api("GET", textPath(S.textId)));
+      setStatus(`${got} token${got === 1 ? "" : "s"} · ${S.stopping ? "stopped" : "the stream ended early"}`);
+    }
   } catch (e) {
     showError(e);
     setStatus("");
@@ -83,6 +90,7 @@ export async function generate(opts = {}) {
 
 export async function stop() {
   if (!S.textId || !S.generating) return;
+  S.stopping = true;
   setStatus("stopping…"); // before the request: the stream's `done` may come back first
   try { await api("POST", textPath(S.textId, "/stop")); } catch (e) { showError(e); }
 }
