@@ -55,12 +55,12 @@ def make_model(out: Path, preset: str, seed: int) -> None:
 
 def data_option(f):
     return click.option("--data", "data_dir", type=click.Path(path_type=Path), envvar="PUFFERGPT_DATA",
-                        default=None, help="where the embedded store keeps its files [env PUFFERGPT_DATA; default: the user data dir]")(f)
+                        default=None, help="where the embedded store keeps its files, and pgvector's local server [env PUFFERGPT_DATA; default: the user data dir]")(f)
 
 
 def backend_option(f):
     f = click.option("--dsn", envvar="PUFFERGPT_DSN", default=None,
-                     help="PostgreSQL connection string for --backend pgvector [env PUFFERGPT_DSN]")(f)
+                     help="PostgreSQL connection string for --backend pgvector; without one, a local server under --data [env PUFFERGPT_DSN]")(f)
     return click.option("--backend", type=click.Choice(BACKENDS), default="embedded", show_default=True,
                         help="the vector database that holds the weights")(f)
 
@@ -276,8 +276,10 @@ def bench(model, backends, dsn, data_dir, quick, json_out, chart_out, no_torch, 
         path, _ = checkpoints.resolve(model)
         ckpt = checkpoints.load(model)
         engines, loads = {}, {}
+        stores = []
         for name in names:
             store = open_store(name, data_dir or Path(tmp) / name, dsn)
+            stores.append(store)
             t0 = time.perf_counter()
             loading.load(store, ckpt, loading.model_key(model))
             loads[name] = {"load_s": round(time.perf_counter() - t0, 2), "disk_mb": store_size_mb(store)}
@@ -288,6 +290,8 @@ def bench(model, backends, dsn, data_dir, quick, json_out, chart_out, no_torch, 
         report = b.bench(ckpt, str(path), engines, plan, with_torch=not no_torch)
         for r in report["results"]:
             r.update(loads.get(r["engine"], {}))
+        for store in stores:  # before the temporary directory goes (pgvector's local server lives there)
+            store.close()
     click.echo(b.table(report))
     if json_out:
         json_out.write_text(json.dumps(report, indent=2) + "\n")
