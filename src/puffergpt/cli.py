@@ -1,6 +1,6 @@
 """The command line: parse, call a checkpoint, text or engine, render. The project's
 environment variables (PUFFERGPT_DATA, PUFFERGPT_DSN, TURBOPUFFER_API_KEY,
-TURBOPUFFER_REGION) are read here and nowhere else."""
+TURBOPUFFER_REGION, TURBOPUFFER_BASE_URL) are read here and nowhere else."""
 
 from __future__ import annotations
 
@@ -72,7 +72,8 @@ def open_store(backend: str, data_dir: Path | None, dsn: str | None = None):
     from puffergpt.stores import open_store as _open
 
     return _open(backend, data_dir or Path(platformdirs.user_data_dir("puffergpt")), dsn=dsn,
-                 api_key=os.environ.get("TURBOPUFFER_API_KEY"), region=os.environ.get("TURBOPUFFER_REGION"))
+                 api_key=os.environ.get("TURBOPUFFER_API_KEY"), region=os.environ.get("TURBOPUFFER_REGION"),
+                 base_url=os.environ.get("TURBOPUFFER_BASE_URL"))
 
 
 @contextmanager

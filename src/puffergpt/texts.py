@@ -230,10 +230,22 @@ def _check_k(k) -> int:
     return k
 
 
+def token_dict(tok: int) -> dict:
+    """A token as text, and its bytes in hex where they are not whole UTF-8 on their own
+    (a piece of a multi-byte character), so a page can show ``<e6>`` and not U+FFFD."""
+    raw = tokenizer.token_bytes(tok)
+    d = {"token_id": tok, "text": tokenizer.token_text(tok)}
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        d["bytes_hex"] = raw.hex()
+    return d
+
+
 def _best(sims: np.ndarray, k: int, exclude: set[int]) -> list[dict]:
     order = np.argsort(-sims, kind="stable")
     best = [int(i) for i in order[: k + len(exclude)] if int(i) not in exclude][:k]
-    return [{"token_id": i, "text": tokenizer.token_text(i), "score": float(sims[i])} for i in best]
+    return [{**token_dict(i), "score": float(sims[i])} for i in best]
 
 
 def analogy(products, a: str, b: str, c: str, k: int = 10) -> dict:
