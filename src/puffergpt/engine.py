@@ -74,7 +74,7 @@ class Request:
         return 0 if self.concurrent else self.parts
 
     def cost_usd(self) -> float:
-        return costs.request_cost(self.op, self.bytes, self.returned, self.queries)
+        return costs.request_cost(self.op, self.bytes, self.returned, self.queries, requests=self.parts)
 
 
 def requests_per_token(c: GPT2Config) -> int:
