@@ -188,7 +188,7 @@ def choice_pieces(engine, ids: list[int], max_tokens: int, s: Sampling, stops: l
             yield Piece(prompt)
         utf8, offset = codecs.getincrementaldecoder("utf-8")(errors="replace"), 0
         out, sent, queue, taken, finish = "", 0, [], [], "length"
-        base = 0 if echo else len(prompt)
+        base = len(prompt)  # the new text's offsets follow the prompt's, echoed or not
         for step in steps:
             if step.phase == "prompt":  # echo's scored prompt: no stop applies to it
                 t = utf8.decode(tokenizer.token_bytes(step.token_id), final=step.position == len(ids) - 1)

@@ -1,0 +1,229 @@
+"""The OpenAI-compatible API driven by the official ``openai`` client against a running
+server (uvicorn on 127.0.0.1), its log-probabilities against transformers' log-softmax
+over the whole vocabulary."""
+
+import socket
+import threading
+import time
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import uvicorn
+
+from puffergpt import checkpoints, tokenizer
+from puffergpt.engine import Engine
+from puffergpt.server import ServerConfig, create_app
+
+torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")
+transformers = pytest.importorskip("transformers")
+
+PROMPT = "The return statement"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def servers(loaded):
+    """servers(ckpt) -> (openai client, base url): one uvicorn thread a model, stopped at the end."""
+    made, running = {}, []
+
+    def get(ckpt):
+        if ckpt.name not in made:
+            store, key = loaded(ckpt)
+            port = _free_port()
+            server = uvicorn.Server(uvicorn.Config(create_app(Engine(store, ckpt.name, key), ServerConfig()),
+                                                   host="127.0.0.1", port=port, log_level="warning"))
+            thread = threading.Thread(target=server.run, daemon=True)
+            thread.start()
+            for _ in range(200):
+                if server.started:
+                    break
+                time.sleep(0.05)
+            assert server.started, "uvicorn did not start"
+            running.append((server, thread))
+            url = f"http://127.0.0.1:{port}/v1"
+            made[ckpt.name] = (openai.OpenAI(base_url=url, api_key="none", max_retries=0), url)
+        return made[ckpt.name]
+
+    yield get
+    for server, thread in running:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def hf():
+    made = {}
+
+    def get(ckpt):
+        if ckpt.name not in made:
+            path = checkpoints.demo_dir() if ckpt.name == "demo" else ckpt.name
+            made[ckpt.name] = transformers.GPT2LMHeadModel.from_pretrained(str(path), torch_dtype=torch.float32).eval()
+        return made[ckpt.name]
+
+    return get
+
+
+def hf_logprobs(m, ids) -> np.ndarray:
+    """transformers' log-softmax over the whole vocabulary at every position: (T,) -> (T, V)."""
+    with torch.no_grad():
+        return torch.log_softmax(m(torch.tensor([ids])).logits[0].double(), -1).numpy()
+
+
+def test_models_list_and_retrieve(servers, tiny):
+    client, _ = servers(tiny)
+    assert [m.id for m in client.models.list()] == [tiny.name]
+    assert client.models.retrieve(tiny.name).id == tiny.name
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("gpt-4")
+    assert e.value.body["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("model", ["tiny", "demo"])
+def test_greedy_logprobs_and_echo_equal_transformers(request, servers, hf, model):
+    ckpt = request.getfixturevalue(model)
+    client, _ = servers(ckpt)
+    r = client.completions.create(model=ckpt.name, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=5, echo=True)
+    ids = tokenizer.encode(PROMPT)
+    lp = r.choices[0].logprobs
+    got_ids = [tokenizer.encode(t) for t in lp.tokens]  # one token a piece for these texts
+    assert lp.tokens[: len(ids)] == [tokenizer.token_text(i) for i in ids]
+    all_ids = ids + [tokenizer.encode(t)[0] for t in lp.tokens[len(ids):]]
+    assert all(len(g) == 1 for g in got_ids)
+    want = hf_logprobs(hf(ckpt), all_ids)  # (T, V): row t predicts token t + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing predicts the first
+    worst = 0.0
+    for t in range(1, len(all_ids)):
+        row = want[t - 1]
+        if t >= len(ids):  # greedy: the model's best token over the whole vocabulary
+            assert all_ids[t] == int(np.argmax(row))
+        worst = max(worst, abs(lp.token_logprobs[t] - row[all_ids[t]]))
+        top = np.argsort(-row)[:5]
+        assert list(lp.top_logprobs[t]) == [tokenizer.token_text(int(i)) for i in top]
+        worst = max(worst, max(abs(v - row[i]) for v, i in zip(lp.top_logprobs[t].values(), top)))
+    assert worst < 1e-3, f"logprobs differ from transformers' by {worst:.2e}"
+    # offsets: characters from the prompt's start, each token where its text begins
+    text = r.choices[0].text
+    assert text.startswith(PROMPT) and lp.text_offset[0] == 0
+    assert [text[o: o + len(t)] for o, t in zip(lp.text_offset, lp.tokens)] == lp.tokens
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 6 and r.usage.total_tokens == len(ids) + 6
+    # one all-vocabulary search a scored position, in the request log's totals
+    assert r.model_extra["puffergpt"]["all_vocabulary_searches"] == len(ids) - 1 + 6
+
+
+def test_prompt_forms_one_choice_each(servers, tiny):
+    client, _ = servers(tiny)
+    ids = tokenizer.encode(PROMPT)
+    one = client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=3, temperature=0).choices[0].text
+    r = client.completions.create(model=tiny.name, prompt=[PROMPT, "Hello"], max_tokens=3, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1] and r.choices[0].text == one
+    assert client.completions.create(model=tiny.name, prompt=ids, max_tokens=3, temperature=0).choices[0].text == one
+    r = client.completions.create(model=tiny.name, prompt=[ids, ids[:2]], max_tokens=3, temperature=0)
+    assert len(r.choices) == 2 and r.choices[0].text == one
+    assert r.usage.prompt_tokens == len(ids) + 2
+
+
+def test_n_with_a_seed_is_three_reproducible_choices(servers, demo):
+    client, _ = servers(demo)
+    args = dict(model=demo.name, prompt=PROMPT, max_tokens=8, temperature=1.0, n=3, seed=7)
+    a, b = client.completions.create(**args), client.completions.create(**args)
+    assert [c.text for c in a.choices] == [c.text for c in b.choices] and len(a.choices) == 3
+    assert len({c.text for c in a.choices}) > 1  # each choice its own draw
+    top_p = client.completions.create(**{**args, "top_p": 0.5, "n": 1})
+    assert top_p.choices[0].text == client.completions.create(**{**args, "top_p": 0.5, "n": 1}).choices[0].text
+    assert client.completions.create(**{**args, "n": 1}, extra_body={"top_k": 5}).choices[0].text  # as llama.cpp and vLLM take it
+
+
+def test_a_stop_spanning_two_tokens_is_honoured_and_not_returned(servers, demo):
+    client, _ = servers(demo)
+    free = client.completions.create(model=demo.name, prompt=PROMPT, max_tokens=12, temperature=0, logprobs=1)
+    toks = free.choices[0].logprobs.tokens
+    stop = toks[3][-2:] + toks[4][:2] if len(toks[3]) >= 2 else toks[3] + toks[4][:1]  # across tokens 3 and 4
+    assert len(tokenizer.encode(stop)) >= 1 and stop in free.choices[0].text
+    r = client.completions.create(model=demo.name, prompt=PROMPT, max_tokens=12, temperature=0, stop=[stop, "zzzz"])
+    want = free.choices[0].text[: free.choices[0].text.index(stop)]
+    assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+    assert free.choices[0].finish_reason == "length"
+    # streamed: the same text, the stop held back and never sent
+    chunks = list(client.completions.create(model=demo.name, prompt=PROMPT, max_tokens=12, temperature=0, stop=stop,
+                                            stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == want and chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_streaming_offsets_and_final_chunk(servers, demo):
+    client, url = servers(demo)
+    chunks = list(client.completions.create(model=demo.name, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2,
+                                            stream=True))
+    plain = client.completions.create(model=demo.name, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2)
+    assert "".join(c.choices[0].text for c in chunks) == plain.choices[0].text
+    offsets = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert offsets == plain.choices[0].logprobs.text_offset and offsets[0] == len(PROMPT)
+    assert chunks[-1].choices[0].finish_reason == "length" and all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    raw = httpx.post(url + "/completions", json={"prompt": PROMPT, "max_tokens": 2, "stream": True}, timeout=60).text
+    assert raw.rstrip().endswith("data: [DONE]")
+
+
+def test_best_of_and_suffix(servers, tiny):
+    client, _ = servers(tiny)
+    r = client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=3, best_of=3, n=1, seed=1)
+    assert len(r.choices) == 1
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=3, suffix=" end")
+    assert "suffix" in e.value.body["message"]
+
+
+def test_chat_completions(servers, demo, hf):
+    client, _ = servers(demo)
+    messages = [{"role": "system", "content": "You answer about Python."}, {"role": "user", "content": "What is a list?"}]
+    r = client.chat.completions.create(model=demo.name, messages=messages, max_tokens=10, temperature=0,
+                                       logprobs=True, top_logprobs=3)
+    msg = r.choices[0].message
+    assert msg.role == "assistant" and "\nUser:" not in msg.content
+    ids = tokenizer.encode("System: You answer about Python.\nUser: What is a list?\nAssistant:")
+    assert r.usage.prompt_tokens == len(ids)
+    content = r.choices[0].logprobs.content
+    gen = [tokenizer.encode(c.token)[0] for c in content]
+    want = hf_logprobs(hf(demo), ids + gen)
+    worst = max(abs(c.logprob - want[len(ids) - 1 + t][gen[t]]) for t, c in enumerate(content))
+    assert worst < 1e-3 and all(len(c.top_logprobs) == 3 for c in content)
+    assert tokenizer.decode(gen).lstrip(" ").startswith(msg.content[:5])
+    stream = list(client.chat.completions.create(model=demo.name, messages=messages, max_tokens=10, temperature=0,
+                                                 stream=True))
+    assert stream[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == msg.content
+    assert stream[-1].choices[0].finish_reason == r.choices[0].finish_reason
+
+
+@pytest.mark.parametrize("call, status", [
+    (lambda c, m: c.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=1), 404),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, n=0), 422),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, n=99), 422),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, stop=["a", "b", "c", "d", "e"]), 422),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, logprobs=6), 422),
+    (lambda c, m: c.completions.create(model=m, prompt=[], max_tokens=1), 400),
+    (lambda c, m: c.completions.create(model=m, prompt=[[]], max_tokens=1), 400),
+    (lambda c, m: c.completions.create(model=m, prompt=[99999], max_tokens=1), 400),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, top_p=0), 422),
+    (lambda c, m: c.chat.completions.create(model=m, messages=[{"role": "wizard", "content": "hi"}]), 422),
+    (lambda c, m: c.chat.completions.create(model=m, messages=[]), 422),
+])
+def test_bad_input_is_a_4xx_in_openai_shape(servers, tiny, call, status):
+    client, url = servers(tiny)
+    with pytest.raises(openai.APIStatusError) as e:
+        call(client, tiny.name)
+    assert e.value.status_code == status
+    err = e.value.response.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    assert client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=1, temperature=0).choices  # still serving
+
+
+def test_unknown_route_is_openai_shaped(servers, tiny):
+    _, url = servers(tiny)
+    r = httpx.get(url + "/engines")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"
