@@ -311,3 +311,41 @@ def test_make_model_unknown_preset(tmp_path):
     r = run("make-model", str(tmp_path / "out"), "--preset", "huge")
     assert r.exit_code == 2 and "Traceback" not in r.output and "huge" in r.output
     assert not (tmp_path / "out").exists()
+
+
+def test_generate_while_serve_holds_the_data_says_where_the_server_is(tmp_path):
+    """The embedded store is one process's: a command that finds `serve` holding the data
+    directory says so, with the server's URL and how to ask it instead."""
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if k != "PUFFERGPT_DATA"}
+    server = subprocess.Popen([sys.executable, "-m", "puffergpt.cli", "serve", "--model", "demo", "--data", str(data),
+                               "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/info", timeout=2).read()
+                break
+            except OSError:
+                assert server.poll() is None, server.stdout.read()
+                assert time.monotonic() < deadline, "serve did not come up"
+                time.sleep(0.5)
+        r = run("generate", "hi", "--model", "demo", "--data", str(data))
+        assert_clear_error(r, "in use by another puffergpt process", f"pid {server.pid}", "puffergpt serve",
+                           f"http://127.0.0.1:{port}/v1/completions")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    # a serving.json left behind (uvicorn re-raises SIGTERM, so no finally runs) names a pid
+    # that no longer holds the directory: it is ignored, and the store opens
+    r = run("generate", "hi", "--model", "demo", "--data", str(data), "-n", "2")
+    assert r.exit_code == 0, r.output

@@ -65,13 +65,20 @@ def backend_option(f):
                         help="the vector database that holds the weights")(f)
 
 
-def open_store(backend: str, data_dir: Path | None, dsn: str | None = None):
-    """The store, with its settings from the options and, for turbopuffer, the environment."""
+SERVING = "serving.json"  # written by serve in its data directory: where it listens, for the other commands
+
+
+def default_data(data_dir: Path | None) -> Path:
     import platformdirs
 
+    return data_dir or Path(platformdirs.user_data_dir("puffergpt"))
+
+
+def open_store(backend: str, data_dir: Path | None, dsn: str | None = None):
+    """The store, with its settings from the options and, for turbopuffer, the environment."""
     from puffergpt.stores import open_store as _open
 
-    return _open(backend, data_dir or Path(platformdirs.user_data_dir("puffergpt")), dsn=dsn,
+    return _open(backend, default_data(data_dir), dsn=dsn,
                  api_key=os.environ.get("TURBOPUFFER_API_KEY"), region=os.environ.get("TURBOPUFFER_REGION"),
                  base_url=os.environ.get("TURBOPUFFER_BASE_URL"))
 
@@ -79,12 +86,27 @@ def open_store(backend: str, data_dir: Path | None, dsn: str | None = None):
 @contextmanager
 def clear_errors():
     """Known failures become one clear line and a non-zero exit, not a traceback."""
-    from puffergpt.stores import StoreError
+    from puffergpt.stores.base import StoreError, StoreHeld
 
     try:
         yield
+    except StoreHeld as e:
+        fail(f"{e}{serving_hint(e)}")
     except (checkpoints.CheckpointError, StoreError, ValueError, OSError) as e:
         fail(str(e))
+
+
+def serving_hint(e) -> str:
+    """When `puffergpt serve` holds the data directory: how to ask it instead."""
+    try:
+        s = json.loads((Path(e.data_dir) / SERVING).read_text())
+    except (OSError, ValueError, TypeError):
+        return ""
+    if str(s.get("pid")) != str(e.holder):
+        return ""
+    return (f". It is `puffergpt serve` ({s.get('model')}) at {s['url']}: open that page, or ask it from here: "
+            f"curl -sN {s['url']}v1/completions -H 'Content-Type: application/json' "
+            f"-d '{{\"prompt\": \"Hello\", \"max_tokens\": 32, \"stream\": true}}'")
 
 
 @main.command()
@@ -102,8 +124,10 @@ def load(model, backend, dsn, data_dir, metric, repair) -> None:
         ckpt = checkpoints.load(model)
         store = open_store(backend, data_dir, dsn)
         t0 = time.perf_counter()
-        m = loading.load(store, ckpt, loading.model_key(model), metric=metric, repair=repair)
-        store.close()
+        try:
+            m = loading.load(store, ckpt, loading.model_key(model), metric=metric, repair=repair)
+        finally:
+            store.close()
     from puffergpt import costs
 
     nbytes = loading.stored_bytes(m)
@@ -122,11 +146,14 @@ def verify(model, backend, dsn, data_dir) -> None:
 
     with clear_errors():
         store = open_store(backend, data_dir, dsn)
-        key = loading.model_key(model)
-        m = store.get_meta(f"manifest:{key}")
-        if not m or not m.get("complete"):
-            fail(f"model {model!r} has no complete load in the {backend} store: run `puffergpt load --model {model}`")
-        bad = loading.verify(store, m)
+        try:
+            key = loading.model_key(model)
+            m = store.get_meta(f"manifest:{key}")
+            if not m or not m.get("complete"):
+                fail(f"model {model!r} has no complete load in the {backend} store: run `puffergpt load --model {model}`")
+            bad = loading.verify(store, m)
+        finally:
+            store.close()
     if bad:
         for name, problem in bad.items():
             click.echo(f"{name}: {problem}", err=True)
@@ -247,8 +274,16 @@ def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, i
     app = create_app(engine, ServerConfig(max_open_texts=max_texts, idle_s=idle_minutes * 60, trusted_hosts=trusted,
                                           fallback=fallback), reference=reference, notebook=notebook)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
-    click.echo(f"puffergpt: {model} on {backend}, {engine.manifest['documents']:,} documents. Open http://{shown}:{port}/")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    url = f"http://{shown}:{port}/"
+    click.echo(f"puffergpt: {model} on {backend}, {engine.manifest['documents']:,} documents. Open {url}")
+    serving = default_data(data_dir) / SERVING if backend == "embedded" else None
+    if serving is not None:  # so that a command that finds the directory held can say where to go
+        serving.write_text(json.dumps({"url": url, "pid": os.getpid(), "model": model}))
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        if serving is not None:
+            serving.unlink(missing_ok=True)
 
 
 @main.command()
@@ -303,11 +338,8 @@ def bench(model, backends, dsn, data_dir, quick, json_out, chart_out, no_torch, 
 
 
 def store_size_mb(store) -> float | None:
-    path = getattr(store, "path", None)
-    if path is None or not Path(path).exists():
-        return None
-    wal = Path(str(path) + ".wal")
-    return round((Path(path).stat().st_size + (wal.stat().st_size if wal.exists() else 0)) / 1e6, 1)
+    disk_bytes = getattr(store, "disk_bytes", None)  # the embedded store: its data directory's files
+    return round(disk_bytes() / 1e6, 1) if disk_bytes else None
 
 
 def make_products(engine: str, model: str, backend: str, data_dir: Path | None, dsn: str | None = None):

@@ -33,6 +33,14 @@ class StoreError(Exception):
     """The store can't do what was asked; the message says why and what to do."""
 
 
+class StoreHeld(StoreError):
+    """Another process holds the store's data directory (an embedded store is one process's)."""
+
+    def __init__(self, message: str, data_dir=None, holder: str | None = None):
+        super().__init__(message)
+        self.data_dir, self.holder = data_dir, holder
+
+
 @dataclass(frozen=True)
 class Query:
     vector: np.ndarray  # (dim,)

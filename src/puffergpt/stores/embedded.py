@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import qdrant_edge as qe
 
-from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name, check_schema, check_upsert
+from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, StoreHeld, check_filter, check_name, check_schema, check_upsert
 
 _INDEX = {"int": qe.IntegerIndexParams(lookup=True, range=True), "float": qe.PayloadSchemaType.Float,
           "str": qe.PayloadSchemaType.Keyword}
@@ -168,8 +168,8 @@ class EmbeddedStore(Store):
             f.seek(0)
             holder = f.read().strip() or "unknown"
             f.close()
-            raise StoreError(f"the data directory {path.parent} is in use by another puffergpt process (pid {holder}): "
-                             f"stop that one first, or give this one another --data DIR") from None
+            raise StoreHeld(f"the data directory {path.parent} is in use by another puffergpt process (pid {holder}): "
+                            f"stop that one first, or give this one another --data DIR", path.parent, holder) from None
         f.truncate(0)
         f.write(f"{os.getpid()}\n")
         f.flush()
