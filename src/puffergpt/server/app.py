@@ -18,6 +18,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 from fastapi import FastAPI, HTTPException
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from puffergpt import costs, inside, loading, texts as app_layer, tokenizer
@@ -46,14 +47,16 @@ class ServerConfig:
     max_new_tokens: int = MAX_NEW_TOKENS
     trusted_hosts: tuple[str, ...] | None = None  # Host headers accepted; None accepts any
     fallback: str | None = None  # why the model is the demo one, when GPT-2 small could not be had
+    read_timeout_s: float = 10.0  # a request body must keep arriving: each piece within this
 
 
 class BoundedBody:
     """Refuse a request body over MAX_BODY bytes, counted as it arrives (chunked bodies
     too): the body is read here, bounded, and handed on whole."""
 
-    def __init__(self, app):
+    def __init__(self, app, read_timeout_s: float = 10.0):
         self.app = app
+        self.read_timeout_s = read_timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -63,7 +66,11 @@ class BoundedBody:
             return await self._refuse(scope, send)
         body, more = b"", True
         while more:
-            message = await receive()
+            try:  # a client that declares more than it sends must not hold the connection
+                message = await asyncio.wait_for(receive(), self.read_timeout_s)
+            except TimeoutError:
+                return await JSONResponse({"detail": f"the request body stopped arriving for {self.read_timeout_s:g} s"},
+                                          status_code=408, headers={"Connection": "close"})(scope, None, send)
             if message["type"] != "http.request":  # the client went away
                 return
             body += message.get("body", b"")
@@ -211,9 +218,20 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
     app.state.texts = texts
     app.state.generations = generations
 
-    app.add_middleware(BoundedBody)
+    app.add_middleware(BoundedBody, read_timeout_s=config.read_timeout_s)
     if config.trusted_hosts:  # a page elsewhere can't drive this API by DNS rebinding
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(config.trusted_hosts))
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_, e):
+        # FastAPI's own handler echoes the input back, and NaN or Infinity can't be JSON: say where and what only
+        return JSONResponse({"detail": [{"loc": list(map(str, err.get("loc", ()))), "msg": str(err.get("msg", "")),
+                                         "type": str(err.get("type", ""))} for err in e.errors()]}, status_code=422)
+
+    @app.exception_handler(UnicodeEncodeError)
+    async def not_unicode(_, e):  # a lone surrogate (\ud800) in a JSON string: valid JSON, not text
+        return JSONResponse({"detail": f"a string in the request is not valid Unicode ({e.reason} at position {e.start}): "
+                                       "send text without lone surrogates"}, status_code=400)
 
     @app.exception_handler(TextError)
     async def text_error(_, e):
@@ -246,6 +264,8 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
 
     @app.get("/static/{name}", include_in_schema=False)
     def static(name: str):
+        if "\x00" in name:  # no file has one, and the filesystem refuses it
+            raise HTTPException(404, "no such file")
         path = (STATIC / name).resolve()
         if path.parent != STATIC.resolve() or not path.is_file():
             raise HTTPException(404, "no such file")
@@ -430,7 +450,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
 
     from puffergpt.server.openai import openai_router
 
-    app.include_router(openai_router(engine, texts, config))
+    app.include_router(openai_router(engine, texts, config, generations=generations))  # shutdown stops theirs too
     if notebook is not None:
         from puffergpt import notebook as nb
         from puffergpt.server.notebook import notebook_router
