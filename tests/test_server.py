@@ -100,6 +100,8 @@ def test_info(client, tiny):
     info = client.get("/api/info").json()
     assert info["documents"] > tiny.config.n_vocab and info["requests_per_token"] == 2 + 6 * tiny.config.n_layer
     assert info["rates"]["write_per_gb"] == 2.0
+    assert info["model"] == "tiny" and "/" not in json.dumps(info["model"])  # not the checkpoint's full path
+    assert str(tiny.name) not in json.dumps(info)
 
 
 @pytest.mark.parametrize("path, body, status, match", [

@@ -275,13 +275,15 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
     def info() -> dict:
         m, c = engine.manifest, engine.config
         nbytes = loading.stored_bytes(m)
-        return {"model": engine.model, "backend": engine.store.name, "metric": m["metric"],
+        # a local checkpoint by its directory's name: the full path is the server's business
+        name = Path(engine.model).name if "/" in engine.model else engine.model
+        return {"model": name, "backend": engine.store.name, "metric": m["metric"],
                 "config": m["config"], "documents": m["documents"], "namespaces": m["namespaces"],
                 "megabytes": round(nbytes / 1e6, 1), "requests_per_token": requests_per_token(c),
                 "round_trips_per_token": round_trips_per_token(c),
                 "storage_usd_per_month": costs.storage_cost_per_month(nbytes), "rates": costs.rates(),
                 "max_new_tokens": config.max_new_tokens, "max_open_texts": config.max_open_texts,
-                "about": app_layer.about(engine.model, c), "starters": app_layer.starters(engine.model),
+                "about": app_layer.about(name, c), "starters": app_layer.starters(engine.model),
                 "fallback": config.fallback}
 
     @app.post("/api/texts", status_code=201)
