@@ -31,6 +31,12 @@ async function ensureText() {
   const prompt = $("prompt").value;
   if (!prompt.trim()) throw new Error("type a prompt first");
   if (S.textId && prompt === S.prompt) return;
+  await openPrompt(prompt);
+}
+
+// A new text for this prompt (the old one is closed): the prompt box shows it.
+export async function openPrompt(prompt) {
+  $("prompt").value = prompt;
   const old = S.textId;
   resetText();
   renderAll();
@@ -41,8 +47,12 @@ async function ensureText() {
   applyText(t);
 }
 
-function onToken(data, got, live) {
+// The sampling each step was generated with, kept with the step: an insight saved
+// from it carries it (insight.js).
+function onToken(data, got, live, body) {
   applyStep(data);
+  const step = S.memo.get(keyAt(data.position));
+  if (step) step.sampling = { temperature: body.temperature, top_k: body.top_k, seed: body.seed };
   render("tokens", "phases");
   // Looking inside live: the panels follow the newest token.
   if (live || (S.selected === null && got === 1)) select(data.position);
@@ -53,7 +63,7 @@ export async function generate(opts = {}) {
   if (S.generating) return;
   clearError();
   let body;
-  try { body = samplingBody(); } catch (e) { showError(e); return; }
+  try { body = { ...samplingBody(), ...(opts.sampling || {}) }; } catch (e) { showError(e); return; }
   S.generating = true;
   S.stopping = false;
   render("controls");
@@ -66,7 +76,7 @@ export async function generate(opts = {}) {
     renderAll();
     let done = false;
     await stream(textPath(S.textId, "/generate"), body, (event, data) => {
-      if (event === "token") onToken(data, ++got, !!body.inspect);
+      if (event === "token") onToken(data, ++got, !!body.inspect, body);
       else if (event === "done") {
         done = true;
         applyText(data.text);
@@ -168,5 +178,30 @@ export async function goToPath(path) {
     while (m < ids.length && m < S.length && S.tokens[m].id === ids[m]) m++;
     for (let q = m; q < ids.length; q++) await call("branch", { position: q, token_id: ids[q] });
     if (S.length > ids.length) await call("cut", { position: ids.length });
+  });
+}
+
+// Make the text exactly `ids` (a text opened from their decoded string, where the
+// tokenizer split it differently): the recorded tokens are put back one by one from
+// the first that differs. Returns that position, or null when they matched already.
+export async function putBackTokens(ids) {
+  let d = 0;
+  while (d < Math.min(S.length, ids.length) && S.tokens[d].id === ids[d]) d++;
+  if (d === ids.length && S.length === ids.length) return null;
+  if (d === 0) throw new Error("the text's first token differs from the recorded one, and the first token can't be replaced: edit the prompt by hand");
+  const ok = await edit(async () => {
+    for (let q = d; q < ids.length; q++) await call("branch", { position: q, token_id: ids[q] });
+    if (S.length > ids.length) await call("cut", { position: ids.length });
+  });
+  if (!ok) throw new Error("the recorded tokens could not be put back (see the error above)");
+  return d;
+}
+
+// Put token_id at position p (where a step is): the text ends there.
+export async function putTokenAt(p, tokenId) {
+  return edit(async () => {
+    await call("branch", { position: p, token_id: tokenId });
+    if (S.length > p + 1) await call("cut", { position: p + 1 });
+    S.selected = p;
   });
 }

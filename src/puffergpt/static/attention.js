@@ -3,6 +3,7 @@
 // opened: the keys its search returned, best first.
 import { h, labelled, visibleToken } from "./dom.js";
 import { int, pct } from "./format.js";
+import { saveButton, tokenEvidence } from "./insight.js";
 import { S } from "./state.js";
 
 // A strip of p cells, darker where the head puts more weight: one pixel a position,
@@ -79,7 +80,11 @@ function headDetail(view, l, hd) {
       h("thead", null, h("tr", null, h("th", { class: "num", text: "#" }), h("th", { class: "num", text: "position" }), h("th", { text: "token" }),
         h("th", { class: "num", text: "score" }), h("th", { class: "num", text: "weight" }))),
       h("tbody", null, rows)))),
-    rest > 0 ? h("p", { class: "note", text: `The other ${int(order.length - SHOWN)} keys share the remaining ${pct(rest)}.` }) : "");
+    rest > 0 ? h("p", { class: "note", text: `The other ${int(order.length - SHOWN)} keys share the remaining ${pct(rest)}.` }) : "",
+    h("div", { class: "actions save-row" }, saveButton(() => [
+      { ...tokenEvidence("attention", view.position, view), data: { layer: l, head: hd, weights: w } }, [],
+      `Layer ${l}, head ${hd}: where the query of position ${view.query_position} put its weight, with the token it helped predict.`,
+    ], "Save this head as insight")));
 }
 
 // The attention part of a token's inside view, into `box`.

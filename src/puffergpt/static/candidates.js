@@ -4,6 +4,7 @@
 import { branchTo, vocab } from "./actions.js";
 import { $, h, labelled, placeholder, visibleToken } from "./dom.js";
 import { int, logit, pct, probsAt } from "./format.js";
+import { saveButton, tokenEvidence } from "./insight.js";
 import { chosenProb } from "./tokens.js";
 import { S, keyAt, stepAt, temperature, view } from "./state.js";
 
@@ -93,7 +94,9 @@ function renderCandidates() {
       h("th", { class: "num", text: "cumulative" }),
       h("th", { class: "act", dataset: { label: "" }, text: "" }))),
     h("tbody", null, step.candidates.map((c, i) => candidateRow(c, i, p, p1[i], tok.id))));
-  box.replaceChildren(selHead(tok, p, step), explain(step, tok, p, k), h("div", { class: "table-scroll" }, labelled(table)));
+  const save = saveButton(() => [tokenEvidence("token", p), [], `The token at position ${p} and the ${k} candidates it was chosen from.`]);
+  box.replaceChildren(selHead(tok, p, step), explain(step, tok, p, k), h("div", { class: "actions save-row" }, save),
+    h("div", { class: "table-scroll" }, labelled(table)));
   updateProbs();
 }
 

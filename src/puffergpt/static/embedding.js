@@ -4,6 +4,7 @@
 import { api } from "./api.js";
 import { $, h, labelled, placeholder, svg, visibleToken } from "./dom.js";
 import { int, plural } from "./format.js";
+import { saveButton, tokenEvidence } from "./insight.js";
 import { S } from "./state.js";
 
 // A failed lookup is shown in its own panel: the server's message names the
@@ -45,8 +46,21 @@ async function analogy() {
     const r = await api("POST", "/api/analogy", { a: $("an-a").value, b: $("an-b").value, c: $("an-c").value, k: kOf("an-k") });
     const t = (x) => visibleToken(r.tokens[x].text);
     box.replaceChildren(h("p", { class: "note" }, "One search for wte[", t("b"), "] − wte[", t("a"), "] + wte[", t("c"), "], the three excluded:"),
-      resultsTable(r.results), searched(r.requests));
+      resultsTable(r.results), searched(r.requests), analogySave(r));
   } catch (e) { failed(box, e); }
+}
+
+// An analogy's evidence rides on the selected token: the notebook replays a text's
+// scores, and the analogy's own result is kept as data beside them.
+function analogySave(r) {
+  const build = () => {
+    const ev = tokenEvidence("analogy");
+    const data = { terms: ["a", "b", "c"].map((x) => r.tokens[x].text), term_ids: ["a", "b", "c"].map((x) => r.tokens[x].token_id),
+      ids: r.results.map((x) => x.token_id), scores: r.results.map((x) => x.score) };
+    const texts = [...r.results, ...Object.values(r.tokens)].map((x) => [x.token_id, x.text]);
+    return [{ ...ev, data }, texts, `This analogy, saved with the token you selected at position ${ev.position} (its scores are what replay re-checks).`];
+  };
+  return h("div", { class: "actions save-row" }, saveButton(build, "Save this analogy as insight"));
 }
 
 // --- the map ---

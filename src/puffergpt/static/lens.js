@@ -3,6 +3,7 @@
 // final candidates. The chosen token's rank per layer, and where it first wins.
 import { h, labelled, visibleToken } from "./dom.js";
 import { plural } from "./format.js";
+import { saveButton, tokenEvidence } from "./insight.js";
 import { S } from "./state.js";
 
 // Live views carry a list of top-k lists; inspect views carry {layer, top, chosen_rank}.
@@ -61,5 +62,21 @@ export function renderLens(box, view) {
       `${plural(nSearch, "top-k search", "top-k searches")}, one a row (the last row is the model's own final search), counted with this view's requests in the waterfall. `,
       first === null ? "" : `From layer ${first} on (highlighted), the top-1 is already the model's final top-1: there it made up its mind. `,
       predicted ? ["The rank column follows the token chosen here, ", visibleToken(predicted.text, predicted.bytes_hex), "."] : "The token at this position is not chosen yet."),
-    h("div", { class: "table-scroll" }, labelled(table)));
+    h("div", { class: "table-scroll" }, labelled(table)),
+    saveRow(view, rows, first === null ? L : first));
+}
+
+// Save one layer of the lens (by default where the model made up its mind).
+function saveRow(view, rows, layer) {
+  const L = rows.length - 1;
+  const pick = h("select", { class: "lens-layer", "aria-label": "the lens layer to save" },
+    rows.map((r) => h("option", { value: String(r.layer), selected: r.layer === layer, text: `layer ${layerName(r.layer, L)}` })));
+  const build = () => {
+    const r = rows[Number(pick.value)];
+    const data = { layer: r.layer, ids: r.top.map((t) => t.token_id), logits: r.top.map((t) => t.logit) };
+    const texts = r.top.filter((t) => t.text !== undefined).map((t) => [t.token_id, t.text]);
+    return [{ ...tokenEvidence("lens", view.position, view), data }, texts,
+      `The lens at layer ${r.layer} for the token at position ${view.position}: what the model would say if it stopped there.`];
+  };
+  return h("div", { class: "actions save-row" }, h("label", null, "Lens at ", pick), saveButton(build, "Save this layer as insight"));
 }

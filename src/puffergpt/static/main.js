@@ -9,7 +9,9 @@ import { initEmbedding } from "./embedding.js";
 import { initHow } from "./how.js";
 import { renderInfo, renderStarters } from "./info.js";
 import { initInside } from "./inside.js";
+import { initInsightForm } from "./insight.js";
 import { initKv } from "./kvcache.js";
+import { initNotebook } from "./notebook.js";
 import { initPhases } from "./phases.js";
 import { S, renderAll, view } from "./state.js";
 import { initTokens } from "./tokens.js";
@@ -61,6 +63,8 @@ function initPlayground() {
   initControls();
   initCompare();
   initEmbedding();
+  initInsightForm();
+  initNotebook();
   renderStarters(null);
   api("GET", "/api/info").then((info) => {
     S.info = info;

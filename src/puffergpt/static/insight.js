@@ -1,0 +1,168 @@
+// "Save as insight": a short form (title, your words, tags) with the evidence of what
+// you were looking at attached and shown before saving. The evidence has exactly the
+// shape the notebook checks (puffergpt/notebook.py, check_evidence), so that the
+// notebook can replay it: the candidates are the model's scores for the token at
+// `position` having read prompt_ids[:position].
+import { api } from "./api.js";
+import { $, h } from "./dom.js";
+import { S, stepAt } from "./state.js";
+
+const SHOWN_CANDIDATES = 10; // listed in the readable evidence; the rest are counted
+
+// --- the evidence -----------------------------------------------------------------
+
+// The sampling a step was generated with: the page records it as it generates
+// (actions.js); a step it did not generate (none today) falls back to what it carries.
+function samplingOf(step) {
+  if (step.sampling) return { ...step.sampling };
+  return { temperature: step.temperature ?? 1, top_k: Math.max(1, step.candidates.length), seed: null };
+}
+
+// Scalars only: the notebook keeps each request as a flat record.
+const requestsOf = (step) => (step.request_log || []).map((r) => Object.fromEntries(
+  Object.entries(r).filter(([, v]) => v === null || ["string", "number", "boolean"].includes(typeof v))));
+
+// Where the step at p was not generated (a prompt token looked inside), its candidates
+// are the lens's last row: the model's own final search for that token.
+function finalLens(view) {
+  const last = view && view.lens && view.lens[view.lens.length - 1];
+  if (!last) return null;
+  const top = Array.isArray(last) ? last : last.top;
+  return top.map((t) => ({ token_id: t.token_id, logit: t.logit }));
+}
+
+// The common part, for the selected token p; throws with what to do when there is none.
+export function tokenEvidence(kind, p = S.selected, view = null) {
+  if (!S.info) throw new Error("the model's details are still loading: try again in a moment");
+  if (!S.textId || p === null || p === undefined || p < 1 || p >= S.tokens.length) {
+    throw new Error("select a generated token first: an insight's evidence is the model's scores for one token of your text");
+  }
+  const step = stepAt(p);
+  const candidates = step ? step.candidates.map((c) => ({ token_id: c.token_id, logit: c.logit })) : finalLens(view);
+  if (!candidates || !candidates.length) {
+    throw new Error(`the token at position ${p} was read, not generated: generate it, or look inside it, to have scores to save`);
+  }
+  // The text as it is (tokens[:length]); a token stepped back from still has its prefix.
+  const n = Math.max(S.length, p + 1);
+  const ev = {
+    kind, model: S.info.model,
+    prompt_ids: S.tokens.slice(0, n).map((t) => t.id),
+    position: p, token_id: S.tokens[p].id,
+    sampling: step ? samplingOf(step) : { temperature: 0, top_k: candidates.length, seed: null },
+    candidates,
+  };
+  const requests = step ? requestsOf(step) : [];
+  if (requests.length) ev.requests = requests;
+  return ev;
+}
+
+// --- the evidence, readable ----------------------------------------------------------
+
+// texts: {prompt: what the model had read, as a string; token: id -> its text} (either
+// may lack an entry: ids are shown alone then).
+export function readable(ev, texts) {
+  const tok = (id) => (texts.token.has(id) ? `${id} ${JSON.stringify(texts.token.get(id))}` : String(id));
+  const s = ev.sampling;
+  const lines = [
+    `kind: ${ev.kind}`, `model: ${ev.model}`,
+    `position ${ev.position}: token ${tok(ev.token_id)}`,
+    `sampling: temperature ${s.temperature}, top-k ${s.top_k}, seed ${s.seed === null ? "none" : s.seed}`,
+    "", `What the model had read (${ev.position} tokens):`,
+    texts.prompt === null ? `token ids ${ev.prompt_ids.slice(0, ev.position).join(" ")}` : texts.prompt,
+    "", `Its ${ev.candidates.length} candidates, best first:`,
+    ...ev.candidates.slice(0, SHOWN_CANDIDATES).map((c, i) => `${String(i + 1).padStart(3)}. logit ${c.logit.toFixed(4).padStart(9)}  token ${tok(c.token_id)}`),
+  ];
+  if (ev.candidates.length > SHOWN_CANDIDATES) lines.push(`     … and ${ev.candidates.length - SHOWN_CANDIDATES} more`);
+  if (ev.requests) lines.push("", `The ${ev.requests.length} requests that produced them.`);
+  if (ev.data) lines.push("", ...dataLines(ev.kind, ev.data, tok));
+  return lines.join("\n");
+}
+
+function dataLines(kind, d, tok) {
+  if (kind === "attention") {
+    const order = d.weights.map((_, j) => j).sort((a, b) => d.weights[b] - d.weights[a]).slice(0, 5);
+    return [`Attention: layer ${d.layer}, head ${d.head}, over ${d.weights.length} positions; most weight on`,
+      ...order.map((j) => `  position ${j}: ${(d.weights[j] * 100).toFixed(1)}%`)];
+  }
+  if (kind === "lens") {
+    return [`The lens at layer ${d.layer}, best first:`,
+      ...d.ids.map((id, i) => `  ${i + 1}. logit ${d.logits[i].toFixed(4)}  token ${tok(id)}`)];
+  }
+  if (kind === "analogy") {
+    const [a, b, c] = d.terms;
+    return [`Analogy: ${JSON.stringify(a)} is to ${JSON.stringify(b)} as ${JSON.stringify(c)} is to ?  (one search for wte[B] - wte[A] + wte[C])`,
+      ...d.ids.map((id, i) => `  ${i + 1}. cosine ${d.scores[i].toFixed(4)}  token ${tok(id)}`)];
+  }
+  return [];
+}
+
+// The texts the page knows: the text's tokens and the selected step's candidates.
+function pageTexts(ev, extra) {
+  const token = new Map(S.tokens.map((t) => [t.id, t.text]));
+  const step = stepAt(ev.position);
+  for (const c of (step && step.candidates) || []) token.set(c.token_id, c.text);
+  for (const [id, text] of extra || []) token.set(id, text);
+  const prompt = S.tokens.slice(0, ev.position).map((t) => t.text).join("");
+  return { prompt, token };
+}
+
+// --- the form ----------------------------------------------------------------------
+
+let pending = null; // the evidence the open form will save
+let onSaved = () => {};
+export function whenSaved(fn) { onSaved = fn; }
+
+const tagsOf = (s) => s.split(/[\s,]+/).filter(Boolean);
+
+function open(evidence, texts, what) {
+  pending = evidence;
+  $("insight-what").textContent = what;
+  $("insight-evidence").textContent = readable(evidence, texts);
+  $("insight-json").textContent = JSON.stringify(evidence, null, 1);
+  $("insight-result").replaceChildren();
+  $("insight-save").disabled = false;
+  const dlg = $("insight-dialog");
+  if (!dlg.open) dlg.showModal();
+  $("insight-title").focus();
+}
+
+async function save() {
+  const result = $("insight-result");
+  const title = $("insight-title").value;
+  if (!title.trim()) { result.replaceChildren(h("p", { class: "emb-error", role: "alert", text: "Give the insight a title." })); return; }
+  $("insight-save").disabled = true;
+  result.replaceChildren(h("p", { class: "placeholder", text: "saving and committing…" }));
+  try {
+    const r = await api("POST", "/api/insights", { title, body: $("insight-body").value, tags: tagsOf($("insight-tags").value), evidence: pending });
+    result.replaceChildren(h("p", { class: "insight-saved" },
+      "Saved as ", h("code", { class: "insight-path", text: r.path }), " in the notebook, commit ",
+      h("code", { class: "insight-commit", title: r.commit || "", text: r.commit ? r.commit.slice(0, 12) : "none" }), "."));
+    for (const id of ["insight-title", "insight-body", "insight-tags"]) $(id).value = "";
+    onSaved(r);
+  } catch (e) {
+    $("insight-save").disabled = false;
+    result.replaceChildren(h("p", { class: "emb-error", role: "alert", text: e.message }));
+  }
+}
+
+// A "Save as insight" button: build() returns [evidence, extra token texts, what it is]
+// or throws with what to do (shown next to the button).
+export function saveButton(build, label = "Save as insight") {
+  const msg = h("span", { class: "save-msg", role: "status" });
+  const button = h("button", {
+    type: "button", class: "save-insight", title: "Save what you see, in your own words, to the notebook (a git repository)",
+    onclick: () => {
+      msg.textContent = "";
+      let got;
+      try { got = build(); } catch (e) { msg.textContent = e.message; return; }
+      const [ev, extra, what] = got;
+      open(ev, pageTexts(ev, extra), what);
+    },
+  }, label);
+  return h("span", { class: "save-wrap" }, button, msg);
+}
+
+export function initInsightForm() {
+  $("insight-form").addEventListener("submit", (e) => { e.preventDefault(); save(); });
+  $("insight-cancel").addEventListener("click", () => $("insight-dialog").close());
+}
