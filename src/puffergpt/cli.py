@@ -248,12 +248,11 @@ def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, 
               help="an idle text is closed after this long")
 def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, idle_minutes) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
-    import uvicorn
-
     from puffergpt import notebook as nb
     from puffergpt.notebook_cli import notebook_dir
     from puffergpt.reference import NumpyProducts
     from puffergpt.server import create_app
+    from puffergpt.server.app import run as run_server
 
     model, fallback = resolve_model(model)
     with clear_errors():
@@ -280,7 +279,7 @@ def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, i
     if serving is not None:  # so that a command that finds the directory held can say where to go
         serving.write_text(json.dumps({"url": url, "pid": os.getpid(), "model": model}))
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        run_server(app, host, port)  # its shutdown stops running generations first
     finally:
         if serving is not None:
             serving.unlink(missing_ok=True)
