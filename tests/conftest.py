@@ -25,6 +25,24 @@ def demo():
 
 
 @pytest.fixture(scope="session")
+def hf():
+    """hf(ckpt) -> transformers' GPT2LMHeadModel of the same checkpoint (float32, eager
+    attention so that output_attentions is the plain softmax): the independent oracle."""
+    torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")
+    transformers = pytest.importorskip("transformers")
+    made = {}
+
+    def get(ckpt):
+        if ckpt.name not in made:
+            path = checkpoints.demo_dir() if ckpt.name == "demo" else ckpt.name
+            made[ckpt.name] = transformers.GPT2LMHeadModel.from_pretrained(
+                str(path), torch_dtype=torch.float32, attn_implementation="eager").eval()
+        return made[ckpt.name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def loaded(tmp_path_factory):
     """loaded(ckpt, metric) -> (store, key): a store holding ckpt's documents, made once per session."""
     made = {}

@@ -22,20 +22,6 @@ transformers = pytest.importorskip("transformers")
 PROMPTS = ["The list of built-in functions", "x = 1\ny = 2\nx = 1\ny ="]
 
 
-@pytest.fixture(scope="module")
-def hf():
-    made = {}
-
-    def get(ckpt):
-        if ckpt.name not in made:
-            path = checkpoints.demo_dir() if ckpt.name == "demo" else ckpt.name
-            made[ckpt.name] = transformers.GPT2LMHeadModel.from_pretrained(
-                str(path), torch_dtype=torch.float32, attn_implementation="eager").eval()
-        return made[ckpt.name]
-
-    return get
-
-
 def hf_inside(m, ids):
     """transformers' view of the last token: attention (L, H, T) and the lens logits (L+1, V)."""
     with torch.no_grad():

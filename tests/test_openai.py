@@ -57,19 +57,6 @@ def servers(loaded):
         thread.join(10)
 
 
-@pytest.fixture(scope="module")
-def hf():
-    made = {}
-
-    def get(ckpt):
-        if ckpt.name not in made:
-            path = checkpoints.demo_dir() if ckpt.name == "demo" else ckpt.name
-            made[ckpt.name] = transformers.GPT2LMHeadModel.from_pretrained(str(path), torch_dtype=torch.float32).eval()
-        return made[ckpt.name]
-
-    return get
-
-
 def hf_logprobs(m, ids) -> np.ndarray:
     """transformers' log-softmax over the whole vocabulary at every position: (T,) -> (T, V)."""
     with torch.no_grad():

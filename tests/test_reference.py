@@ -12,19 +12,6 @@ torch = pytest.importorskip("torch", reason="torch is in the test extra: make te
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def hf():
-    made = {}
-
-    def get(ckpt):
-        if ckpt.name not in made:
-            path = checkpoints.demo_dir() if ckpt.name == "demo" else ckpt.name
-            made[ckpt.name] = transformers.GPT2LMHeadModel.from_pretrained(str(path), torch_dtype=torch.float32).eval()
-        return made[ckpt.name]
-
-    return get
-
-
 @pytest.mark.parametrize("model", ["tiny", "demo"])
 def test_logits_equal_transformers(request, hf, model):
     ckpt = request.getfixturevalue(model)
