@@ -144,7 +144,20 @@ def summarize(name: str, s: Samples) -> dict:
 
 def machine() -> dict:
     return {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
-            "python": platform.python_version(), "numpy": np.__version__}
+            "python": platform.python_version(), "numpy": np.__version__, "blas": blas_threads()}
+
+
+def blas_threads() -> list[dict]:
+    """How numpy's BLAS is threaded in this run (it changes numpy's times by about a third
+    on two cores), and the environment variables that set it."""
+    env = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "OPENBLAS_CORETYPE", "MKL_NUM_THREADS")
+           if k in os.environ}
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return [{"env": env, "threads": "unknown (pip install threadpoolctl to see)"}]
+    return [{"env": env, **{k: i.get(k) for k in ("internal_api", "num_threads", "architecture")}}
+            for i in threadpool_info() if i.get("user_api") == "blas"]
 
 
 def bench(ckpt, ckpt_dir: str, engines: dict[str, Callable], plan: Plan, with_torch: bool = True) -> dict:
@@ -180,7 +193,10 @@ def table(report: dict) -> str:
                      f"{r['requests_per_token']:.0f}", f"{r['round_trips_per_token']:.0f}",
                      f"{r['bytes_scanned_per_token'] / 1e6:.1f}", f"{r['peak_rss_mb']:.0f}"))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows)
+    m = report["machine"]
+    blas = ", ".join(f"{b.get('internal_api', 'blas')} {b.get('num_threads', b.get('threads'))} threads" for b in m["blas"])
+    head = f"{report['model']} on {m['cores']} cores ({m['cpu']}), numpy {m['numpy']} with {blas or 'no BLAS found'}"
+    return head + "\n" + "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows)
 
 
 def chart(report: dict, path: str) -> None:
