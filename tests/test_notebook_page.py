@@ -27,7 +27,7 @@ from puffergpt.engine import Engine
 from puffergpt.notebook import Notebook
 from puffergpt.reference import NumpyProducts
 from puffergpt.server import create_app
-from test_playground import TIMEOUT_MS, Watched, browser, free_port, generate, generated, shot  # noqa: F401  (browser: a fixture)
+from test_playground import ARTIFACTS, TIMEOUT_MS, Watched, browser, free_port, generate, generated, shot  # noqa: F401  (browser: a fixture)
 
 # ../ to climb out of the notebook, HTML that would run if parsed, emoji, quotes, YAML's own syntax.
 HOSTILE = '../../../etc/passwd <img src=x onerror="alert(1)"> <b>bold</b> 🦀✨ ..\\..\\x: "q" #tag'
@@ -271,7 +271,7 @@ def test_the_notebook_on_a_400px_phone(browser, served):
             .map(e => `${e.tagName.toLowerCase()}#${e.id}.${e.getAttribute('class')} ${e.getBoundingClientRect().right}`); }""")
 
     assert too_wide() == []  # the open form
-    shot(p, "notebook-phone-form")
+    p.screenshot(path=str(ARTIFACTS / "notebook-phone-form.png"))  # the viewport: the form is modal, centred in it
     p.click("#insight-cancel")
     p.locator("#nb-list .nb-open").first.click()
     expect(p.locator("#nb-detail .nb-evidence")).to_contain_text("The return statement")

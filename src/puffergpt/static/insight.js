@@ -68,7 +68,8 @@ export function readable(ev, texts) {
     `position ${ev.position}: token ${tok(ev.token_id)}`,
     `sampling: temperature ${s.temperature}, top-k ${s.top_k}, seed ${s.seed === null ? "none" : s.seed}`,
     "", `What the model had read (${ev.position} tokens):`,
-    texts.prompt === null ? `token ids ${ev.prompt_ids.slice(0, ev.position).join(" ")}` : texts.prompt,
+    // as a JSON string: its spaces and new lines are seen, and nothing ends the block
+    texts.prompt === null ? `token ids ${ev.prompt_ids.slice(0, ev.position).join(" ")}` : JSON.stringify(texts.prompt),
     "", `Its ${ev.candidates.length} candidates, best first:`,
     ...ev.candidates.slice(0, SHOWN_CANDIDATES).map((c, i) => `${String(i + 1).padStart(3)}. logit ${c.logit.toFixed(4).padStart(9)}  token ${tok(c.token_id)}`),
   ];
