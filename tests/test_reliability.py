@@ -8,7 +8,9 @@ import json
 import socket
 import threading
 import time
+from typing import Iterator
 
+import httpx
 import pytest
 
 from puffergpt.engine import Engine
@@ -174,3 +176,34 @@ def test_a_body_that_stops_arriving_is_408(served):
     assert data.startswith(b"HTTP/1.1 408"), data[:200]
     assert b"stopped arriving" in data and took < 5, took
     assert served.request("GET", "/api/info")[0] == 200
+
+
+
+def sse_stream(lines) -> Iterator[tuple[str, dict]]:
+    """(event, data) of each server-sent event, from a response's lines as they come."""
+    event = None
+    for line in lines:
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            yield event, json.loads(line[6:])
+
+
+def test_stop_lets_the_generation_say_done(served):
+    """The playground's Stop: the generation ends at its next token and its last event is
+    still ``done`` with ``stopped: true`` and the text (a disconnect may cut it; a Stop not)."""
+    base = f"http://127.0.0.1:{served.port}"
+    with httpx.Client(base_url=base, timeout=10) as c:
+        tid = c.post("/api/texts", json={"prompt": PROMPT}).json()["id"]
+        evs = []
+        with c.stream("POST", f"/api/texts/{tid}/generate", json={"max_tokens": 100, "temperature": 1.0, "seed": 3}) as r:
+            assert r.status_code == 200, r.read()
+            for ev in sse_stream(r.iter_lines()):
+                evs.append(ev)
+                if len(evs) == 2:  # generating: the user presses Stop
+                    assert httpx.post(f"{base}/api/texts/{tid}/stop", timeout=10).status_code == 200
+        kind, last = evs[-1]
+        assert kind == "done", [k for k, _ in evs]
+        assert last["stopped"] is True and last["tokens"] == len(evs) - 1 < 100
+        assert last["text"]["id"] == tid and last["text"]["length"] == len(last["text"]["tokens"])
+        assert c.delete(f"/api/texts/{tid}").status_code == 200

@@ -5,7 +5,9 @@ store resources) in one thread: nothing is ever left to the garbage collector, w
 finaliser would take the store's lock from whatever thread it happens to run in. The
 response reads the worker's events through a bounded buffer; when the client goes away
 (the ASGI ``http.disconnect``, on which Starlette cancels the stream) or the server shuts
-down, the generation's stop event is set and the worker ends within one token.
+down, the generation is cut: its stop event is set and the worker ends within one token,
+sending nothing more. A user's Stop (the stop event alone, set by the endpoint) is not a
+cut: the generation ends at its next token and its last events (``done``) still go out.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ class Generations:
     """The running generations of one app: shutdown stops them all and waits for them."""
 
     def __init__(self):
-        self._running: dict[int, tuple[threading.Thread, threading.Event]] = {}
+        self._running: dict[int, tuple[threading.Thread, Callable[[], None]]] = {}
         self._lock = threading.Lock()
 
-    def add(self, worker: threading.Thread, stop: threading.Event) -> None:
+    def add(self, worker: threading.Thread, cut: Callable[[], None]) -> None:
         with self._lock:
-            self._running[id(worker)] = (worker, stop)
+            self._running[id(worker)] = (worker, cut)
 
     def remove(self, worker: threading.Thread) -> None:
         with self._lock:
@@ -44,12 +46,12 @@ class Generations:
             return len(self._running)
 
     def stop_all(self, wait_s: float | None = 10.0) -> None:
-        """Set every stop event, then wait (bounded; not at all for None) for each worker
+        """Cut every generation, then wait (bounded; not at all for None) for each worker
         to close its text."""
         with self._lock:
             running = list(self._running.values())
-        for _, stop in running:
-            stop.set()
+        for _, cut in running:
+            cut()
         for worker, _ in running if wait_s is not None else ():
             worker.join(wait_s)
             if worker.is_alive():
@@ -67,6 +69,12 @@ def stream(generations: Generations, produce: Callable[[threading.Event], Iterat
     that drops before the first byte still has its generation stopped (the background
     task) and ended (by the worker)."""
     stop = stop or threading.Event()
+    cut = threading.Event()  # the client left or the server is going: send nothing more
+
+    def cut_now() -> None:
+        cut.set()
+        stop.set()
+
     loop = asyncio.get_running_loop() if _in_loop() else _endpoint_loop()
     events: asyncio.Queue = asyncio.Queue()  # bounded by ``room``: the worker waits for it
     room = threading.Semaphore(BUFFER)
@@ -75,7 +83,7 @@ def stream(generations: Generations, produce: Callable[[threading.Event], Iterat
         try:
             loop.call_soon_threadsafe(events.put_nowait, item)
         except RuntimeError:  # the loop has closed: no one reads any more
-            stop.set()
+            cut_now()
 
     def work() -> None:
         try:
@@ -83,11 +91,11 @@ def stream(generations: Generations, produce: Callable[[threading.Event], Iterat
             try:
                 for item in it:
                     while not room.acquire(timeout=0.1):  # the client reads slower than we write
-                        if stop.is_set():
+                        if cut.is_set():
                             return
                     push(item)
-                    if stop.is_set():
-                        return
+                    if cut.is_set():
+                        return  # a Stop alone runs on: the generator ends itself and says so (done)
             finally:
                 it.close()  # here, in the thread that ran it
         except Exception:  # produce renders the errors it expects; anything else is logged
@@ -106,13 +114,13 @@ def stream(generations: Generations, produce: Callable[[threading.Event], Iterat
                 room.release()
                 yield item
         finally:  # the end, a disconnect (cancelled) or a failed send
-            stop.set()
+            cut_now()
 
     worker = threading.Thread(target=work, name="puffergpt-generation", daemon=True)
-    generations.add(worker, stop)
+    generations.add(worker, cut_now)
     worker.start()
     return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", **(headers or {})},
-                             background=BackgroundTask(stop.set))
+                             background=BackgroundTask(cut_now))
 
 
 def _in_loop() -> bool:
