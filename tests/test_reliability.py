@@ -5,6 +5,7 @@ Bounded in count and time, loopback only."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
@@ -13,7 +14,12 @@ from typing import Iterator
 import httpx
 import pytest
 
+from puffergpt import checkpoints, loading, tokenizer
 from puffergpt.engine import Engine
+from puffergpt.reference import Reference
+from puffergpt.sampling import Sampling
+from puffergpt.stores import open_store
+from puffergpt.texts import opened
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import server
 
@@ -207,3 +213,82 @@ def test_stop_lets_the_generation_say_done(served):
         assert last["stopped"] is True and last["tokens"] == len(evs) - 1 < 100
         assert last["text"]["id"] == tid and last["text"]["length"] == len(last["text"]["tokens"])
         assert c.delete(f"/api/texts/{tid}").status_code == 200
+
+
+# --- store damage: each kind is named, repaired by the command it names, refused until then ---
+# (an altered vector and an altered attribute: tests/test_loading.py; a load killed with
+# SIGKILL and resumed: tests/stores/test_embedded.py and tests/stores/test_pgvector.py)
+
+@pytest.fixture
+def damaged(tmp_path, tiny):
+    """A store of its own holding the tiny model, to damage: (store, key, manifest)."""
+    store = open_store("embedded", tmp_path / "store")
+    key = loading.model_key(tiny.name)
+    m = loading.load(store, tiny, key, progress=False)
+    yield store, key, m
+    store.close()
+
+
+def greedy_on(store, tiny, key, n: int = 4) -> list[int]:
+    with opened(Engine(store, tiny.name, key).open, tokenizer.encode(PROMPT)) as t:
+        return [s.token_id for s in t.generate(n, Sampling(0, 40))]
+
+
+def test_a_dropped_namespace_is_named_refused_and_repaired(damaged, tiny):
+    store, key, m = damaged
+    ns = loading.namespace(key, tiny.config.n_embd)
+    store.drop_namespace(ns)
+    with pytest.raises(loading.NotLoaded, match=rf"namespace {re.escape(ns)} is missing .*run `puffergpt load --model "):
+        Engine(store, tiny.name, key)
+    bad = loading.verify(store, m)  # every matrix of the namespace, by name, not a raw store error
+    assert set(bad) == {name for name, info in m["matrices"].items() if info["namespace"] == ns}
+    assert all(f"namespace {ns} is missing" in why for why in bad.values()), bad
+    assert loading.load(store, tiny, key, progress=False) == m  # a plain load puts it back
+    assert loading.verify(store, m) == {}
+    assert greedy_on(store, tiny, key) == Reference(tiny).greedy(tokenizer.encode(PROMPT), 4)
+
+
+def test_a_missing_document_is_named_refused_and_repaired(damaged, tiny):
+    store, key, m = damaged
+    ns = m["matrices"]["wte"]["namespace"]
+    store.delete(ns, (("matrix", "=", "wte"), ("row", "=", 17)))
+    with pytest.raises(loading.NotLoaded, match=rf"namespace {re.escape(ns)} holds .*run `puffergpt load --model "):
+        Engine(store, tiny.name, key)
+    assert list(loading.verify(store, m)) == ["wte"]
+    loading.load(store, tiny, key, progress=False, repair=True)
+    assert loading.verify(store, m) == {}
+    assert greedy_on(store, tiny, key) == Reference(tiny).greedy(tokenizer.encode(PROMPT), 4)
+
+
+@pytest.mark.parametrize("broken", ["{not json", {"complete": True}, ["a", "list"], "raise"])
+def test_a_broken_manifest_names_the_repair(damaged, tiny, broken, monkeypatch):
+    """Invalid JSON under manifest:KEY (a remote store's text that does not parse), a dict
+    missing its fields, something else: a message naming `load --repair`, which fixes it."""
+    store, key, m = damaged
+    if broken == "raise":  # the store's own JSON parse fails, as turbopuffer's get_meta does on bad text
+        real = store.get_meta
+        monkeypatch.setattr(store, "get_meta", lambda k: json.loads("{broken") if k == f"manifest:{key}" else real(k))
+    else:
+        store.put_meta(f"manifest:{key}", broken)
+    with pytest.raises(loading.NotLoaded, match=rf"manifest of model .* is broken .*`puffergpt load --model \S+ .*--repair`"):
+        Engine(store, tiny.name, key)
+    monkeypatch.undo()
+    assert loading.load(store, tiny, key, progress=False, repair=True) == m
+    assert Engine(store, tiny.name, key).manifest == m
+
+
+@pytest.mark.parametrize("name", ["_private", "модель", "-dash", "日本語 model"])
+def test_a_checkpoint_directory_of_any_name_loads(tmp_path, tiny_dir, tiny, name):
+    import shutil
+
+    d = shutil.copytree(tiny_dir, tmp_path / name)
+    key = loading.model_key(str(d))
+    assert key.isascii() and key[0].isalnum(), key
+    assert key != loading.model_key(str(shutil.copytree(tiny_dir, tmp_path / "other" / name)))  # its path decides
+    store = open_store("embedded", tmp_path / "store")
+    try:
+        ckpt = checkpoints.load(str(d))
+        loading.load(store, ckpt, key, progress=False)
+        assert greedy_on(store, ckpt, key) == Reference(tiny).greedy(tokenizer.encode(PROMPT), 4)
+    finally:
+        store.close()

@@ -44,11 +44,13 @@ class NotLoaded(StoreError):
 
 def model_key(model: str) -> str:
     """The name a model is stored under: its own name, or for a directory its base name
-    and a hash of its full path (two checkpoints never share a key)."""
+    and a hash of its full path (two checkpoints never share a key). Stores take ASCII
+    letters, digits, '_', '.' and '-' and a letter or digit first: other characters of a
+    directory's name become '-', and what is left starts at its first letter or digit."""
     p = Path(model).expanduser()
     if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_\-]*", model) and not p.exists():
         return model
-    base = re.sub(r"[^A-Za-z0-9_\-]", "-", p.resolve().name)[:40] or "model"
+    base = re.sub(r"[^A-Za-z0-9_\-]+", "-", p.resolve().name).lstrip("_-")[:40].rstrip("_-") or "model"
     return f"{base}-{hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:8]}"
 
 
@@ -144,7 +146,7 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
     source = {k: v for k, v in ckpt.source.items() if k != "name"}  # not how the user spelt it
     ident = {"checkpoint": source, "config": asdict(c), "metric": metric, "version": ENCODING_VERSION,
              "weights_sha256": weights_digest(ckpt)}
-    old = store.get_meta(f"manifest:{key}")
+    old = _stored_manifest(store, key)
     if not repair and old and old.get("complete") and all(old.get(k) == v for k, v in ident.items()) and _counts_ok(store, old):
         return old  # already loaded: nothing to do
     progress_key = f"loading:{key}"
@@ -199,6 +201,8 @@ def weights_digest(ckpt: Checkpoint) -> str:
 
 def verify_matrix(store: Store, ns: str, name: str, doc_ids: list[str], sha256: str, metric: str) -> str | None:
     """None if the stored documents of a matrix match their checksum, else what is wrong."""
+    if ns not in store.namespaces(ns):
+        return f"its namespace {ns} is missing (dropped)"
     n = store.count(ns, (("matrix", "=", name),))
     if n != len(doc_ids):
         return f"{n} documents stored, {len(doc_ids)} expected"
@@ -244,20 +248,62 @@ def _counts_ok(store: Store, manifest: dict) -> bool:
         return False
 
 
+MANIFEST_FIELDS = ("complete", "version", "config", "metric", "namespaces", "matrices", "documents")
+
+
+def _stored_manifest(store: Store, key: str) -> dict | None:
+    """The manifest as stored: None if there is none, or if it is broken (text that is not
+    JSON, not a dict, fields missing), which a load then rewrites."""
+    try:
+        m = store.get_meta(f"manifest:{key}")
+    except ValueError:  # JSON that does not parse, from a store that keeps text
+        return None
+    return m if isinstance(m, dict) else None
+
+
+def _broken(m) -> str | None:
+    """What is wrong with a stored manifest's shape, or None."""
+    if not isinstance(m, dict):
+        return f"it is a {type(m).__name__}, not an object"
+    missing = [f for f in MANIFEST_FIELDS if f not in m] if m.get("complete") else []
+    if missing:
+        return f"it lacks {', '.join(missing)}"
+    if m.get("complete") and not (isinstance(m["namespaces"], dict) and isinstance(m["matrices"], dict)
+                                  and isinstance(m["config"], dict)):
+        return "its namespaces, matrices or config are not objects"
+    return None
+
+
 def manifest(store: Store, key: str, model: str) -> dict:
-    """The manifest of a complete, current load, or NotLoaded saying which command fixes it."""
+    """The manifest of a complete, current load, or NotLoaded saying which command fixes
+    it: a store error never reaches the user raw."""
     fix = f"run `puffergpt load --model {model} {store.cli_args()}`"
-    m = store.get_meta(f"manifest:{key}")
+    repair = f"run `puffergpt load --model {model} {store.cli_args()} --repair`"
+    try:
+        m = store.get_meta(f"manifest:{key}")
+    except ValueError as e:  # a store that keeps the manifest as text, and the text is not JSON
+        raise NotLoaded(f"the manifest of model {model!r} is broken (not JSON: {e}): {repair} to rewrite it") from None
     if m is None:
         raise NotLoaded(f"model {model!r} is not loaded into the {store.name} store: {fix}")
+    if (why := _broken(m)) is not None:
+        raise NotLoaded(f"the manifest of model {model!r} is broken ({why}): {repair} to rewrite it")
     if m.get("version") != ENCODING_VERSION:
         raise NotLoaded(f"model {model!r} was stored with encoding version {m.get('version')}, this puffergpt reads version {ENCODING_VERSION}: {fix} to rewrite it")
     if not m.get("complete"):
         raise NotLoaded(f"the load of model {model!r} did not finish: {fix} to complete it")
-    for ns, n in m["namespaces"].items():
-        got = store.count(ns) if ns in store.namespaces(ns) else 0
-        if got != n:
-            raise NotLoaded(f"namespace {ns} holds {got} documents, the manifest says {n}: {fix} to repair it, or `puffergpt verify` to see which matrix")
+    try:
+        for ns, n in m["namespaces"].items():
+            if ns not in store.namespaces(ns):
+                raise NotLoaded(f"namespace {ns} is missing (dropped; the manifest says it holds {n} documents): "
+                                f"{fix} to write it again")
+            got = store.count(ns)
+            if got != n:
+                raise NotLoaded(f"namespace {ns} holds {got} documents, the manifest says {n}: {fix} to repair it, or `puffergpt verify` to see which matrix")
+    except NotLoaded:
+        raise
+    except StoreError as e:  # a table or shard gone under us, mid-check
+        raise NotLoaded(f"the stored model {model!r} could not be read ({e}): {fix} to repair it, "
+                        f"or `puffergpt verify` to see what is damaged") from None
     return m
 
 
