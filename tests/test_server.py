@@ -262,3 +262,117 @@ def test_a_text_keeps_bounded_memory_at_any_top_k(client):
     assert len(got.json()["steps"]) == 40
     assert len(got.content) < 2_000_000, f"{len(got.content) / 1e6:.1f} MB"
     client.delete(f"/api/texts/{t['id']}")
+
+
+@pytest.fixture(scope="module")
+def small_vocab(tmp_path_factory, loaded):
+    """A model with a vocabulary of 300 tokens (GPT-2's first 300), served: (client, store)."""
+    from puffergpt import checkpoints
+
+    c = checkpoints.GPT2Config(n_vocab=300, n_ctx=64, n_embd=32, n_layer=1, n_head=2)
+    d = checkpoints.save_dir(tmp_path_factory.mktemp("ckpt") / "small-vocab", c, checkpoints.random_params(c, seed=5))
+    ckpt = checkpoints.load(str(d))
+    store, key = loaded(ckpt)
+    with TestClient(create_app(Engine(store, ckpt.name, key))) as client:
+        yield client, store, ckpt
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/completions", {"prompt": [10, 20, 30], "max_tokens": 2, "top_k": 301}),
+    ("/v1/completions", {"prompt": [10, 20, 30], "max_tokens": 2, "top_k": 50000, "stream": True}),
+    ("/v1/completions", {"prompt": [[10, 20], [30]], "max_tokens": 2, "top_k": 1000}),
+    ("/text", {"max_tokens": 2, "top_k": 301}),
+])
+def test_top_k_above_a_small_vocabulary_is_4xx_and_leaks_nothing(small_vocab, path, body):
+    client, store, _ = small_vocab
+    before = set(store.namespaces("text-"))
+    if path == "/text":  # a text of the texts API: the prompt "!" is token 0
+        t = client.post("/api/texts", json={"prompt": "!"}).json()
+        r = client.post(f"/api/texts/{t['id']}/generate", json=body)
+        assert 400 <= r.status_code < 500 and "top_k" in r.json()["detail"] and "300" in r.json()["detail"], r.text
+        assert client.app.state.texts.get(t["id"]).generating is False  # free to generate again
+        client.delete(f"/api/texts/{t['id']}")
+    else:
+        r = client.post(path, json=body)
+        assert 400 <= r.status_code < 500, (r.status_code, r.text)
+        err = r.json()["error"]
+        assert "top_k" in err["message"] and "300" in err["message"], err
+    assert set(store.namespaces("text-")) == before  # no text or namespace left open
+    ok = client.post("/v1/completions", json={"prompt": [10, 20, 30], "max_tokens": 3, "top_k": 300, "temperature": 0})
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 3, ok.text
+
+
+def test_a_small_vocabulary_greedy_equals_the_reference(small_vocab):
+    client, _, ckpt = small_vocab
+    r = client.post("/v1/completions", json={"prompt": [10, 20, 30], "max_tokens": 5, "top_k": 40, "temperature": 0})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == tokenizer.decode(Reference(ckpt).greedy([10, 20, 30], 5))
+
+
+@pytest.mark.parametrize("body", [
+    {"prompt": "The \ud800 end", "max_tokens": 2},
+    {"prompt": ["fine", "\udfff"], "max_tokens": 2},
+    {"prompt": "The \ud83d", "max_tokens": 2, "stream": True},
+])
+def test_a_lone_surrogate_in_a_completions_prompt_is_400_in_openai_shape(client, loaded, tiny, body):
+    store, _ = loaded(tiny)
+    before = set(store.namespaces("text-"))
+    raw = json.dumps(body).encode()  # json.dumps writes a lone surrogate as \\udXXX: valid JSON, not text
+    r = client.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400, (r.status_code, r.text)
+    err = r.json()["error"]
+    assert "surrogate" in err["message"] and err["param"] == "prompt" and err["type"] == "invalid_request_error", err
+    assert set(store.namespaces("text-")) == before
+
+
+def test_v1_names_the_model_as_api_info_does(client, tiny):
+    shown = client.get("/api/info").json()["model"]
+    assert client.get("/v1/models").json()["data"][0]["id"] == shown == "tiny"
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "temperature": 0, "model": shown})
+    assert r.status_code == 200 and r.json()["model"] == shown and str(tiny.name) not in r.text, r.text
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1})
+    assert r.status_code == 200 and r.json()["model"] == shown and str(tiny.name) not in r.text, r.text
+    r = client.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 1, "model": "gpt-4"})
+    assert r.status_code == 404 and str(tiny.name) not in r.text and "'tiny'" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_api_docs_load_nothing_from_elsewhere(client, page):
+    """/docs and /redoc work offline: their scripts and styles come from this server, and
+    their CSP allows scripts from 'self' only (and the one inline start-up script, by hash)."""
+    import re
+
+    r = client.get(page)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+    assert not re.search(r"https?://", r.text), re.findall(r"https?://[^\"' ]+", r.text)
+    csp = r.headers["content-security-policy"]
+    script_src = next(d for d in csp.split(";") if d.strip().startswith("script-src")).split()[1:]
+    assert script_src[0] == "'self'" and all(s.startswith("'sha256-") for s in script_src[1:]), csp
+    assert "http" not in csp and "'unsafe-inline'" not in " ".join(script_src)
+    assets = re.findall(r'(?:src|href)="(/[^"]+)"', r.text)
+    assert any(a.endswith(".js") for a in assets), assets
+    for a in assets:
+        got = client.get(a)
+        assert got.status_code == 200 and len(got.content) > 1000, a
+        if a.endswith(".js"):
+            assert got.headers["content-type"].startswith("text/javascript"), (a, got.headers["content-type"])
+    inline = re.findall(r"<script>(.*?)</script>", r.text, re.S)  # each must be allowed by its hash
+    import base64
+    import hashlib
+
+    for body in inline:
+        h = base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()
+        assert f"'sha256-{h}'" in script_src, "an inline script the CSP would block"
+
+
+def test_static_scripts_are_served_as_javascript(client, monkeypatch):
+    """Module scripts need a JavaScript type, whatever the host's mimetypes table says."""
+    import mimetypes
+
+    import starlette.responses
+
+    plain = lambda *a, **k: ("text/plain", None)  # noqa: E731 - a host whose table says so
+    monkeypatch.setattr(mimetypes, "guess_type", plain)
+    monkeypatch.setattr(starlette.responses, "guess_type", plain)
+    r = client.get("/static/main.js")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript"), r.headers["content-type"]

@@ -19,12 +19,13 @@ from typing import Callable, Iterator
 import numpy as np
 from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from puffergpt import costs, inside, loading, texts as app_layer, tokenizer
 from puffergpt.checkpoints import CheckpointError
 from puffergpt.engine import Engine, requests_per_token, round_trips_per_token
 from puffergpt.sampling import Sampling
+from puffergpt.server.openai import model_name
 from puffergpt.server.streaming import Generations, stream
 from puffergpt.server.bodies import (MAX_NEW_TOKENS, AnalogyBody, AppendBody, BranchBody, CompareBody, CreateBody,
                                      MapBody, NeighboursBody, PositionBody, SamplingBodyInspect)
@@ -38,6 +39,31 @@ STATIC = Path(str(resources.files("puffergpt") / "static"))
 CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
        "object-src 'none'; base-uri 'none'; frame-ancestors 'none'; form-action 'none'")
 PAGE_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
+# Set by name: module scripts need a JavaScript type, and some hosts' mimetypes say text/plain.
+MEDIA_TYPES = {".js": "text/javascript", ".mjs": "text/javascript", ".css": "text/css", ".html": "text/html",
+               ".svg": "image/svg+xml", ".png": "image/png", ".json": "application/json"}
+DOCS_ASSETS = "/docs-assets"  # Swagger UI and ReDoc, from the fastapi-offline package: no CDN
+
+
+def docs_assets() -> Path:
+    import fastapi_offline
+
+    return Path(fastapi_offline.__file__).parent / "static"
+
+
+def docs_csp(html: str) -> str:
+    """The CSP of a docs page: everything from 'self', and its one inline start-up script
+    allowed by its hash. Swagger UI and ReDoc set styles as they render, so inline styles
+    are allowed (styles run no code); ReDoc's search runs in a worker made from a blob."""
+    import base64
+    import hashlib
+    import re
+
+    hashes = " ".join(f"'sha256-{base64.b64encode(hashlib.sha256(body.encode()).digest()).decode()}'"
+                      for body in re.findall(r"<script>(.*?)</script>", html, re.S))
+    return (f"default-src 'self'; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+            "connect-src 'self'; worker-src 'self' blob:; font-src 'self' data:; object-src 'none'; base-uri 'none'; "
+            "frame-ancestors 'none'; form-action 'none'")
 
 
 @dataclass(frozen=True)
@@ -214,7 +240,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
         texts.close_all()  # closing a text drops its namespace of keys
 
     app = FastAPI(title="puffergpt", description="GPT-2 where every matrix multiply is a vector search.",
-                  version="0.1.0", lifespan=lifespan)
+                  version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)  # ours: local assets
     app.state.texts = texts
     app.state.generations = generations
 
@@ -269,14 +295,43 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
         path = (STATIC / name).resolve()
         if path.parent != STATIC.resolve() or not path.is_file():
             raise HTTPException(404, "no such file")
-        return FileResponse(path, headers=PAGE_HEADERS)
+        return FileResponse(path, headers=PAGE_HEADERS, media_type=MEDIA_TYPES.get(path.suffix))
+
+    @app.get("/docs", include_in_schema=False)
+    def docs():
+        from fastapi.openapi.docs import get_swagger_ui_html
+
+        page = get_swagger_ui_html(openapi_url=app.openapi_url, title="puffergpt - Swagger UI",
+                                   swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+                                   swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+                                   swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png")
+        return docs_page(page)
+
+    @app.get("/redoc", include_in_schema=False)
+    def redoc():
+        from fastapi.openapi.docs import get_redoc_html
+
+        page = get_redoc_html(openapi_url=app.openapi_url, title="puffergpt - ReDoc",
+                              redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
+                              redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png", with_google_fonts=False)
+        return docs_page(page)
+
+    def docs_page(page):
+        html = page.body.decode()
+        return HTMLResponse(html, headers={**PAGE_HEADERS, "Content-Security-Policy": docs_csp(html)})
+
+    @app.get(DOCS_ASSETS + "/{name}", include_in_schema=False)
+    def docs_asset(name: str):
+        path = docs_assets() / name
+        if "\x00" in name or path.parent != docs_assets() or not path.is_file():
+            raise HTTPException(404, "no such file")
+        return FileResponse(path, headers=PAGE_HEADERS, media_type=MEDIA_TYPES.get(path.suffix))
 
     @app.get("/api/info")
     def info() -> dict:
         m, c = engine.manifest, engine.config
         nbytes = loading.stored_bytes(m)
-        # a local checkpoint by its directory's name: the full path is the server's business
-        name = Path(engine.model).name if "/" in engine.model else engine.model
+        name = model_name(engine.model)  # a local checkpoint by its directory's name, as /v1 shows it
         return {"model": name, "backend": engine.store.name, "metric": m["metric"],
                 "config": m["config"], "documents": m["documents"], "namespaces": m["namespaces"],
                 "megabytes": round(nbytes / 1e6, 1), "requests_per_token": requests_per_token(c),

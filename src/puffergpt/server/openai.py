@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator, Literal
 
 from fastapi import APIRouter, Request
@@ -257,6 +258,23 @@ def _finite(text: str) -> float:
     return v
 
 
+def model_name(model: str) -> str:
+    """The name the server shows for its model (/api/info, /v1): a local checkpoint by its
+    directory's name, as its full path is the server's business."""
+    return Path(model).name if "/" in model else model
+
+
+def _unicode(text: str, param: str) -> str:
+    """A lone surrogate (\\ud800) is valid JSON but not text: the tokenizer would write it
+    as U+FFFD and answer for a prompt the client did not send."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise OpenAIError(400, f"{param} is not valid Unicode (a lone surrogate at position {e.start}): "
+                               "send text without lone surrogates", param) from None
+    return text
+
+
 def _sse(d: dict) -> str:
     return f"data: {json.dumps(d)}\n\n"
 
@@ -272,9 +290,11 @@ def openai_router(engine, texts, config, generations=None) -> APIRouter:
     def error(e: OpenAIError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status)
 
+    shown = model_name(engine.model)
+
     def check_model(name: str | None) -> None:
-        if name is not None and name != engine.model:
-            raise OpenAIError(404, f"the model {name!r} does not exist here: this server has {engine.model!r} "
+        if name is not None and name not in (shown, engine.model):
+            raise OpenAIError(404, f"the model {name!r} does not exist here: this server has {shown!r} "
                                    f"(GET /v1/models)", "model", "model_not_found")
 
     async def parse(request: Request, kind: type[BaseModel]):
@@ -311,6 +331,9 @@ def openai_router(engine, texts, config, generations=None) -> APIRouter:
 
     def checked_prompts(prompt) -> list[list[int]]:
         """A string, strings, token ids, or lists of token ids -> one id list a prompt."""
+        for p in [prompt] if isinstance(prompt, str) else prompt:
+            if isinstance(p, str):
+                _unicode(p, "prompt")
         if isinstance(prompt, str):
             return [tokenizer.encode(prompt)]
         if not prompt:
@@ -344,7 +367,7 @@ def openai_router(engine, texts, config, generations=None) -> APIRouter:
         return {"object": "list", "data": [model_card()]}
 
     def model_card() -> dict:
-        return {"id": engine.model, "object": "model", "created": 0, "owned_by": "puffergpt"}
+        return {"id": shown, "object": "model", "created": 0, "owned_by": "puffergpt"}
 
     @router.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
@@ -379,7 +402,7 @@ def openai_router(engine, texts, config, generations=None) -> APIRouter:
                                  body.logprobs, should_stop)
 
         def chunk(choices: list[dict], **extra) -> dict:
-            return {"id": cid, "object": "text_completion", "created": created, "model": engine.model,
+            return {"id": cid, "object": "text_completion", "created": created, "model": shown,
                     "choices": choices, **extra}
 
         if body.stream:
@@ -421,7 +444,7 @@ def openai_router(engine, texts, config, generations=None) -> APIRouter:
     async def chat(request: Request):
         body = await parse(request, ChatBody)
         n = body.n or 1
-        ids = tokenizer.encode(chat_prompt(body.messages))
+        ids = tokenizer.encode(_unicode(chat_prompt(body.messages), "messages"))
         max_tokens = next((m for m in (body.max_completion_tokens, body.max_tokens) if m is not None), 16)
         check_prompt(ids, body, max_tokens)
         k = (body.top_logprobs or 0) if body.logprobs else None
@@ -439,7 +462,7 @@ def openai_router(engine, texts, config, generations=None) -> APIRouter:
                 yield pc
 
         def chunk(choices: list[dict], kind: str = "chat.completion.chunk", **extra) -> dict:
-            return {"id": cid, "object": kind, "created": created, "model": engine.model, "choices": choices, **extra}
+            return {"id": cid, "object": kind, "created": created, "model": shown, "choices": choices, **extra}
 
         if body.stream:
             def produce(stop: threading.Event) -> Iterator[str]:
