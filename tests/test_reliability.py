@@ -292,3 +292,37 @@ def test_a_checkpoint_directory_of_any_name_loads(tmp_path, tiny_dir, tiny, name
         assert greedy_on(store, ckpt, key) == Reference(tiny).greedy(tokenizer.encode(PROMPT), 4)
     finally:
         store.close()
+
+
+# --- concurrency ---
+
+CONCURRENT_PROMPTS = ["The quick brown fox", "Hello world", "for i in range(10):", "Once upon a time",
+                      "import numpy as np", "The capital of France is", "1, 2, 3, 4,", "Dear Sir or Madam"]
+
+
+def test_concurrent_texts_equal_each_alone(served, tiny):
+    """8 texts generating at once through the HTTP API, greedy: each gives the tokens of the
+    numpy reference (what it gives alone), so no text reads another's keys."""
+    base = f"http://127.0.0.1:{served.port}"
+    got, errors = {}, []
+
+    def one(prompt: str) -> None:
+        try:
+            with httpx.Client(base_url=base, timeout=60) as c:
+                tid = c.post("/api/texts", json={"prompt": prompt}).json()["id"]
+                with c.stream("POST", f"/api/texts/{tid}/generate", json={"max_tokens": 8, "temperature": 0}) as r:
+                    got[prompt] = [d["token_id"] for e, d in sse_stream(r.iter_lines()) if e == "token"]
+                c.delete(f"/api/texts/{tid}")
+        except Exception as e:  # reported below, with the prompt
+            errors.append((prompt, repr(e)))
+
+    threads = [threading.Thread(target=one, args=(p,)) for p in CONCURRENT_PROMPTS]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    ref = Reference(tiny)
+    for p in CONCURRENT_PROMPTS:
+        assert got[p] == ref.greedy(tokenizer.encode(p), 8), p
+    assert open_texts(served.store) == set()
