@@ -326,3 +326,49 @@ def test_concurrent_texts_equal_each_alone(served, tiny):
     for p in CONCURRENT_PROMPTS:
         assert got[p] == ref.greedy(tokenizer.encode(p), 8), p
     assert open_texts(served.store) == set()
+
+
+# --- pgvector: PostgreSQL crashes and comes back under a running server ---
+from stores.conftest import new_database, pg  # noqa: E402,F401 - the session's PostgreSQL (tests/stores/conftest.py)
+
+
+def test_a_postgresql_crash_under_the_server(pg, new_database, tiny):
+    """PostgreSQL stops the hard way (immediate: UNLOGGED key tables are emptied) and starts
+    again, between two generate calls of a text. The text never continues with wrong
+    tokens: the client gets an ``error`` event naming the missing keys. The first request
+    after PostgreSQL returns works (a connection idle across the restart is checked before
+    use), and a new text gives the reference's tokens."""
+    store = open_store("pgvector", dsn=new_database())
+    key = loading.model_key(tiny.name)
+    loading.load(store, tiny, key, progress=False)
+    ref = Reference(tiny)
+    want = ref.greedy(tokenizer.encode(PROMPT), 6)
+    try:
+        with Running(create_app(Engine(store, tiny.name, key))) as r, \
+                httpx.Client(base_url=f"http://127.0.0.1:{r.port}", timeout=30) as c:
+            tid = c.post("/api/texts", json={"prompt": PROMPT}).json()["id"]
+
+            def generate(text_id: str, n: int) -> list[tuple[str, dict]]:
+                with c.stream("POST", f"/api/texts/{text_id}/generate", json={"max_tokens": n, "temperature": 0}) as resp:
+                    assert resp.status_code == 200, resp.read()
+                    return list(sse_stream(resp.iter_lines()))
+
+            first = generate(tid, 3)
+            assert [d["token_id"] for e, d in first if e == "token"] == want[:3]
+            pg.stop("immediate")
+            try:
+                time.sleep(1.2)  # the server's connection lies idle across the restart
+            finally:
+                pg.start()
+            time.sleep(1.2)
+            fresh = c.post("/api/texts", json={"prompt": PROMPT})  # the first request after PostgreSQL returns
+            assert fresh.status_code == 201, fresh.text
+            after = generate(tid, 3)
+            assert [e for e, _ in after] == ["error"], after  # no token, right or wrong
+            assert "missing" in after[0][1]["detail"] and "open it again" in after[0][1]["detail"], after
+            new = generate(fresh.json()["id"], 6)
+            assert [d["token_id"] for e, d in new if e == "token"] == want
+            for t in (tid, fresh.json()["id"]):
+                c.delete(f"/api/texts/{t}")
+    finally:
+        store.close()

@@ -43,6 +43,7 @@ import json
 import os
 import shlex
 import threading
+import time
 from typing import TYPE_CHECKING, Any, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -86,6 +87,7 @@ PLAIN_MAX_DIM = 1800  # 4 * 1800 + 8 bytes of vector leaves room in a page for t
 _PY_TYPES = {"int": int, "float": float, "str": str}
 _NP_TYPES = {"int": np.int64, "float": np.float64, "str": object}
 CONNECT_TIMEOUT_S = 5
+IDLE_CHECK_S = 1.0  # a connection idle this long is checked before use
 SMALL_BATCH = 1024  # upserts of up to this many documents are one statement; larger ones go through COPY
 FIX_DSN = "check --dsn or PUFFERGPT_DSN"
 
@@ -139,6 +141,7 @@ def _locked(method):
     @functools.wraps(method)
     def run(self, *args, **kwargs):
         with self.lock:
+            self._check_idle()
             if self.conn is None or self.conn.closed:
                 if self._closed:
                     raise StoreError("the pgvector store is closed")
@@ -149,6 +152,7 @@ def _locked(method):
             try:
                 return method(self, *args, **kwargs)
             except psycopg.OperationalError as e:
+                self._used = 0.0
                 if self.conn is not None and (self.conn.closed or self.conn.broken):
                     self._drop_connection()
                     raise StoreError(f"the PostgreSQL server went away: {_msg(e)}; run the command again once it is back") from None
@@ -184,6 +188,7 @@ class PgvectorStore(Store):
         self.conn: psycopg.Connection | None = None
         self._closed = False
         self._ns: dict[str, tuple[int, dict]] = {}
+        self._used = time.monotonic()  # when a call last used the connection (_check_idle)
         with self.lock:
             self._connect()
 
@@ -246,6 +251,19 @@ class PgvectorStore(Store):
                              "run the command again once it is back") from None
         except psycopg.Error as e:
             raise StoreError(f"PostgreSQL at {where} refused to set up the store: {_msg(e)}") from None
+
+    def _check_idle(self) -> None:
+        """A connection that lay idle may have died with a server restart, unnoticed until
+        its next statement fails: check one idle over IDLE_CHECK_S with an empty statement
+        (one round trip), and drop it if dead, so the call reconnects instead of failing once."""
+        now = time.monotonic()
+        idle, self._used = now - self._used, now
+        if self.conn is None or self.conn.closed or idle < IDLE_CHECK_S:
+            return
+        try:
+            self.conn.execute("SELECT 1")
+        except psycopg.Error:
+            self._drop_connection()
 
     def _drop_connection(self) -> None:
         try:
