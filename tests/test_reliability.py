@@ -1,6 +1,13 @@
 """The probes of issue 13, kept: disconnect storms against a real server on 127.0.0.1,
-shutdown while generating, bad inputs of every kind, bounded memory and reads.
-Bounded in count and time, loopback only."""
+shutdown while generating, a user's Stop, a body that stops arriving, concurrent texts
+against the numpy reference, a PostgreSQL crash under the server, store damage (a
+dropped namespace, a missing document, a broken manifest) and checkpoint names.
+Bounded in count and time, loopback only.
+
+Kept elsewhere, not repeated here: bad JSON values and bad inputs (tests/test_server.py),
+an altered vector or attribute (tests/test_loading.py), a load killed with SIGKILL and
+resumed (tests/stores/test_embedded.py, tests/stores/test_pgvector.py), a backend killed
+or stopped mid-generation at the engine level (tests/stores/test_pgvector.py)."""
 
 from __future__ import annotations
 
