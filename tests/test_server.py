@@ -309,6 +309,14 @@ def test_a_small_vocabulary_greedy_equals_the_reference(small_vocab):
     assert r.json()["choices"][0]["text"] == tokenizer.decode(Reference(ckpt).greedy([10, 20, 30], 5))
 
 
+def test_no_top_k_means_the_served_models_whole_vocabulary(small_vocab):
+    """Without top_k, /v1 samples from all of this model's tokens (300), not GPT-2's 50,257."""
+    client, _, ckpt = small_vocab
+    r = client.post("/v1/completions", json={"prompt": [10, 20, 30], "max_tokens": 3, "temperature": 0, "logprobs": 2})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == tokenizer.decode(Reference(ckpt).greedy([10, 20, 30], 3))
+
+
 @pytest.mark.parametrize("body", [
     {"prompt": "The \ud800 end", "max_tokens": 2},
     {"prompt": ["fine", "\udfff"], "max_tokens": 2},

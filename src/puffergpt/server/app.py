@@ -148,16 +148,7 @@ def request_json(r) -> dict:
     return d
 
 
-def token_json(tok: int) -> dict:
-    """A token as text, and its bytes in hex where they are not whole UTF-8 on their own
-    (a piece of a multi-byte character), so the page can show ``<e6>`` and not U+FFFD."""
-    raw = tokenizer.token_bytes(tok)
-    d = {"token_id": tok, "text": tokenizer.token_text(tok)}
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        d["bytes_hex"] = raw.hex()
-    return d
+token_json = app_layer.token_dict  # a token as text, with bytes_hex for a byte piece
 
 
 def inspect_json(got: dict, text: Text, p: int, requests: list, recomputed: bool) -> dict:

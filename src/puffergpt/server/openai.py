@@ -86,9 +86,10 @@ class CommonBody(BaseModel):
             raise ValueError("a stop sequence must not be empty")
         return stops
 
-    def sampling(self, seed_offset: int = 0) -> Sampling:
+    def sampling(self, n_vocab: int, seed_offset: int = 0) -> Sampling:
+        """No top_k: the whole vocabulary of the model being served."""
         seed = None if self.seed is None else (self.seed + seed_offset) % 2**63
-        return Sampling(1.0 if self.temperature is None else self.temperature, self.top_k or tokenizer.VOCAB_SIZE,
+        return Sampling(1.0 if self.temperature is None else self.temperature, self.top_k or n_vocab,
                         seed, 1.0 if self.top_p is None else self.top_p)
 
     def needs_full(self) -> bool:
@@ -349,7 +350,7 @@ def openai_router(engine, texts, config, generations=None) -> APIRouter:
         for t in ids:
             if not 0 <= t < engine.config.n_vocab:
                 raise OpenAIError(400, f"token id {t} is outside the vocabulary (0..{engine.config.n_vocab - 1})", "prompt")
-        check_generation(engine.config, body.sampling(), len(ids), max_tokens)
+        check_generation(engine.config, body.sampling(engine.config.n_vocab), len(ids), max_tokens)
 
     def streamed(produce: Callable[[threading.Event], Iterator[str]]) -> StreamingResponse:
         def safe(stop: threading.Event) -> Iterator[str]:
@@ -398,7 +399,7 @@ def openai_router(engine, texts, config, generations=None) -> APIRouter:
         full = body.needs_full() or best_of > n
 
         def pieces(ids, j, should_stop=None):
-            return choice_pieces(engine, ids, max_tokens, body.sampling(j), body.stop, full, body.echo,
+            return choice_pieces(engine, ids, max_tokens, body.sampling(engine.config.n_vocab, j), body.stop, full, body.echo,
                                  body.logprobs, should_stop)
 
         def chunk(choices: list[dict], **extra) -> dict:
@@ -454,7 +455,7 @@ def openai_router(engine, texts, config, generations=None) -> APIRouter:
         def pieces(j, should_stop=None) -> Iterator[Piece]:
             """The assistant's text without the space after its prefix."""
             started = False
-            for pc in choice_pieces(engine, ids, max_tokens, body.sampling(j), stops, body.needs_full(), False, k,
+            for pc in choice_pieces(engine, ids, max_tokens, body.sampling(engine.config.n_vocab, j), stops, body.needs_full(), False, k,
                                     should_stop):
                 if not started:
                     pc.text = pc.text.lstrip(" ")
