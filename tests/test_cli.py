@@ -91,7 +91,7 @@ def test_generate_json_contract(engine_data, cli_ckpt):
     prompt_ids = tokenizer.encode(PROMPT)
     assert len(tokens) == n
     for i, t in enumerate(tokens):
-        assert set(t) == {"position", "token_id", "text", "candidates", "requests", "ms"}
+        assert set(t) == {"position", "token_id", "text", "candidates", "requests", "round_trips", "ms"}
         assert t["position"] == len(prompt_ids) + i
         assert t["text"] == tokenizer.token_text(t["token_id"])
         assert isinstance(t["requests"], int) and isinstance(t["ms"], (int, float)) and t["ms"] >= 0

@@ -97,7 +97,8 @@ class Step:
 
     def to_json(self) -> dict:
         return {"position": self.position, "token_id": self.token_id, "text": self.text,
-                "candidates": self.candidates(), "requests": len(self.requests), "ms": round(self.ms, 3)}
+                "candidates": self.candidates(), "requests": len(self.requests),
+                "round_trips": sum(r.round_trips for r in self.requests), "ms": round(self.ms, 3)}
 
 
 class Text:
