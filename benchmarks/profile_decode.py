@@ -31,23 +31,30 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--data", default=None)
     ap.add_argument("--tokens", type=int, default=8)
+    ap.add_argument("--prefill", type=int, default=0, help="profile the prefill of a prompt of this many tokens instead")
     a = ap.parse_args()
     ckpt = checkpoints.load(a.model)
     store = open_store("embedded", a.data or tempfile.mkdtemp(prefix="puffergpt-profile-"))
     key = loading.model_key(a.model)
     loading.load(store, ckpt, key)
     text = Text(Engine(store, a.model, key).open())
-    text.append([464, 1893, 286, 4881, 318])  # "The capital of France is"
-    steps = list(text.generate(a.tokens + 1, Sampling(0, 40)))[1:]
+    if a.prefill:
+        text.append([int(t) for t in np.random.default_rng(a.prefill).integers(0, 50000, a.prefill)])
+        steps = list(text.generate(1, Sampling(0, 40)))  # the one step that reads the prompt
+    else:
+        text.append([464, 1893, 286, 4881, 318])  # "The capital of France is"
+        steps = list(text.generate(a.tokens + 1, Sampling(0, 40)))[1:]
     by_kind: dict[str, list[float]] = defaultdict(list)
     macs: dict[str, int] = {}
     for st in steps:
         for r in st.requests:
-            k = re.sub(r"^h\.\d+\.", "h.*.", r.kind)
+            k = re.sub(r"^h\.\d+\.", "h.*.", r.kind) + (" (concurrent)" if r.concurrent else "")
             by_kind[k].append(r.ms)
             macs[k] = r.bytes // 4  # one multiply-add per float scanned
     step_ms = statistics.median(st.ms for st in steps)
-    print(f"decode step: {step_ms:.1f} ms median over {len(steps)} tokens, {len(steps[0].requests)} requests")
+    what = f"prefill of {a.prefill} tokens" if a.prefill else f"decode step: median over {len(steps)} tokens"
+    print(f"{what}: {step_ms:.1f} ms, {len(steps[0].requests)} requests, "
+          f"{sum(r.round_trips for r in steps[0].requests)} sequential (concurrent ones overlap the others)")
     print(f"{'kind':22s} {'n/token':>7s} {'ms each':>8s} {'share':>6s} {'GMAC/s':>7s}")
     for k, v in sorted(by_kind.items(), key=lambda kv: -sum(kv[1])):
         n = len(v) // len(steps)
