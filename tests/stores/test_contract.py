@@ -183,6 +183,40 @@ def test_the_engine_on_every_backend(store, tiny):
     got.close()
 
 
+def test_the_learning_views_on_every_backend(store, tiny):
+    """Attention per layer and head, the lens and an analogy, as this store's searches,
+    equal numpy's (which tests/test_inside.py holds to transformers)."""
+    from helpers import assert_close
+
+    from puffergpt import loading, texts, tokenizer
+    from puffergpt.engine import Engine
+    from puffergpt.reference import NumpyProducts
+    from puffergpt.sampling import Sampling
+
+    loading.load(store, tiny, "tiny", progress=False)
+    engine = Engine(store, tiny.name, "tiny")
+    ids = tokenizer.encode("one two three one two")
+    got = list(texts.complete(engine.open, ids, 2, Sampling(0, 40), inspect=10))
+    want = list(texts.complete(lambda: NumpyProducts(tiny), ids, 2, Sampling(0, 40), inspect=10))
+    for a, b in zip(got, want, strict=True):
+        assert_close(f"{store.name} attention at {a.position}", a.inspect["weights"], b.inspect["weights"], 1e-4)
+        for la, lb in zip(a.inspect["lens"], b.inspect["lens"], strict=True):
+            assert list(la["ids"]) == list(lb["ids"]), f"{store.name} lens layer {la['layer']}"
+            assert_close(f"{store.name} lens layer {la['layer']}", la["logits"], lb["logits"], 1e-3)
+    products = engine.open()
+    try:
+        g = texts.analogy(products, " man", " woman", " king", 5)["results"]
+    finally:
+        products.close()
+    w = tiny.params["wte.weight"].astype(np.float64)
+    a, b, c = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
+    v = w[b] - w[a] + w[c]
+    sims = w @ v / (np.linalg.norm(w, axis=1) * np.linalg.norm(v))
+    top = [int(i) for i in np.argsort(-sims, kind="stable") if int(i) not in (a, b, c)][:5]
+    assert [r["token_id"] for r in g] == top
+    assert_close(f"{store.name} analogy", [r["score"] for r in g], sims[top], 1e-4)
+
+
 def test_a_failed_create_leaves_the_store_working(store):
     fill(store)
     with pytest.raises(StoreError):
