@@ -193,7 +193,7 @@ def test_save_a_hostile_title_from_a_token_find_it_in_git_list_and_replay(page, 
     old_id = p.locator("#tokens").get_attribute("data-text-id")
     detail.locator(".nb-reopen").click()
     expect(detail.locator(".nb-reopened").last).to_contain_text(f"Back at position {position}")
-    expect(detail.locator(".nb-reopened").first).to_contain_text("the same token ids as recorded")
+    expect(detail.locator(".nb-reopened").first).to_contain_text("the recorded token ids")
     expect(detail.locator(".nb-reopened").last).to_contain_text("have the same ids")
     reopened = text_of(url, p)
     assert reopened["id"] != old_id

@@ -384,3 +384,20 @@ def test_static_scripts_are_served_as_javascript(client, monkeypatch):
     monkeypatch.setattr(starlette.responses, "guess_type", plain)
     r = client.get("/static/main.js")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/javascript"), r.headers["content-type"]
+
+
+def test_a_text_from_exact_token_ids(client, tiny):
+    """prompt_ids opens exactly those tokens, even ones the tokenizer would never make of
+    their text (reopening an insight); bad ids are a 4xx and open nothing."""
+    ids = [tokenizer.encode(" one")[0], tokenizer.encode("two")[0]]  # " one" + "two": text " onetwo" encodes otherwise
+    assert tokenizer.encode(tokenizer.decode(ids)) != ids
+    t = client.post("/api/texts", json={"prompt_ids": ids})
+    assert t.status_code == 201, t.text
+    assert [x["token_id"] for x in t.json()["tokens"]] == ids
+    client.delete(f"/api/texts/{t.json()['id']}")
+    n = len(client.app.state.texts)
+    for body in ({"prompt_ids": [50257]}, {"prompt_ids": [-1]}, {"prompt_ids": []}, {"prompt_ids": [1.5]},
+                 {"prompt_ids": [True]}, {"prompt": "a", "prompt_ids": [1]}, {}):
+        r = client.post("/api/texts", json=body)
+        assert 400 <= r.status_code < 500, (body, r.status_code, r.text)
+    assert len(client.app.state.texts) == n

@@ -334,7 +334,8 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
 
     @app.post("/api/texts", status_code=201)
     def create(body: CreateBody) -> dict:
-        return text_json(texts.create(tokenizer.encode(body.prompt)))
+        ids = tokenizer.encode(body.prompt) if body.prompt is not None else body.prompt_ids  # ids: checked by the text
+        return text_json(texts.create(ids))
 
     @app.get("/api/texts/{text_id}")
     def show(text_id: str) -> dict:

@@ -3,11 +3,12 @@ names the field; nothing past the body's check runs."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from puffergpt import tokenizer
 
 MAX_PROMPT_CHARS = 16 * 1024
+MAX_PROMPT_IDS = 4096  # token ids of a text: more than any GPT-2's context
 MAX_NEW_TOKENS = 512
 MAX_VIEW_K = 100
 MAX_WORD_CHARS = 64
@@ -25,7 +26,15 @@ class SamplingBody(Strict):
 
 
 class CreateBody(Strict):
-    prompt: str = Field(..., min_length=1, max_length=MAX_PROMPT_CHARS)
+    """A text from a prompt, or from exact token ids (to reopen a text as it was)."""
+    prompt: str | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS)
+    prompt_ids: list[int] | None = Field(None, min_length=1, max_length=MAX_PROMPT_IDS)
+
+    @model_validator(mode="after")
+    def one_of(self):
+        if (self.prompt is None) == (self.prompt_ids is None):
+            raise ValueError("give either prompt (text) or prompt_ids (token ids), not both or neither")
+        return self
 
 
 class AppendBody(Strict):

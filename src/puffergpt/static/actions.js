@@ -35,13 +35,15 @@ async function ensureText() {
 }
 
 // A new text for this prompt (the old one is closed): the prompt box shows it.
-export async function openPrompt(prompt) {
+// Open a new text from the prompt box's text, or from exact token ids (a reopened
+// insight: the text is those tokens even where the tokenizer would split its text otherwise).
+export async function openPrompt(prompt, ids = null) {
   $("prompt").value = prompt;
   const old = S.textId;
   resetText();
   renderAll();
   if (old) api("DELETE", textPath(old)).catch(() => {});
-  const t = await api("POST", "/api/texts", { prompt });
+  const t = await api("POST", "/api/texts", ids ? { prompt_ids: ids } : { prompt });
   S.prompt = prompt;
   S.promptLen = t.length;
   applyText(t);
@@ -179,22 +181,6 @@ export async function goToPath(path) {
     for (let q = m; q < ids.length; q++) await call("branch", { position: q, token_id: ids[q] });
     if (S.length > ids.length) await call("cut", { position: ids.length });
   });
-}
-
-// Make the text exactly `ids` (a text opened from their decoded string, where the
-// tokenizer split it differently): the recorded tokens are put back one by one from
-// the first that differs. Returns that position, or null when they matched already.
-export async function putBackTokens(ids) {
-  let d = 0;
-  while (d < Math.min(S.length, ids.length) && S.tokens[d].id === ids[d]) d++;
-  if (d === ids.length && S.length === ids.length) return null;
-  if (d === 0) throw new Error("the text's first token differs from the recorded one, and the first token can't be replaced: edit the prompt by hand");
-  const ok = await edit(async () => {
-    for (let q = d; q < ids.length; q++) await call("branch", { position: q, token_id: ids[q] });
-    if (S.length > ids.length) await call("cut", { position: ids.length });
-  });
-  if (!ok) throw new Error("the recorded tokens could not be put back (see the error above)");
-  return d;
 }
 
 // Put token_id at position p (where a step is): the text ends there.

@@ -2,7 +2,7 @@
 // with its words and evidence, Replay (the server recomputes the stored scores and
 // says whether they still match), Reopen (a text back at that token, with the same
 // sampling) and Push. Titles and bodies are the user's: text nodes only (dom.js).
-import { generate, openPrompt, putBackTokens, putTokenAt } from "./actions.js";
+import { generate, openPrompt, putTokenAt } from "./actions.js";
 import { api } from "./api.js";
 import { $, h, placeholder } from "./dom.js";
 import { readable, whenSaved } from "./insight.js";
@@ -123,10 +123,9 @@ function setSampling(s) {
   $("seed").value = s.seed === null ? "" : String(s.seed);
 }
 
-// The insight's text, back at its token: a new text of prompt_ids[:position] (opened
-// from their decoded string; tokens the tokenizer splits otherwise are put back one by
-// one), one token generated with the insight's sampling, and the recorded token put
-// there when sampling chose another. Says what it did and whether the scores match.
+// The insight's text, back at its token: a new text of exactly prompt_ids[:position],
+// one token generated with the insight's sampling, and the recorded token put there
+// when sampling chose another. Says what it did and whether the scores match.
 async function reopen(ins, out, button) {
   const ev = ins.evidence;
   const say = [];
@@ -139,15 +138,10 @@ async function reopen(ins, out, button) {
   button.disabled = true;
   const ids = ev.prompt_ids.slice(0, ev.position);
   try {
-    await openPrompt(await decodeIds(ids));
+    await openPrompt(await decodeIds(ids), ids);
     const got = S.tokens.map((t) => t.id);
-    const same = got.length === ids.length && got.every((x, i) => x === ids[i]);
-    if (same) say.push(`Opened a new text of the ${ids.length} tokens the model had read: the same token ids as recorded.`);
-    else {
-      const d = await putBackTokens(ids);
-      say.push(`Opened a new text from the decoded prompt: its tokens differed from the recorded ones from position ${d} ` +
-        `(the tokenizer splits that text otherwise), so the recorded tokens were put back one by one.`);
-    }
+    if (got.length !== ids.length || got.some((x, i) => x !== ids[i])) throw new Error("the server opened other tokens than the recorded ones");
+    say.push(`Opened a new text of the ${ids.length} tokens the model had read, the recorded token ids.`);
     setSampling(ev.sampling);
     await generate({ keepText: true, sampling: { max_tokens: 1, temperature: ev.sampling.temperature, top_k: ev.sampling.top_k, seed: ev.sampling.seed } });
     const p = ev.position;
