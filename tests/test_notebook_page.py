@@ -12,13 +12,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import threading
-import time
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 import yaml
 from playwright.sync_api import expect
 
@@ -27,7 +24,7 @@ from puffergpt.engine import Engine
 from puffergpt.notebook import Notebook
 from puffergpt.reference import NumpyProducts
 from puffergpt.server import create_app
-from test_playground import ARTIFACTS, TIMEOUT_MS, Watched, browser, free_port, generate, generated, shot  # noqa: F401  (browser: a fixture)
+from test_playground import ARTIFACTS, TIMEOUT_MS, Watched, browser, generate, generated, serve_app, shot  # noqa: F401  (browser: a fixture)
 
 # ../ to climb out of the notebook, HTML that would run if parsed, emoji, quotes, YAML's own syntax.
 HOSTILE = '../../../etc/passwd <img src=x onerror="alert(1)"> <b>bold</b> 🦀✨ ..\\..\\x: "q" #tag'
@@ -40,18 +37,8 @@ def served(loaded, demo, tmp_path_factory):
     store, key = loaded(demo)
     book = tmp_path_factory.mktemp("notebook")
     app = create_app(Engine(store, demo.name, key), reference=lambda: NumpyProducts(demo), notebook=Notebook(book))
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the playground server did not start")
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", book, demo
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with serve_app(app) as url:
+        yield url, book, demo
 
 
 def open_page(browser, url, width=1440, height=1000, **kw):

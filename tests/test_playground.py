@@ -8,6 +8,7 @@ Screenshots go to artifacts/ at the repository root."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -41,6 +42,13 @@ def server(loaded, demo):
     """The app over the demo model in an embedded store, served on a free port."""
     store, key = loaded(demo)
     app = create_app(Engine(store, demo.name, key), reference=lambda: NumpyProducts(demo))
+    with serve_app(app) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def serve_app(app):
+    """The app served by uvicorn on a free loopback port, in a thread: its URL."""
     port = free_port()
     srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
     thread = threading.Thread(target=srv.run, daemon=True)
@@ -50,9 +58,11 @@ def server(loaded, demo):
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError("the playground server did not start")
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")
