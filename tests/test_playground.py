@@ -233,7 +233,7 @@ def test_stop_and_api_errors(page):
     assert 3 <= n < 100
 
 
-def test_waterfall_and_phases(page):
+def test_waterfall_and_phases(page, server):
     p = page.page
     generate(p, "one two three one two three one two", n=4)
     expect(generated(p)).to_have_count(4)
@@ -255,6 +255,8 @@ def test_waterfall_and_phases(page):
     prompt_tokens = p.locator("#tokens .token.prompt").count()
     expect(phases.locator(".phase-prefill")).to_contain_text(f"{prompt_tokens} tokens read in {per_token} requests")
     expect(phases.locator(".phase-decode")).to_contain_text(f"{per_token} requests/token")
+    trips = httpx.get(server + "/api/info").json()["round_trips_per_token"]
+    expect(phases.locator(".phase-decode")).to_contain_text(f"{trips} of them one after another")
     expect(phases.locator(".phase-decode")).to_contain_text("per token")
     expect(phases.locator(".saving")).to_be_visible()
 
@@ -436,7 +438,9 @@ def test_analogy_neighbours_and_a_multi_token_word(page, server):
     rows = p.locator("#analogy-result tbody tr")
     expect(rows).to_have_count(5)
     assert rows.evaluate_all("rs => rs.map(r => Number(r.dataset.tokenId))") == [r["token_id"] for r in want["results"]]
-    expect(p.locator("#analogy-result .searched")).to_contain_text(f"{len(want['requests'])} search")
+    ops = [r["op"] for r in want["requests"]]
+    assert ops == ["fetch", "search"]  # the words' vectors, then one search over all the token vectors
+    expect(p.locator("#analogy-result .searched")).to_contain_text("1 fetch of the words' vectors by id, then 1 exact search over")
     # A word of several tokens: the server's message, naming its tokens, shown as it is.
     p.fill("#an-a", "puffergpt")
     p.click("#an-go")

@@ -13,9 +13,15 @@ function failed(box, e) {
   box.replaceChildren(h("p", { class: "emb-error", role: "alert", text: e.message }));
 }
 
+// What the view cost, from its request log: fetches of the words' vectors by id, and
+// exact searches over all the token vectors.
 function searched(requests) {
-  const n = (requests || []).length;
-  return h("p", { class: "note searched", text: `${plural(n, "search", "searches")} over the ${int(S.info ? S.info.config.n_vocab : 50257)} token vectors, exact (no index).` });
+  const reqs = requests || [];
+  const fetches = reqs.filter((r) => r.op === "fetch").length, searches = reqs.filter((r) => r.op === "search").length;
+  const parts = [];
+  if (fetches) parts.push(`${plural(fetches, "fetch", "fetches")} of the words' vectors by id`);
+  if (searches) parts.push(`${plural(searches, "exact search", "exact searches")} over the ${int(S.info ? S.info.config.n_vocab : 50257)} token vectors (no index)`);
+  return h("p", { class: "note searched", text: (parts.join(", then ") || "no requests") + "." });
 }
 
 function resultsTable(results) {
@@ -91,7 +97,9 @@ function mapSvg(r) {
     const [x, y] = at(p);
     kids.push(svg("g", { class: "map-point", dataset: { tokenId: String(p.token_id) } },
       svg("circle", { cx: x.toFixed(1), cy: y.toFixed(1), r: 4 }),
-      svg("text", { x: (x + 6).toFixed(1), y: (y + 4).toFixed(1), text: p.label.replace(/ /g, "·") }),
+      // Labels on the right half go to the left of their point, so none runs off the map.
+      svg("text", { x: (x > W / 2 ? x - 6 : x + 6).toFixed(1), y: (y + 4).toFixed(1), "text-anchor": x > W / 2 ? "end" : "start",
+                    text: p.label.replace(/ /g, "·") }),
       svg("title", { text: `token ${p.token_id}: ${JSON.stringify(p.label)}` })));
   }
   return svg("svg", { class: "map", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "2D map of token vectors" }, kids);

@@ -23,6 +23,7 @@ function renderFigures(info) {
     ["documents", int(info.documents)],
     ["in the store", info.megabytes + " MB"],
     ["requests/token", int(info.requests_per_token)],
+    ["round trips/token", int(info.round_trips_per_token)],
     ["search", `${String(info.metric).replace(/_/g, " ")} · ${info.backend}`],
   ];
   $("info").replaceChildren(...items.map(([k, v]) => h("span", { class: "info-item" }, h("span", { class: "k", text: k }), h("span", { class: "v", text: v }))));

@@ -23,6 +23,7 @@ function renderPhases() {
 
   const preTokens = sum(pre, (s) => s.read), preReq = sum(pre, (s) => s.requests), preMs = sum(pre, (s) => s.ms), preCost = sum(pre, (s) => s.cost_usd);
   const decReq = sum(dec, (s) => s.requests), decMs = sum(dec, (s) => s.ms), decCost = sum(dec, (s) => s.cost_usd);
+  const preTrips = sum(pre, (s) => s.round_trips), decTrips = sum(dec, (s) => s.round_trips);
 
   const preBox = h("div", { class: "phase phase-prefill" },
     h("h3", { text: "Prefill" }),
@@ -36,8 +37,10 @@ function renderPhases() {
     h("h3", { text: "Decode" }),
     dec.length
       ? [h("p", { class: "big" }, h("b", { text: ms(decMs / dec.length) }), " per token"),
-        h("p", { text: `${(decReq / dec.length).toFixed(decReq % dec.length ? 1 : 0)} requests/token · ${usdPlain(decCost / dec.length)}/token · ${int(dec.length)} tokens` }),
-        h("p", { class: "note", text: "Each new token is one full pass: its requests run one after another, so latency is requests × round trip." })]
+        h("p", { text: `${(decReq / dec.length).toFixed(decReq % dec.length ? 1 : 0)} requests/token, ` +
+          `${(decTrips / dec.length).toFixed(decTrips % dec.length ? 1 : 0)} of them one after another · ${usdPlain(decCost / dec.length)}/token · ${int(dec.length)} tokens` }),
+        h("p", { class: "note", text: "Each new token is one full pass: its searches run one after another, so latency is round trips × the time of one. " +
+          "The key writes run beside them: nothing reads a token's keys before the next token." })]
       : h("p", { class: "note", text: "No token decoded one at a time yet." }));
   const kids = [preBox, decBox];
   if (rep.length) {
@@ -47,9 +50,9 @@ function renderPhases() {
       h("p", { class: "note", text: "Their candidates were already known from an earlier pass over the same prefix." })));
   }
   if (pre.length && dec.length) {
-    const oneByOne = preTokens * (decReq / dec.length);
-    kids.push(h("p", { class: "saving" }, "Batching: ", h("b", { text: `${int(preTokens)} prompt tokens cost ${int(preReq)} requests instead of ${int(Math.round(oneByOne))}` }),
-      ` — ${(oneByOne / Math.max(1, preReq)).toFixed(1)}× fewer round trips than reading them one by one.`));
+    const oneByOne = preTokens * (decTrips / dec.length);
+    kids.push(h("p", { class: "saving" }, "Batching: ", h("b", { text: `${int(preTokens)} prompt tokens cost ${int(preTrips)} round trips instead of ${int(Math.round(oneByOne))}` }),
+      ` — ${(oneByOne / Math.max(1, preTrips)).toFixed(1)}× fewer than reading them one by one.`));
   }
   box.replaceChildren(...kids);
 }
