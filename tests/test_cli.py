@@ -349,3 +349,34 @@ def test_generate_while_serve_holds_the_data_says_where_the_server_is(tmp_path):
     # that no longer holds the directory: it is ignored, and the store opens
     r = run("generate", "hi", "--model", "demo", "--data", str(data), "-n", "2")
     assert r.exit_code == 0, r.output
+
+
+def test_analogy_json_equals_numpy(cli_ckpt, cli_data):
+    """`analogy A B C --json`: the k tokens nearest by cosine to wte[B] - wte[A] + wte[C],
+    A, B and C excluded, as numpy finds them on the checkpoint."""
+    r = run("analogy", " man", " woman", " king", "--model", str(cli_ckpt), "--data", str(cli_data), "-k", "5", "--json")
+    assert r.exit_code == 0, r.output
+    got = json.loads(r.stdout)["results"]
+    w = checkpoints.load(str(cli_ckpt)).params["wte.weight"].astype(np.float64)
+    a, b, c = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
+    v = w[b] - w[a] + w[c]
+    sims = w @ v / (np.linalg.norm(w, axis=1) * np.linalg.norm(v))
+    want = [int(i) for i in np.argsort(-sims, kind="stable") if int(i) not in (a, b, c)][:5]
+    assert [x["token_id"] for x in got] == want
+    assert np.abs(np.array([x["score"] for x in got]) - sims[want]).max() < 1e-4
+    assert set(got[0]) >= {"token_id", "text", "score"}
+    text = run("analogy", " man", " woman", " king", "--model", str(cli_ckpt), "--data", str(cli_data), "-k", "3")
+    assert text.exit_code == 0 and "is to" in text.stdout and len(text.stdout.splitlines()) == 4, text.output
+
+
+@pytest.mark.parametrize("args, words", [
+    (["man", "queen", " king"], ["'queen' is 2 GPT-2 tokens", "' queen' is one token"]),
+    ([" man", " woman", " king", "-k", "0"], ["-k"]),
+    ([" man", " woman", " king", "-k", "101"], ["-k"]),
+    ([" man", " woman"], ["Missing argument"]),
+])
+def test_analogy_bad_input(cli_ckpt, cli_data, args, words):
+    r = run("analogy", *args, "--model", str(cli_ckpt), "--data", str(cli_data))
+    assert r.exit_code != 0 and "Traceback" not in r.output, r.output
+    for w in words:
+        assert w in r.output, (w, r.output)

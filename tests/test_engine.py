@@ -7,6 +7,7 @@ from puffergpt import tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
+from puffergpt.stores.base import StoreError
 from puffergpt.text import Text
 
 from helpers import PROMPTS, compare_with_reference
@@ -104,6 +105,20 @@ def test_closing_drops_the_keys_namespace(loaded, tiny):
     assert products.keys_ns in store.namespaces("text-")
     products.close()
     assert products.keys_ns not in store.namespaces("text-")
+
+
+def test_products_for_the_views_make_no_namespace_and_read_no_text(loaded, tiny):
+    store, key = loaded(tiny)
+    before = store.namespaces("text-")
+    products = Engine(store, tiny.name, key).views()
+    assert store.namespaces("text-") == before and products.keys_ns is None
+    t = Text(products)
+    t.append([1, 2])
+    with pytest.raises(StoreError, match="open a text"):
+        next(t.generate(1, Sampling(0, 40)))
+    assert len(products.token_rows([1, 2])) == 2  # what the views need still works
+    products.close()
+    assert store.namespaces("text-") == before
 
 
 @pytest.mark.parametrize("metric", ["euclidean_squared", "cosine_distance"])

@@ -427,15 +427,17 @@ def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
 
     model, _ = resolve_model(model)
     with clear_errors():
-        open_products, store = make_products("search", model, backend, data_dir, dsn)
-        products = open_products()
+        checkpoints.check_model(model)
+        store = open_store(backend, data_dir, dsn)
         try:
+            products = search_engine(store, model).views()
             try:
                 got = texts.analogy(products, a, b, c, k)
             except TextError as e:
                 fail(str(e))
+            finally:
+                products.close()
         finally:
-            products.close()
             store.close()
     if as_json:
         click.echo(json.dumps({"results": got["results"]}))

@@ -105,11 +105,17 @@ class Engine:
         self.key_schema = KEY_SCHEMA if self.key_metric == "inner_product" else KEY_SCHEMA | {"norm2": "float"}
 
     def open(self) -> "SearchProducts":
+        """The products of one text, with a namespace of its own for the text's keys."""
         return SearchProducts(self)
+
+    def views(self) -> "SearchProducts":
+        """Products for the embedding views (analogy, neighbours, the map), which read no
+        text: no namespace of keys is made for them, so attention is refused."""
+        return SearchProducts(self, keys=False)
 
 
 class SearchProducts:
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, keys: bool = True):
         self.engine = engine
         self.store = engine.store
         self.config = c = engine.config
@@ -122,8 +128,9 @@ class SearchProducts:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="puffergpt-keys")
         self._pending: dict[int, Future] = {}  # layer -> its latest key write
         self._closed = threading.Event()
-        self.keys_ns = f"text-{uuid.uuid4().hex[:16]}"
-        self.store.create_namespace(self.keys_ns, c.head_dim, engine.key_schema, engine.key_metric, ephemeral=True)
+        self.keys_ns = f"text-{uuid.uuid4().hex[:16]}" if keys else None
+        if keys:
+            self.store.create_namespace(self.keys_ns, c.head_dim, engine.key_schema, engine.key_metric, ephemeral=True)
         # Layer norms: the only parameters the server keeps, 2 x C numbers each.
         names = loading.norms(c)
         ns = loading.namespace(self.key, c.n_embd)
@@ -131,7 +138,8 @@ class SearchProducts:
         try:
             v = self.store.fetch(ns, [loading.doc_id(n, r) for n in names for r in (0, 1)])[:, : c.n_embd]
         except BaseException:
-            self.store.drop_namespace(self.keys_ns)  # no text, no namespace
+            if keys:
+                self.store.drop_namespace(self.keys_ns)  # no text, no namespace
             self._writer.shutdown(wait=False)
             raise
         self._log("ln", "fetch", 1, len(v), v.nbytes, len(v), t)
@@ -154,7 +162,8 @@ class SearchProducts:
                 f.exception()  # wait; a failed write matters no more: the namespace goes
         finally:
             self._writer.shutdown(wait=True)
-            self.store.drop_namespace(self.keys_ns)
+            if self.keys_ns is not None:
+                self.store.drop_namespace(self.keys_ns)
 
     def _wait_keys(self, layer: int) -> None:
         """Block until this layer's last key write has landed; a failed write fails here."""
@@ -198,6 +207,8 @@ class SearchProducts:
         return self.enc.outputs(dist, q, self.M[name])  # (T, out)
 
     def attention_scores(self, layer, q, k, pos):
+        if self.keys_ns is None:
+            raise StoreError("these products were opened for the embedding views (Engine.views): open a text to read tokens")
         H, T, hd = q.shape
         S = int(pos[-1]) + 1
         self._wait_keys(layer)  # an earlier step's write of this layer, or an old one a new key must replace

@@ -212,13 +212,13 @@ def verify_matrix(store: Store, ns: str, name: str, doc_ids: list[str], sha256: 
         return str(e)
     if checksum(docs) != sha256:
         return "its documents do not match the checksum in the manifest (altered)"
-    return verify_attributes(store, ns, name, doc_ids, row_norm2(docs, n_in_of(ns)), metric)
+    return verify_attributes(store, ns, name, doc_ids, row_norm2(docs, n_in_of(ns)), metric, docs.shape[1])
 
 
-def verify_attributes(store: Store, ns: str, name: str, doc_ids: list[str], norm2: np.ndarray, metric: str) -> str | None:
+def verify_attributes(store: Store, ns: str, name: str, doc_ids: list[str], norm2: np.ndarray, metric: str,
+                      dim: int) -> str | None:
     """None if every document of the matrix carries its own row number and |w|^2, else what
     is wrong. Exact searches return them all, as the engine's searches would."""
-    dim = store.fetch(ns, doc_ids[:1]).shape[1]
     probe = np.zeros(dim, np.float32)
     probe[0] = 1.0  # any vector will do (not zero: cosine would have no direction); the distances are unused
     rows = len(doc_ids)

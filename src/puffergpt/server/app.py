@@ -467,7 +467,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
 
     def view(run: Callable[[object], dict]) -> dict:
         """A view on its own products (a fetch and a search or two), closed after."""
-        products = engine.open()
+        products = engine.views()  # no text: no namespace of keys to make and drop
         try:
             products.extra = True
             d = run(products)
