@@ -15,12 +15,12 @@ import numpy as np
 
 from puffergpt.reference import Products, Trace, layer_norm
 
-MAX_LENS_K = 100
+MAX_VIEW_K = 100  # tokens a lens, analogy or neighbours view may ask for
 
 
-def check_k(k) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_LENS_K:
-        raise ValueError(f"lens k must be an integer in 1..{MAX_LENS_K}, got {k!r}")
+def check_k(k, what: str = "k") -> int:
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_VIEW_K:
+        raise ValueError(f"{what} must be an integer in 1..{MAX_VIEW_K}, got {k!r}")
     return k
 
 

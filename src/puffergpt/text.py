@@ -290,7 +290,7 @@ class Text:
         so the text's own cache and keys stay as they are (its key is rewritten as it
         was). -> (inspection, the requests it cost, marked extra; recomputed?)"""
         try:
-            k = inside.check_k(k)
+            k = inside.check_k(k, "lens k")
         except ValueError as e:
             raise TextError(str(e)) from None
         with self.lock:

@@ -7,8 +7,9 @@ The edges parse and render; everything in between lives here, once:
 - ``complete``: the one path that reads a prompt and writes tokens (``generate``,
   ``/v1/completions``, Compare and bench);
 - ``Usage``: requests, sequential round trips, bytes and cost of some steps;
-- the learning views, each made of searches: ``inspect`` (attention per layer and
-  head, the logit lens), ``analogy``, ``neighbours``, ``embedding_map`` and ``kv``.
+- the learning views, each made of searches: ``analogy``, ``neighbours``,
+  ``embedding_map`` and ``kv`` here; attention per layer and head and the logit lens
+  are ``Text.inspect`` (``text.py``, ``inside.py``).
 
 What a text keeps for the views is bounded (``text.py``): a step keeps at most
 ``KEEP_CANDIDATES`` candidates, and a text the attention and lens of at most
@@ -28,14 +29,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from puffergpt import tokenizer
+from puffergpt import inside, tokenizer
 from puffergpt.reference import Products, layer_norm
 from puffergpt.sampling import Sampling
-from puffergpt.text import Step, Text, TextBusy, TextError, check_generation
+from puffergpt.text import Step, Text, TextError, check_generation
 
 log = logging.getLogger("puffergpt")
 
-MAX_VIEW_K = 100  # tokens an analogy or neighbours view may ask for
 MAX_MAP_WORDS = 24
 
 
@@ -204,12 +204,6 @@ class Usage:
 
 # --- inside the transformer -----------------------------------------------------------
 
-def inspect(text: Text, p: int, k: int = 10) -> tuple[dict, list, bool]:
-    """The view from the token at p - 1 (its output predicts position p): attention per
-    layer and head, and the lens. -> (inspection, the requests it cost, recomputed?)"""
-    return text.inspect(p, k)
-
-
 def one_token(word: str) -> int:
     """The token id of a word that is one GPT-2 token, else a clear error naming its tokens."""
     if not isinstance(word, str) or not word:
@@ -225,9 +219,10 @@ def one_token(word: str) -> int:
 
 
 def _check_k(k) -> int:
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_VIEW_K:
-        raise TextError(f"k must be an integer in 1..{MAX_VIEW_K}, got {k!r}")
-    return k
+    try:
+        return inside.check_k(k)
+    except ValueError as e:
+        raise TextError(str(e)) from None
 
 
 def token_dict(tok: int) -> dict:
@@ -310,4 +305,4 @@ def kv(text: Text) -> dict:
                 "writes": list(text.writes)}
 
 
-__all__ = ["Texts", "Usage", "analogy", "complete", "embedding_map", "inspect", "kv", "neighbours", "one_token", "opened"]
+__all__ = ["Texts", "Usage", "analogy", "complete", "embedding_map", "kv", "neighbours", "one_token", "opened"]

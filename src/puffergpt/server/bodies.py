@@ -6,11 +6,11 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from puffergpt import tokenizer
+from puffergpt.inside import MAX_VIEW_K
 
 MAX_PROMPT_CHARS = 16 * 1024
 MAX_PROMPT_IDS = 4096  # token ids of a text: more than any GPT-2's context
 MAX_NEW_TOKENS = 512
-MAX_VIEW_K = 100
 MAX_WORD_CHARS = 64
 
 
