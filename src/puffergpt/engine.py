@@ -298,9 +298,7 @@ class SearchProducts:
         most ``max_top_k`` hits a query, as one request."""
         rows = self.engine.manifest["matrices"][matrix]["rows"]
         q = self.enc.queries(x[None])  # (1, dim)
-        cap = getattr(self.store, "max_top_k", None) or rows
-        flt = lambda a, b: (("matrix", "=", matrix),) + ((("row", ">=", a), ("row", "<", b)) if cap < rows else ())  # noqa: E731
-        queries = [Query(q[0], flt(a, min(a + cap, rows))) for a in range(0, rows, cap)]
+        queries = [Query(q[0], f) for f in loading.whole_matrix(self.store, matrix, rows)]
         t = time.perf_counter()
         hits = self._search(loading.namespace(self.key, self.config.n_embd), queries, self.enc.metric, include)
         self._log(kind, "search", len(queries), rows, rows * q.shape[1] * 4, len(hits.query), t)

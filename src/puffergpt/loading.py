@@ -215,17 +215,22 @@ def verify_matrix(store: Store, ns: str, name: str, doc_ids: list[str], sha256: 
     return verify_attributes(store, ns, name, doc_ids, row_norm2(docs, n_in_of(ns)), metric, docs.shape[1])
 
 
+def whole_matrix(store: Store, name: str, rows: int) -> list[tuple]:
+    """The filters that, together, match every row of a matrix: one, or row ranges where the
+    store returns at most ``max_top_k`` hits a query (turbopuffer)."""
+    cap = getattr(store, "max_top_k", None) or rows
+    if cap >= rows:
+        return [(("matrix", "=", name),)]
+    return [(("matrix", "=", name), ("row", ">=", a), ("row", "<", min(a + cap, rows))) for a in range(0, rows, cap)]
+
+
 def verify_attributes(store: Store, ns: str, name: str, doc_ids: list[str], norm2: np.ndarray, metric: str,
                       dim: int) -> str | None:
     """None if every document of the matrix carries its own row number and |w|^2, else what
     is wrong. Exact searches return them all, as the engine's searches would."""
     probe = np.zeros(dim, np.float32)
     probe[0] = 1.0  # any vector will do (not zero: cosine would have no direction); the distances are unused
-    rows = len(doc_ids)
-    cap = getattr(store, "max_top_k", None) or rows
-    ranges = [(a, min(a + cap, rows)) for a in range(0, rows, cap)]
-    queries = [Query(probe, (("matrix", "=", name),) + ((("row", ">=", a), ("row", "<", b)) if cap < rows else ()))
-               for a, b in ranges]
+    queries = [Query(probe, f) for f in whole_matrix(store, name, len(doc_ids))]
     n = store.max_queries
     hits = Hits.concat([store.search(ns, queries[s:s + n], metric, include=("id", "row", "norm2"))
                         for s in range(0, len(queries), n)], ("id", "row", "norm2"))
