@@ -227,7 +227,7 @@ def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, 
                 check_generation(config, s, len(ids), n_tokens)
             except TextError as e:
                 fail(str(e))
-            steps = complete(open_products, ids, n_tokens, s, inspect=lens_k if inspect else 0)
+            steps = complete(open_products, ids, n_tokens, s, inspect=lens_k if inspect else 0, explain=inspect)
             run_generate(steps, prompt, ids, as_json,
                          {"model": model, "engine": engine, "backend": backend if engine == "search" else None})
         finally:
@@ -400,12 +400,19 @@ def run_generate(steps, prompt, ids, as_json, summary) -> None:
 
 
 def step_line(step) -> dict:
-    """The --json line of a token; with --inspect, its attention and lens (see the README)."""
+    """The --json line of a token; with --inspect, its attention, lens, attribution and
+    neurons (see the README)."""
+    from puffergpt import inside, texts
+
     d = step.to_json()
     if step.inspect is not None:
         got = step.inspect
         d["attention"] = [[[round(float(w), 6) for w in head[: step.position]] for head in layer] for layer in got["weights"]]
         d["lens"] = [[{"token_id": int(i), "logit": float(v)} for i, v in zip(e["ids"], e["logits"])] for e in got["lens"]]
+        d["decided_layer"] = inside.decided_layer(got["lens"])
+        d["final_top1"] = texts.token_dict(inside.final_top1(got["lens"]))
+        if "attribution" in got:
+            d["attribution"], d["neurons"] = got["attribution"], got["neurons"]
     return d
 
 

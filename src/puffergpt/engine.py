@@ -320,6 +320,16 @@ class SearchProducts:
         self._log("wte.fetch", "fetch", 1, len(docs), docs.nbytes, len(docs), t)
         return self.enc.rows(docs, C)
 
+    def row(self, name: str, i: int) -> np.ndarray:
+        """Row i of an embedding (wte, wpe), one fetch by id: -> (C,)"""
+        if name not in ("wte", "wpe"):
+            raise ValueError(f"row() reads an embedding (wte, wpe), not {name!r}")
+        C = self.config.n_embd
+        t = time.perf_counter()
+        docs = self.store.fetch(loading.namespace(self.key, C), [loading.doc_id(name, int(i))])
+        self._log(f"{name}.fetch", "fetch", 1, len(docs), docs.nbytes, len(docs), t)
+        return self.enc.rows(docs, C)[0]
+
     def key_counts(self) -> list[int]:
         """Keys stored in this text's namespace, per layer: n_layer count requests (the KV cache view)."""
         out = []

@@ -5,14 +5,17 @@ that made it.
   (q.k / sqrt(head_dim)) and their softmax weights, per layer and head (``Trace``);
 - the logit lens: the residual stream entering each block, through ln_f, searched
   against the token vectors (top-k), in one request; the last entry is the final
-  candidates. Where a layer's top-1 first equals the final top-1 is where the model
-  "made up its mind".
+  candidates. The layer where the model "made up its mind" (``decided_layer``) is the
+  first from which every later entry's top-1 is the final top-1;
+- what each part adds to the next token, and the MLP's neurons: ``attribution.py``,
+  from what the inspection keeps of the trace.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from puffergpt import attribution
 from puffergpt.reference import Products, Trace, layer_norm
 
 MAX_VIEW_K = 100  # tokens a lens, analogy or neighbours view may ask for
@@ -38,14 +41,29 @@ def lens(products: Products, trace: Trace, k: int, final: tuple[np.ndarray, np.n
 
 
 def inspection(products: Products, trace: Trace, k: int, final=None) -> dict:
-    """scores, weights: (L, H, S); lens: n_layer + 1 entries; residual: (L + 1, C)."""
+    """scores, weights: (L, H, S); lens: n_layer + 1 entries; residual: (L + 1, C); what
+    the attribution needs of the trace (each head's output, each MLP's: small) and each
+    layer's most active neurons (the (L, 4C) activations themselves are not kept)."""
+    kept = Trace(residual=trace.residual, heads=trace.heads, attn=trace.attn, mlp=trace.mlp)
     return {"scores": np.stack(trace.scores), "weights": np.stack(trace.weights),
-            "lens": lens(products, trace, k, final), "residual": np.stack(trace.residual), "k": k}
+            "lens": lens(products, trace, k, final), "residual": np.stack(trace.residual), "k": k,
+            "trace": kept, "top_neurons": attribution.top_neurons(trace)}
 
 
-def first_top1(lens_entries: list[dict], token_id: int) -> int | None:
-    """The first layer whose top-1 is token_id (None if none is)."""
-    return next((e["layer"] for e in lens_entries if len(e["ids"]) and int(e["ids"][0]) == token_id), None)
+def final_top1(lens_entries: list[dict]) -> int:
+    """The model's own prediction: the top-1 of the last lens entry (not the sampled token)."""
+    return int(lens_entries[-1]["ids"][0])
+
+
+def decided_layer(lens_entries: list[dict]) -> int:
+    """The layer where the model made up its mind: the smallest l such that the top-1 of
+    every lens entry from l on is the final top-1. (A layer whose top-1 equals it, then
+    changes, then comes back, does not count: only the last unbroken run does.)"""
+    final = final_top1(lens_entries)
+    i = len(lens_entries) - 1
+    while i > 0 and len(lens_entries[i - 1]["ids"]) and int(lens_entries[i - 1]["ids"][0]) == final:
+        i -= 1
+    return int(lens_entries[i]["layer"])
 
 
 def rank_of(entry: dict, token_id: int) -> int | None:

@@ -64,11 +64,15 @@ class Products(Protocol):
     def top_k(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k tokens whose wte rows score highest against x: (C,) -> ids (k,), logits (k,), best first"""
 
-    def top_k_many(self, x: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """top_k for several vectors in one request (the logit lens): (n, C) -> n x (ids, logits)"""
+    def top_k_many(self, x: np.ndarray, k: int, kind: str = "lens.top_k") -> list[tuple[np.ndarray, np.ndarray]]:
+        """top_k for several vectors in one request (the logit lens; ``kind`` names it in
+        the request log): (n, C) -> n x (ids, logits)"""
 
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Every token's score, the whole vocabulary: (C,) -> (V,). A search over all of wte."""
+
+    def row(self, name: str, i: int) -> np.ndarray:
+        """Row i of an embedding, ``wte`` (token i's vector) or ``wpe``, one fetch: -> (C,)"""
 
     def close(self) -> None: ...
 
@@ -76,13 +80,19 @@ class Products(Protocol):
 @dataclass
 class Trace:
     """What one forward pass shows of its last token, for the learning views: the residual
-    stream entering each block and after the last (before ln_f), and each layer's
-    attention of the last token's query over positions 0..p: scores (q.k / sqrt(hd))
-    and softmax weights. Recorded from the products' own results, never recomputed."""
+    stream entering each block and after the last (before ln_f), each layer's attention
+    of the last token's query over positions 0..p: scores (q.k / sqrt(hd)) and softmax
+    weights, each head's output before c_proj, what attention and the MLP added to the
+    residual, and the MLP's neuron activations (GELU of c_fc). Recorded from the
+    products' own results, never recomputed."""
 
     residual: list[np.ndarray] = field(default_factory=list)  # n_layer + 1 of (C,)
     scores: list[np.ndarray] = field(default_factory=list)  # n_layer of (H, S)
     weights: list[np.ndarray] = field(default_factory=list)  # n_layer of (H, S)
+    heads: list[np.ndarray] = field(default_factory=list)  # n_layer of (H, hd): weights @ values
+    attn: list[np.ndarray] = field(default_factory=list)  # n_layer of (C,): attention's c_proj output
+    acts: list[np.ndarray] = field(default_factory=list)  # n_layer of (4C,): gelu(c_fc)
+    mlp: list[np.ndarray] = field(default_factory=list)  # n_layer of (C,): the MLP's c_proj output
 
 
 @dataclass
@@ -112,13 +122,22 @@ def attention(p: Products, layer: int, x: np.ndarray, pos: np.ndarray, cache: Ca
         trace.scores.append((scores[:, -1] / np.sqrt(hd)).astype(np.float32))
         trace.weights.append(w[:, -1].astype(np.float32))
     out = (w @ cache.values[layer]).astype(np.float32)  # (H, T, S) @ (H, S, hd) -> (H, T, hd)
+    if trace is not None:
+        trace.heads.append(out[:, -1].copy())  # (H, hd)
     out = out.transpose(1, 0, 2).reshape(T, H * hd)  # merge heads -> (T, C)
-    return p.linear(f"h.{layer}.attn.c_proj", out)  # (T, C) -> (T, C)
+    y = p.linear(f"h.{layer}.attn.c_proj", out)  # (T, C) -> (T, C)
+    if trace is not None:
+        trace.attn.append(y[-1].copy())
+    return y
 
 
-def mlp(p: Products, layer: int, x: np.ndarray) -> np.ndarray:
+def mlp(p: Products, layer: int, x: np.ndarray, trace: Trace | None = None) -> np.ndarray:
     h = gelu(p.linear(f"h.{layer}.mlp.c_fc", x))  # (T, C) -> (T, 4C)
-    return p.linear(f"h.{layer}.mlp.c_proj", h)  # (T, 4C) -> (T, C)
+    y = p.linear(f"h.{layer}.mlp.c_proj", h)  # (T, 4C) -> (T, C)
+    if trace is not None:
+        trace.acts.append(h[-1].copy())
+        trace.mlp.append(y[-1].copy())
+    return y
 
 
 def forward(p: Products, ids: np.ndarray, start: int, cache: Cache, trace: Trace | None = None) -> np.ndarray:
@@ -141,7 +160,7 @@ def forward(p: Products, ids: np.ndarray, start: int, cache: Cache, trace: Trace
         if trace is not None:
             trace.residual.append(x[-1].copy())  # entering block i
         x = x + attention(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_1"), c.eps), pos, cache, trace)
-        x = x + mlp(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_2"), c.eps))
+        x = x + mlp(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_2"), c.eps), trace)
     if trace is not None:
         trace.residual.append(x[-1].copy())  # after the last block, before ln_f
     return layer_norm(x, *p.norm("ln_f"), c.eps)
@@ -181,8 +200,13 @@ class NumpyProducts:
         ids = np.argsort(-logits, kind="stable")[:k]
         return ids, logits[ids]
 
-    def top_k_many(self, x, k):
+    def top_k_many(self, x, k, kind: str = "lens.top_k"):
         return [self.top_k(v, k) for v in x]
+
+    def row(self, name, i):
+        if name not in ("wte", "wpe"):
+            raise ValueError(f"row() reads an embedding (wte, wpe), not {name!r}")
+        return self.params[f"{name}.weight"][i].copy()
 
     def close(self) -> None:
         pass

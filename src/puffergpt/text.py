@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from puffergpt import inside, tokenizer
+from puffergpt import attribution, inside, tokenizer
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.reference import Cache, Products, Trace, forward
 from puffergpt.sampling import Sampling, distribution, log_softmax, pick, probabilities
@@ -283,12 +283,14 @@ class Text:
         while len(self.inspected) > KEEP_INSPECTED:
             self.inspected.popitem(last=False)
 
-    def inspect(self, p: int, k: int = 10) -> tuple[dict, list, bool]:
+    def inspect(self, p: int, k: int = 10, explain: bool = True) -> tuple[dict, list, bool]:
         """The view from the token at p - 1, whose output predicts position p: attention
         over 0..p-1 per layer and head, and the lens. Kept from a generation that asked,
         else recomputed: that token through the layers again over a copy of the cache,
         so the text's own cache and keys stay as they are (its key is rewritten as it
-        was). -> (inspection, the requests it cost, marked extra; recomputed?)"""
+        was). ``explain`` adds the attribution of the token at p (the final top-1 when
+        p is past the end) and the MLP's top neurons (``attribution.py``).
+        -> (inspection, the requests it cost, marked extra; recomputed?)"""
         try:
             k = inside.check_k(k, "lens k")
         except ValueError as e:
@@ -296,7 +298,21 @@ class Text:
         with self.lock:
             if self.generating:
                 raise TextBusy("this text is generating: inspect a token when it ends")
-            return self._inspect(p, k)
+            got, requests, recomputed = self._inspect(p, k)
+            if explain:
+                c = self.tokens[p] if p < self.length else inside.final_top1(got["lens"])
+                requests = requests + self._explain(got, c)
+            return got, requests, recomputed
+
+    def _explain(self, got: dict, token_id: int) -> list:
+        """Attribution and neurons into an inspection; the requests it cost, marked extra."""
+        log0 = len(self._log())
+        self.products.extra = True
+        try:
+            attribution.explain(self.products, got, token_id)
+        finally:
+            self.products.extra = False
+        return list(self._log()[log0:])
 
     def _inspect(self, p: int, k: int) -> tuple[dict, list, bool]:
         with self.lock:
@@ -319,10 +335,11 @@ class Text:
             return got, list(self._log()[log0:]), True
 
     def generate(self, n: int, s: Sampling, should_stop: Callable[[], bool] | None = None,
-                 inspect: int = 0, full: bool = False) -> Iterator[Step]:
+                 inspect: int = 0, full: bool = False, explain: bool = False) -> Iterator[Step]:
         """Write up to n tokens at the end of the text, stopping at <|endoftext|> or when
         should_stop() says so (checked before each token; the text stays consistent).
-        ``inspect`` = k > 0 also records each step's attention and a lens of top-k.
+        ``inspect`` = k > 0 also records each step's attention and a lens of top-k, and
+        with ``explain`` the chosen token's attribution and the MLP's top neurons.
         ``full`` (implied by top_p < 1) scores the whole vocabulary each token, one search
         (``wte.all``): sampling then uses the exact distribution, and the step has ``logz``."""
         check_generation(self.config, s, self.length, n)
@@ -357,6 +374,8 @@ class Text:
                         got = inside.inspection(self.products, trace, inspect, (ids, logits))
                     finally:
                         self.products.extra = False
+                    if explain:
+                        self._explain(got, tok)
                 step = Step(p, tok, ids[:KEEP_CANDIDATES], logits[:KEEP_CANDIDATES], s.temperature,
                             list(self._log()[log0:]), (time.perf_counter() - t0) * 1e3, read,
                             "prefill" if users else "decode")
@@ -368,6 +387,8 @@ class Text:
                     self.keep_inspection(p, got)
                 elif inspect:  # replayed: what was kept, or the token through the layers again
                     got = self._inspect(p, inspect)[0]
+                    if explain:
+                        self._explain(got, tok)
                 step.inspect = got
                 self.last_used = time.monotonic()
             yield step

@@ -127,10 +127,11 @@ def opened(open_products: Callable[[], Products], ids: list[int] = ()) -> Iterat
 
 def complete(open_products: Callable[[], Products], ids: list[int], n: int, s: Sampling,
              should_stop: Callable[[], bool] | None = None, inspect: int = 0,
-             full: bool = False, echo: bool = False) -> Iterator[Step]:
+             full: bool = False, echo: bool = False, explain: bool = False) -> Iterator[Step]:
     """Read ``ids`` and write up to ``n`` tokens in a text of its own, closed at the end.
     ``full``: each token scores the whole vocabulary (exact log-probabilities, ``Step.logz``);
-    ``echo``: first a step (phase "prompt") for each prompt token, scored the same way.
+    ``echo``: first a step (phase "prompt") for each prompt token, scored the same way;
+    ``explain`` (with ``inspect``): each token's attribution and the MLP's top neurons.
 
     Drive it to its end or call its ``close()`` from the thread that runs it: never leave
     an unfinished one to the garbage collector, whose finaliser would take the store's
@@ -141,7 +142,7 @@ def complete(open_products: Callable[[], Products], ids: list[int], n: int, s: S
         text.append(list(ids))
         if echo:
             yield from text.score_prompt()
-        yield from text.generate(n, s, should_stop=should_stop, inspect=inspect, full=full)
+        yield from text.generate(n, s, should_stop=should_stop, inspect=inspect, full=full, explain=explain)
 
 
 # --- the model, for a newcomer ---

@@ -25,10 +25,10 @@ from puffergpt import costs, inside, loading, texts as app_layer, tokenizer
 from puffergpt.checkpoints import CheckpointError
 from puffergpt.engine import Engine, requests_per_token, round_trips_per_token
 from puffergpt.sampling import Sampling
-from puffergpt.server.openai import model_name
+from puffergpt.server.openai import OpenAIError, model_name
 from puffergpt.server.streaming import Generations, stream
-from puffergpt.server.bodies import (MAX_NEW_TOKENS, AnalogyBody, AppendBody, BranchBody, CompareBody, CreateBody,
-                                     MapBody, NeighboursBody, PositionBody, SamplingBodyInspect)
+from puffergpt.server.bodies import (MAX_NEW_TOKENS, AnalogyBody, AppendBody, BodyError, BranchBody, CompareBody, CreateBody,
+                                     MapBody, NeighboursBody, PositionBody, SamplingBodyInspect, parse_json)
 from puffergpt.stores.base import StoreError
 from puffergpt.text import Step, Text, TextBusy, TextError, check_generation, log
 from puffergpt.texts import Texts, Usage
@@ -66,6 +66,18 @@ def docs_csp(html: str) -> str:
             "frame-ancestors 'none'; form-action 'none'")
 
 
+def file_in(folder: Path, name: str) -> Path:
+    """The file ``name`` right in ``folder``, or a 404. The name is looked up among the
+    folder's own entries before the filesystem sees it: a long or odd name (5,000
+    characters, a NUL, '..') is only not found, never an OSError."""
+    if len(name) > 255 or name not in {p.name for p in folder.iterdir()}:
+        raise HTTPException(404, "no such file")
+    path = folder / name
+    if not path.is_file() or path.resolve().parent != folder.resolve():  # a link out of the folder
+        raise HTTPException(404, "no such file")
+    return path
+
+
 @dataclass(frozen=True)
 class ServerConfig:
     max_open_texts: int = 32
@@ -78,7 +90,9 @@ class ServerConfig:
 
 class BoundedBody:
     """Refuse a request body over MAX_BODY bytes, counted as it arrives (chunked bodies
-    too): the body is read here, bounded, and handed on whole."""
+    too), and one that is not JSON Python holds as sent (``bodies.parse_json``: the one
+    parser, for every route): the body is read here, bounded, checked, and handed on
+    whole. Refusals on /v1 are in OpenAI's error shape."""
 
     def __init__(self, app, read_timeout_s: float = 10.0):
         self.app = app
@@ -89,20 +103,25 @@ class BoundedBody:
             return await self.app(scope, receive, send)
         n = dict(scope["headers"]).get(b"content-length")
         if n is not None and (not n.isdigit() or int(n) > MAX_BODY):
-            return await self._refuse(scope, send)
+            return await self._refuse(scope, send, 413, f"request body over {MAX_BODY} bytes")
         body, more = b"", True
         while more:
             try:  # a client that declares more than it sends must not hold the connection
                 message = await asyncio.wait_for(receive(), self.read_timeout_s)
             except TimeoutError:
-                return await JSONResponse({"detail": f"the request body stopped arriving for {self.read_timeout_s:g} s"},
-                                          status_code=408, headers={"Connection": "close"})(scope, None, send)
+                return await self._refuse(scope, send, 408, f"the request body stopped arriving for {self.read_timeout_s:g} s",
+                                          headers={"Connection": "close"})
             if message["type"] != "http.request":  # the client went away
                 return
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > MAX_BODY:
-                return await self._refuse(scope, send)
+                return await self._refuse(scope, send, 413, f"request body over {MAX_BODY} bytes")
+        if body:
+            try:  # the routes parse it again (the standard json, which then holds it as sent)
+                parse_json(body)
+            except BodyError as e:
+                return await self._refuse(scope, send, 400, e.message, e.param)
         replayed = False
 
         async def replay():
@@ -115,8 +134,10 @@ class BoundedBody:
         await self.app(scope, replay, send)
 
     @staticmethod
-    async def _refuse(scope, send):
-        await JSONResponse({"detail": f"request body over {MAX_BODY} bytes"}, status_code=413)(scope, None, send)
+    async def _refuse(scope, send, status: int, message: str, param: str | None = None, headers: dict | None = None):
+        v1 = scope["path"] == "/v1" or scope["path"].startswith("/v1/")
+        content = OpenAIError(status, message, param).body() if v1 else {"detail": message}
+        await JSONResponse(content, status_code=status, headers=headers)(scope, None, send)
 
 
 GRACE_S = 2  # on shutdown, responses still streaming after this are cancelled
@@ -151,15 +172,40 @@ def request_json(r) -> dict:
 token_json = app_layer.token_dict  # a token as text, with bytes_hex for a byte piece
 
 
+def part_label(part: dict) -> str:
+    """A part of the attribution as the page names it: embed, L2 H5, L2 attn bias, L2 MLP, ln_f bias."""
+    kind = part["kind"]
+    if kind == "attn":
+        return f"L{part['layer']} H{part['head']}"
+    if kind == "attn_bias":
+        return f"L{part['layer']} attn bias"
+    if kind == "mlp":
+        return f"L{part['layer']} MLP"
+    return {"embed": "embed", "ln_f_bias": "ln_f bias"}[kind]
+
+
+def explained_json(got: dict) -> dict:
+    """The attribution (each part labelled) and the neurons, tokens as text."""
+    a = got["attribution"]
+    return {"attribution": {"token_id": a["token_id"], "token": token_json(a["token_id"]), "logit": a["logit"],
+                            "parts": [{**part, "label": part_label(part)} for part in a["parts"]]},
+            "neurons": [[{**n, "promotes": [{**t, "token": token_json(t["token_id"])} for t in n["promotes"]]}
+                         for n in layer] for layer in got["neurons"]]}
+
+
 def inspect_json(got: dict, text: Text, p: int, requests: list, recomputed: bool) -> dict:
     nxt = text.tokens[p] if p < len(text.tokens) and p < text.length else None
     lens = [{"layer": e["layer"], "top": [{**token_json(int(i)), "logit": float(v)} for i, v in zip(e["ids"], e["logits"])],
              "chosen_rank": None if nxt is None else inside.rank_of(e, nxt)} for e in got["lens"]]
-    return {"position": p, "query_position": p - 1, "predicts_token": None if nxt is None else token_json(nxt),
-            "tokens": [{"position": i, **token_json(t)} for i, t in enumerate(text.tokens[:p])],
-            "attention": np.round(got["weights"][:, :, :p], 6).tolist(), "scores": np.round(got["scores"][:, :, :p], 5).tolist(),
-            "lens": lens, "lens_k": got["k"], "first_top1_layer": None if nxt is None else inside.first_top1(got["lens"], nxt),
-            "requests": [request_json(r) for r in requests], "recomputed": recomputed}
+    d = {"position": p, "query_position": p - 1, "predicts_token": None if nxt is None else token_json(nxt),
+         "tokens": [{"position": i, **token_json(t)} for i, t in enumerate(text.tokens[:p])],
+         "attention": np.round(got["weights"][:, :, :p], 6).tolist(), "scores": np.round(got["scores"][:, :, :p], 5).tolist(),
+         "lens": lens, "lens_k": got["k"], "decided_layer": inside.decided_layer(got["lens"]),
+         "final_top1": token_json(inside.final_top1(got["lens"])),
+         "requests": [request_json(r) for r in requests], "recomputed": recomputed}
+    if "attribution" in got:
+        d |= explained_json(got)
+    return d
 
 
 def step_inspect_json(step: Step) -> dict:
@@ -167,7 +213,7 @@ def step_inspect_json(step: Step) -> dict:
     return {"attention": np.round(got["weights"][:, :, :step.position], 6).tolist(),
             "lens": [{"layer": e["layer"], "top": [{**token_json(int(i)), "logit": float(v)} for i, v in zip(e["ids"], e["logits"])],
                       "chosen_rank": inside.rank_of(e, step.token_id)} for e in got["lens"]],
-            "first_top1_layer": inside.first_top1(got["lens"], step.token_id)}
+            "decided_layer": inside.decided_layer(got["lens"]), "final_top1": token_json(inside.final_top1(got["lens"]))}
 
 
 def step_json(step: Step, full: bool = True) -> dict:
@@ -246,7 +292,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
                                          "type": str(err.get("type", ""))} for err in e.errors()]}, status_code=422)
 
     @app.exception_handler(UnicodeEncodeError)
-    async def not_unicode(_, e):  # a lone surrogate (\ud800) in a JSON string: valid JSON, not text
+    async def not_unicode(_, e):  # a backstop: the body parser (bodies.parse_json) refuses lone surrogates first
         return JSONResponse({"detail": f"a string in the request is not valid Unicode ({e.reason} at position {e.start}): "
                                        "send text without lone surrogates"}, status_code=400)
 
@@ -281,11 +327,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
 
     @app.get("/static/{name}", include_in_schema=False)
     def static(name: str):
-        if "\x00" in name:  # no file has one, and the filesystem refuses it
-            raise HTTPException(404, "no such file")
-        path = (STATIC / name).resolve()
-        if path.parent != STATIC.resolve() or not path.is_file():
-            raise HTTPException(404, "no such file")
+        path = file_in(STATIC, name)
         return FileResponse(path, headers=PAGE_HEADERS, media_type=MEDIA_TYPES.get(path.suffix))
 
     @app.get("/docs", include_in_schema=False)
@@ -313,9 +355,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
 
     @app.get(DOCS_ASSETS + "/{name}", include_in_schema=False)
     def docs_asset(name: str):
-        path = docs_assets() / name
-        if "\x00" in name or path.parent != docs_assets() or not path.is_file():
-            raise HTTPException(404, "no such file")
+        path = file_in(docs_assets(), name)
         return FileResponse(path, headers=PAGE_HEADERS, media_type=MEDIA_TYPES.get(path.suffix))
 
     @app.get("/api/info")
@@ -493,7 +533,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
             t = get(body.text_id)
             if body.position is None:
                 raise TextError("map: give the position whose path to draw with the text")
-            got, _, _ = t.inspect(body.position, 5)
+            got, _, _ = t.inspect(body.position, 5, explain=False)
             residual = got["residual"]
         return view(lambda p: app_layer.embedding_map(p, list(body.words), residual))
 
