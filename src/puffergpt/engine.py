@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from puffergpt import costs, loading
+from puffergpt import costs, loading, untrained
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.documents import Encoding
 from puffergpt.stores.base import Hits, Query, Store, StoreError
@@ -98,6 +98,7 @@ class Engine:
         self.manifest = loading.manifest(store, self.key, model)
         self.config = GPT2Config(**self.manifest["config"])
         self.encoding = Encoding(self.manifest["metric"])
+        self.untrained = untrained.from_manifest(self.manifest)  # token ids never trained; None: not recorded
         # Keys use the most precise metric this store has.
         self.key_metric = key_metric or store.metrics[0]
         if self.key_metric not in store.metrics:
@@ -124,6 +125,7 @@ class SearchProducts:
         self.M = {name: m["M"] for name, m in engine.manifest["matrices"].items()}
         self.log: list[Request] = []
         self.extra = False  # set while a learning view asks: its requests are marked extra
+        self.untrained = engine.untrained  # for the embedding views
         # One writer thread: a text's key writes land in the order they were made.
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="puffergpt-keys")
         self._pending: dict[int, Future] = {}  # layer -> its latest key write

@@ -30,6 +30,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from puffergpt import untrained
 from puffergpt.checkpoints import Checkpoint, GPT2Config
 from puffergpt.documents import ENCODING_VERSION, Encoding
 from puffergpt.stores.base import Hits, Query, Store, StoreError
@@ -148,6 +149,9 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
              "weights_sha256": weights_digest(ckpt)}
     old = _stored_manifest(store, key)
     if not repair and old and old.get("complete") and all(old.get(k) == v for k, v in ident.items()) and _counts_ok(store, old):
+        if "untrained" not in old:  # loaded by an older puffergpt: record the untrained rows now
+            old["untrained"] = untrained.manifest_field(ckpt.params["wte.weight"])
+            store.put_meta(f"manifest:{key}", old)
         return old  # already loaded: nothing to do
     progress_key = f"loading:{key}"
     state = store.get_meta(progress_key)
@@ -185,7 +189,7 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
     for ns, _, _, doc_ids in items:
         counts[ns] = counts.get(ns, 0) + len(doc_ids)
     manifest = {"complete": True, "key": key, **ident, "documents": total,
-                "namespaces": counts, "matrices": mats}
+                "namespaces": counts, "matrices": mats, "untrained": untrained.manifest_field(ckpt.params["wte.weight"])}
     store.put_meta(f"manifest:{key}", manifest)
     return manifest
 
