@@ -54,7 +54,12 @@ export async function openPrompt(prompt, ids = null) {
 function onToken(data, got, live, body) {
   applyStep(data);
   const step = S.memo.get(keyAt(data.position));
-  if (step) step.sampling = { temperature: body.temperature, top_k: body.top_k, seed: body.seed };
+  if (step) {
+    step.sampling = { temperature: body.temperature, top_k: body.top_k, seed: body.seed };
+    // The server draws a generation's tokens from one seeded stream, in turn: a seeded
+    // token is drawn again only by the same generation from its start (notebook.js, Reopen).
+    step.generation = { start: data.position - (got - 1) };
+  }
   render("tokens", "phases");
   // Looking inside live: the panels follow the newest token.
   if (live || (S.selected === null && got === 1)) select(data.position);

@@ -3,8 +3,16 @@
 // opened: the keys its search returned, best first.
 import { h, labelled, visibleToken } from "./dom.js";
 import { int, pct } from "./format.js";
-import { saveButton, tokenEvidence } from "./insight.js";
+import { saveButton, tokenEvidence, withData } from "./insight.js";
 import { S } from "./state.js";
+
+// One colour scale for every strip, the opened head and the legend: linear in the
+// weight, white at 0 to the accent colour at 100% (the same weight, the same colour).
+const INK = [79, 70, 229];
+export const weightColour = (w) => {
+  const a = Math.max(0, Math.min(1, w));
+  return INK.map((c) => Math.round(255 - a * (255 - c)));
+};
 
 // A strip of p cells, darker where the head puts more weight: one pixel a position,
 // stretched by CSS (image-rendering: pixelated keeps the cells sharp).
@@ -14,11 +22,7 @@ function strip(weights) {
   c.height = 1;
   const ctx = c.getContext("2d");
   const img = ctx.createImageData(c.width, 1);
-  const top = Math.max(...weights, 1e-12);
-  weights.forEach((w, i) => {
-    const a = Math.sqrt(Math.max(0, w) / top); // sqrt: small weights stay visible
-    img.data.set([Math.round(255 - a * 176), Math.round(255 - a * 185), Math.round(255 - a * 26), 255], i * 4);
-  });
+  weights.forEach((w, i) => img.data.set([...weightColour(w), 255], i * 4));
   ctx.putImageData(img, 0, 0);
   c.className = "strip";
   return c;
@@ -27,15 +31,24 @@ function strip(weights) {
 const tokenAt = (view, j) => (view.tokens && view.tokens[j]) || (S.tokens[j] ? { text: S.tokens[j].text, token_id: S.tokens[j].id, bytes_hex: S.tokens[j].hex } : { text: "?", token_id: "?" });
 const argmax = (a) => a.reduce((b, x, i) => (x > a[b] ? i : b), 0);
 
+// A head's strip, labelled in words: the token it puts most weight on, and how much.
 function cell(view, l, hd, open) {
   const w = view.attention[l][hd];
   const j = argmax(w);
   const tok = tokenAt(view, j);
+  const says = `layer ${l}, head ${hd}: most weight on position ${j} (${JSON.stringify(tok.text)}), ${pct(w[j])}`;
   return h("button", {
-    type: "button", class: "attn-cell", dataset: { layer: String(l), head: String(hd) },
-    title: `layer ${l}, head ${hd}: most weight on position ${j} (${JSON.stringify(tok.text)}), ${pct(w[j])}`,
-    "aria-label": `open layer ${l} head ${hd}`, onclick: () => open(l, hd),
-  }, strip(w));
+    type: "button", class: "attn-cell", dataset: { layer: String(l), head: String(hd), top: String(j) },
+    title: says, "aria-label": `open ${says}`, onclick: () => open(l, hd, true),
+  }, strip(w), h("span", { class: "attn-word" }, visibleToken(tok.text, tok.bytes_hex)), h("span", { class: "attn-pct", text: pct(w[j]) }));
+}
+
+// The colour scale, once for the grid and the opened head.
+function legend() {
+  return h("div", { class: "attn-legend", "aria-label": "colour scale: weight from 0% to 100%" },
+    h("span", { class: "attn-legend-bar" }),
+    h("span", { class: "attn-legend-ticks" }, ["0%", "25%", "50%", "75%", "100%"].map((t) => h("span", { text: t }))),
+    h("span", { class: "note", text: "weight, linear: the same colour is the same share everywhere" }));
 }
 
 function grid(view, open) {
@@ -69,7 +82,7 @@ function headDetail(view, l, hd) {
   const rest = order.slice(SHOWN).reduce((a, j) => a + w[j], 0);
   const text = h("div", { class: "attn-text" }, w.map((x, j) => h("span", {
     class: "attn-tok" + (j === view.query_position ? " query" : ""), title: `position ${j}: ${pct(x)}`,
-    style: { backgroundColor: `rgba(79, 70, 229, ${Math.min(1, Math.sqrt(x)).toFixed(3)})`, color: x > 0.35 ? "#fff" : null },
+    style: { backgroundColor: `rgb(${weightColour(x).join(", ")})`, color: x > 0.55 ? "#fff" : null },
   }, visibleToken(tokenAt(view, j).text, tokenAt(view, j).bytes_hex))));
   return h("div", { class: "attn-head", dataset: { layer: String(l), head: String(hd) } },
     h("h4", { text: `Layer ${l}, head ${hd}: the search of position ${view.query_position}'s query` }),
@@ -82,7 +95,7 @@ function headDetail(view, l, hd) {
       h("tbody", null, rows)))),
     rest > 0 ? h("p", { class: "note", text: `The other ${int(order.length - SHOWN)} keys share the remaining ${pct(rest)}.` }) : "",
     h("div", { class: "actions save-row" }, saveButton(() => [
-      { ...tokenEvidence("attention", view.position, view), data: { layer: l, head: hd, weights: w } }, [],
+      withData(tokenEvidence("attention", view.position, view), { layer: l, head: hd, weights: w }), [],
       `Layer ${l}, head ${hd}: where the query of position ${view.query_position} put its weight, with the token it helped predict.`,
     ], "Save this head as insight")));
 }
@@ -92,20 +105,24 @@ export function renderAttention(box, view) {
   if (!view.attention || !view.attention.length) { box.replaceChildren(); return; }
   const L = view.attention.length, H = view.attention[0].length;
   const detail = h("div", { class: "attn-detail" });
-  const open = (l, hd) => {
+  // Open a head; `reveal` (a tap or a click from elsewhere) scrolls it into view, as the
+  // detail may be below the screen on a phone.
+  const open = (l, hd, reveal = false) => {
     box.querySelectorAll(".attn-cell.open").forEach((b) => b.classList.remove("open"));
     const b = box.querySelector(`.attn-cell[data-layer="${l}"][data-head="${hd}"]`);
     if (b) b.classList.add("open");
     view.openHead = [l, hd]; // kept with the view: re-rendering keeps it open
     detail.replaceChildren(headDetail(view, l, hd));
+    if (reveal) detail.scrollIntoView({ block: "nearest" });
   };
   const src = view.recomputed
     ? "recomputed for this view: its requests are listed as extra searches in the waterfall"
     : `the softmax of the scores that this step's own ${int(L)} attention searches (h.*.attn.scores, ${int(H)} heads each) returned: no extra search`;
   box.replaceChildren(
     h("h3", { text: "Attention" }),
-    h("p", { class: "note", text: `Each strip is one head: where the query of position ${view.query_position} put its weight over positions 0 to ${view.query_position} (left to right, darker = more). ` +
-      `The weights are ${src}. Click a strip to open the head.` }),
-    grid(view, open), detail);
+    h("p", { class: "note", text: `Each strip is one head: where the query of position ${view.query_position} put its weight over positions 0 to ${view.query_position} (left to right, darker = more), ` +
+      `with the token it puts most weight on written under it. The weights are ${src}. Tap or click a strip to open the head.` }),
+    legend(), grid(view, open), detail);
   if (view.openHead) open(...view.openHead);
+  return open;
 }

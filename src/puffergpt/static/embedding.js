@@ -4,7 +4,7 @@
 import { api } from "./api.js";
 import { $, h, labelled, placeholder, svg, visibleToken } from "./dom.js";
 import { int, plural } from "./format.js";
-import { saveButton, tokenEvidence } from "./insight.js";
+import { saveButton, tokenEvidence, withData } from "./insight.js";
 import { S } from "./state.js";
 
 // A failed lookup is shown in its own panel: the server's message names the
@@ -24,13 +24,32 @@ function searched(requests) {
   return h("p", { class: "note searched", text: (parts.join(", then ") || "no requests") + "." });
 }
 
+const untrainedMark = () => h("span", { class: "untrained-mark", title: "this token's row was never trained: it is (nearly) the same vector as many others", text: "untrained" });
+
 function resultsTable(results) {
   return labelled(h("table", { class: "emb-table" },
     h("thead", null, h("tr", null, h("th", { class: "num", text: "#" }), h("th", { text: "token" }), h("th", { class: "num", text: "cosine" }))),
-    h("tbody", null, results.map((r, i) => h("tr", { dataset: { tokenId: String(r.token_id) } },
+    h("tbody", null, results.map((r, i) => h("tr", { class: r.untrained ? "untrained" : null, dataset: { tokenId: String(r.token_id) } },
       h("td", { class: "num", text: String(i + 1) }),
-      h("td", { class: "tok" }, visibleToken(r.text, r.bytes_hex), h("span", { class: "tid", text: String(r.token_id) })),
+      h("td", { class: "tok" }, visibleToken(r.text, r.bytes_hex), h("span", { class: "tid", text: String(r.token_id) }), r.untrained ? untrainedMark() : ""),
       h("td", { class: "num", text: r.score.toFixed(4) }))))));
+}
+
+// What the server says about rows that were never trained: the words asked about that
+// are such rows, how many untrained rows it left out of the ranking, and its note.
+function honesty(r) {
+  const kids = [];
+  const inputs = r.untrained_inputs || [];
+  if (inputs.length) {
+    kids.push(h("p", { class: "emb-warning untrained-inputs", role: "status" }, "Never trained: ",
+      inputs.map((w, i) => [i ? ", " : "", visibleToken(String(w))]),
+      inputs.length === 1 ? ". Its vector is the untrained one many tokens share, so what is near it means nothing." : ". Their vectors are the untrained ones many tokens share, so what is near them means nothing."));
+  }
+  if (r.untrained_skipped) {
+    kids.push(h("p", { class: "note untrained-skipped", text: `${plural(r.untrained_skipped, "untrained row")} left out of the ranking: rows the model never trained tie with each other and would fill the list.` }));
+  }
+  if (r.note) kids.push(h("p", { class: "note emb-server-note", text: r.note }));
+  return kids;
 }
 
 const kOf = (id) => Math.max(1, Math.min(50, Number($(id).value) || 10));
@@ -41,7 +60,7 @@ async function neighbours() {
   try {
     const r = await api("POST", "/api/neighbours", { word: $("nb-word").value, k: kOf("nb-k") });
     box.replaceChildren(h("p", { class: "note" }, "Nearest to ", visibleToken(r.token.text), ` (token ${r.token.token_id}), by cosine:`),
-      resultsTable(r.results), searched(r.requests));
+      ...honesty(r), resultsTable(r.results), searched(r.requests));
   } catch (e) { failed(box, e); }
 }
 
@@ -52,7 +71,7 @@ async function analogy() {
     const r = await api("POST", "/api/analogy", { a: $("an-a").value, b: $("an-b").value, c: $("an-c").value, k: kOf("an-k") });
     const t = (x) => visibleToken(r.tokens[x].text);
     box.replaceChildren(h("p", { class: "note" }, "One search for wte[", t("b"), "] − wte[", t("a"), "] + wte[", t("c"), "], the three excluded:"),
-      resultsTable(r.results), searched(r.requests), analogySave(r));
+      ...honesty(r), resultsTable(r.results), searched(r.requests), analogySave(r));
   } catch (e) { failed(box, e); }
 }
 
@@ -64,7 +83,7 @@ function analogySave(r) {
     const data = { terms: ["a", "b", "c"].map((x) => r.tokens[x].text), term_ids: ["a", "b", "c"].map((x) => r.tokens[x].token_id),
       ids: r.results.map((x) => x.token_id), scores: r.results.map((x) => x.score) };
     const texts = [...r.results, ...Object.values(r.tokens)].map((x) => [x.token_id, x.text]);
-    return [{ ...ev, data }, texts, `This analogy, saved with the token you selected at position ${ev.position} (its scores are what replay re-checks).`];
+    return [withData(ev, data), texts, `This analogy, saved with the token you selected at position ${ev.position} (its scores are what replay re-checks).`];
   };
   return h("div", { class: "actions save-row" }, saveButton(build, "Save this analogy as insight"));
 }
@@ -77,6 +96,26 @@ function scaler(all) {
   const [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
   const sx = (W - 2 * PAD) / Math.max(x1 - x0, 1e-9), sy = (H - 2 * PAD) / Math.max(y1 - y0, 1e-9);
   return (p) => [PAD + (p.x - x0) * sx, H - PAD - (p.y - y0) * sy];
+}
+
+// Labels placed so that none covers another: each tries the right, the left, above and
+// below its point, and one that fits nowhere is left off (counted, its point keeps a
+// tooltip). Boxes are estimated from the monospace font (.map-point text: 12px).
+const CHAR_W = 7.3, LINE_H = 13;
+function placeLabels(points, at) {
+  const taken = []; // [x0, y0, x1, y1]
+  const hit = (b) => b[0] < 0 || b[2] > W || b[1] < 0 || b[3] > H || taken.some((t) => b[0] < t[2] && b[2] > t[0] && b[1] < t[3] && b[3] > t[1]);
+  return points.map((p) => {
+    const [x, y] = at(p);
+    const w = p.label.length * CHAR_W;
+    const tries = [[x + 6, y + 4, "start"], [x - 6, y + 4, "end"], [x - w / 2, y - 8, "start"], [x - w / 2, y + 16, "start"]];
+    for (const [tx, ty, anchor] of tries) {
+      const x0 = anchor === "end" ? tx - w : tx;
+      const box = [x0, ty - LINE_H + 3, x0 + w, ty + 3];
+      if (!hit(box)) { taken.push(box); return { x: tx, y: ty, anchor }; }
+    }
+    return null;
+  });
 }
 
 function mapSvg(r) {
@@ -93,15 +132,15 @@ function mapSvg(r) {
         svg("title", { text: `the residual stream entering block ${p.layer}` + (p.layer === 0 ? " (the embedding)" : "") })));
     });
   }
-  for (const p of r.points) {
+  const places = placeLabels(r.points, at);
+  r.points.forEach((p, i) => {
     const [x, y] = at(p);
-    kids.push(svg("g", { class: "map-point", dataset: { tokenId: String(p.token_id) } },
+    const place = places[i];
+    kids.push(svg("g", { class: "map-point" + (p.untrained ? " untrained" : ""), dataset: { tokenId: String(p.token_id), labelled: String(!!place) } },
       svg("circle", { cx: x.toFixed(1), cy: y.toFixed(1), r: 4 }),
-      // Labels on the right half go to the left of their point, so none runs off the map.
-      svg("text", { x: (x > W / 2 ? x - 6 : x + 6).toFixed(1), y: (y + 4).toFixed(1), "text-anchor": x > W / 2 ? "end" : "start",
-                    text: p.label.replace(/ /g, "·") }),
-      svg("title", { text: `token ${p.token_id}: ${JSON.stringify(p.label)}` })));
-  }
+      place ? svg("text", { x: place.x.toFixed(1), y: place.y.toFixed(1), "text-anchor": place.anchor, text: p.label.replace(/ /g, "·") }) : null,
+      svg("title", { text: `token ${p.token_id}: ${JSON.stringify(p.label)}${p.untrained ? " · never trained" : ""}` })));
+  });
   return svg("svg", { class: "map", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "2D map of token vectors" }, kids);
 }
 
@@ -116,7 +155,16 @@ async function drawMap() {
   try {
     const r = await api("POST", "/api/map", { words, text_id: position === null ? null : S.textId, position });
     const ev = (r.explained || []).map((v) => (v * 100).toFixed(0) + "%").join(" and ");
-    box.replaceChildren(mapSvg(r),
+    const map = mapSvg(r);
+    const hidden = map.querySelectorAll('.map-point[data-labelled="false"]').length;
+    const untrained = r.points.filter((p) => p.untrained).length;
+    box.replaceChildren(
+      r.degenerate ? h("p", { class: "emb-warning map-degenerate", role: "status", text: "This projection is degenerate: the tokens shown do not spread over two directions " +
+        "(several are the same vector, or lie on one line), so their places on this plane say little." + (r.note ? " " + r.note : "") }) : "",
+      map,
+      hidden ? h("p", { class: "note map-hidden", text: `${plural(hidden, "label")} left off where it would cover another: hover or tap a point for its token.` }) : "",
+      untrained ? h("p", { class: "note map-untrained", text: `${plural(untrained, "token")} marked untrained: the model never trained their rows (they sit on the untrained vector many tokens share).` }) : "",
+      !r.degenerate && r.note ? h("p", { class: "note emb-server-note", text: r.note }) : "",
       h("p", { class: "note", text: `A projection onto the two main directions of the tokens shown (PCA${ev ? `, ${ev} of their spread` : ""}). ` +
         (r.path.length ? `The line is the vector of position ${position - 1} entering each block, numbered by layer: the path the model moved it along toward the token at ${position}.`
           : "Select a generated token and tick the box to see its path through the layers.") }),

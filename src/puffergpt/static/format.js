@@ -72,3 +72,8 @@ export function probsAt(logits, T) {
   for (let i = 0; i < n; i++) p[i] /= sum;
   return p;
 }
+
+// A log's round trips as the server counts them (engine.Request.round_trips): a request
+// split over several store calls is that many; a concurrent one (a decode step's key
+// write, run beside the searches) none. For views whose JSON carries no count of its own.
+export const roundTrips = (log) => (log || []).reduce((n, r) => n + (r.concurrent ? 0 : (r.parts || 1)), 0);

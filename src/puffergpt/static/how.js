@@ -11,6 +11,8 @@ function values(info) {
     documents: int(info.documents),
     megabytes: info.megabytes + " MB",
     requests_per_token: int(info.requests_per_token),
+    round_trips_per_token: int(info.round_trips_per_token),
+    layer_trips: int(5 * c.n_layer),
     layers: int(c.n_layer),
     lens_searches: int(c.n_layer + 1),
     width: int(c.n_embd),
@@ -27,6 +29,7 @@ function values(info) {
     query_per_pb: r ? "$" + r.query_per_pb : "",
     returned_per_gb: r ? "$" + r.returned_per_gb : "",
     write_per_gb: r ? "$" + r.write_per_gb : "",
+    write_min_kb: r ? String(r.write_min_kb) : "",
     rates_date: r ? String(r.date) : "",
   };
 }

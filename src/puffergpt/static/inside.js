@@ -5,7 +5,9 @@ import { api, textPath } from "./api.js";
 import { $, h, placeholder, showError, visibleToken } from "./dom.js";
 import { plural } from "./format.js";
 import { renderAttention } from "./attention.js";
+import { renderAttribution } from "./attribution.js";
 import { renderLens } from "./lens.js";
+import { renderNeurons } from "./neurons.js";
 import { S, insideKey, keepInside, nLayer, render, view } from "./state.js";
 
 const LENS_K = 10;
@@ -58,18 +60,25 @@ function renderInside() {
     onclick: () => lookInside(p) }, v && !v.live ? "Look again" : "Look inside this token");
   const kids = [headline(p)];
   if (!v) {
-    kids.push(h("p", { class: "note", text: `Costs extra searches: the lens is ${plural(lensSearches, "top-k search", "top-k searches")} over the token vectors (one a layer, sent together where the store allows), and a step whose attention is no longer kept is recomputed. Each is counted in the waterfall.` }),
+    kids.push(h("p", { class: "note", text: `Costs extra searches: the lens is ${plural(lensSearches, "top-k search", "top-k searches")} over the token vectors (one a layer, sent together where the store allows), what each part adds needs the token's wte row and one search a layer (each head's write), the MLP's neurons one search a layer and one over wte for the tokens they promote, and a step whose attention is no longer kept is recomputed. Each is counted in the waterfall.` }),
       h("div", { class: "actions" }, button, loading ? h("span", { class: "status", text: "looking inside…" }) : ""));
     box.replaceChildren(...kids);
     return;
   }
   const attn = h("div", { id: "attention", class: "attention" });
   const lens = h("div", { id: "lens", class: "lens" });
-  kids.push(h("p", { class: "note inside-cost", text: cost(v) }), attn, lens);
-  if (v.live && !v.scores) kids.push(h("div", { class: "actions" }, button));
+  const parts = h("div", { id: "attribution", class: "attribution" });
+  const mlp = h("div", { id: "neurons", class: "neurons-view" });
+  kids.push(h("p", { class: "note inside-cost", text: cost(v) }), attn, lens, parts, mlp);
+  if (v.live && !v.attribution) {
+    kids.push(h("p", { class: "note", text: "“Look inside” adds what each part adds to this token and the MLP's most active neurons (more searches, counted)." }),
+      h("div", { class: "actions" }, button));
+  }
   box.replaceChildren(...kids);
-  renderAttention(attn, v);
+  const openHead = renderAttention(attn, v);
   renderLens(lens, v);
+  renderAttribution(parts, v, openHead);
+  renderNeurons(mlp, v);
 }
 
 export function initInside() {

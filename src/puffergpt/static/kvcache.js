@@ -4,7 +4,7 @@
 import { api, textPath } from "./api.js";
 import { $, h, labelled, placeholder, streamToken } from "./dom.js";
 import { int, plural } from "./format.js";
-import { S, view } from "./state.js";
+import { S, stepAt, view } from "./state.js";
 
 let shownFor = null; // the text state the panel shows
 let pending = false;
@@ -29,15 +29,30 @@ function strip(kv) {
   }));
 }
 
+// A batch's requests are those of the step that read it (the one for position `end`),
+// as the waterfall and the Prefill and decode panel count them: the read and its final
+// top-k search. Where this page does not hold that step, the read's own count is shown, named so.
+function batchCounts(w) {
+  const step = stepAt(w.end);
+  if (step && step.read === w.end - w.start) return { requests: step.requests, trips: step.round_trips, of: `the step for position ${w.end}` };
+  return { requests: w.requests, trips: null, of: "the read alone, without its final top-k search" };
+}
+
 function writesTable(kv) {
   return labelled(h("table", { class: "kv-writes" },
     h("thead", null, h("tr", null, h("th", { class: "num", text: "batch" }), h("th", { text: "phase" }),
-      h("th", { text: "positions" }), h("th", { class: "num", text: "keys" }), h("th", { class: "num", text: "requests" }))),
-    h("tbody", null, kv.writes.map((w) => h("tr", { class: "kv-" + w.phase },
-      h("td", { class: "num", text: String(w.batch) }), h("td", { text: w.phase }),
-      h("td", { text: w.end - w.start > 1 ? `${w.start} to ${w.end - 1}` : String(w.start) }),
-      h("td", { class: "num", text: int((w.end - w.start) * kv.layers * kv.heads) }),
-      h("td", { class: "num", text: String(w.requests) }))))));
+      h("th", { text: "positions" }), h("th", { class: "num", text: "keys" }),
+      h("th", { class: "num", title: "the requests of the step that read this batch, as its waterfall counts them", text: "requests" }),
+      h("th", { class: "num", text: "round trips" }))),
+    h("tbody", null, kv.writes.map((w) => {
+      const n = batchCounts(w);
+      return h("tr", { class: "kv-" + w.phase, dataset: { end: String(w.end) } },
+        h("td", { class: "num", text: String(w.batch) }), h("td", { text: w.phase }),
+        h("td", { text: w.end - w.start > 1 ? `${w.start} to ${w.end - 1}` : String(w.start) }),
+        h("td", { class: "num", text: int((w.end - w.start) * kv.layers * kv.heads) }),
+        h("td", { class: "num kv-requests", title: n.of, text: int(n.requests) }),
+        h("td", { class: "num kv-trips", title: n.of, text: n.trips === null ? "–" : int(n.trips) }));
+    }))));
 }
 
 function why(kv) {

@@ -3,7 +3,7 @@
 // final candidates. The chosen token's rank per layer, and where it first wins.
 import { h, labelled, visibleToken } from "./dom.js";
 import { plural } from "./format.js";
-import { saveButton, tokenEvidence } from "./insight.js";
+import { saveButton, tokenEvidence, withData } from "./insight.js";
 import { S } from "./state.js";
 
 // Live views carry a list of top-k lists; inspect views carry {layer, top, chosen_rank}.
@@ -23,12 +23,14 @@ function tokenText(t) {
   return { ...t, text: known ? known.text : `#${t.token_id}` };
 }
 
-// As the server defines it: the first layer from which the top-1 stays the final top-1.
-function firstTop1(rows) {
+// The decided layer, as the server defines it (inside.decided_layer) and /how says: the
+// smallest layer from which the lens's top-1 is the final top-1 at every later layer. The
+// server sends it; this is for a view that lacks it.
+export function decidedLayer(rows) {
   const final = rows[rows.length - 1].top[0].token_id;
-  let first = null;
-  for (const r of rows) first = r.top.length && r.top[0].token_id === final ? (first === null ? r.layer : first) : null;
-  return first;
+  let i = rows.length - 1;
+  while (i > 0 && rows[i - 1].top.length && rows[i - 1].top[0].token_id === final) i--;
+  return rows[i].layer;
 }
 
 const layerName = (l, L) => (l === 0 ? "0 · embedding" : l === L ? `${l} · final` : `${l} · entering block ${l}`);
@@ -45,12 +47,13 @@ export function renderLens(box, view) {
   const chosenId = predicted ? predicted.token_id : null;
   const rows = normLens(view.lens, chosenId);
   const L = rows.length - 1;
-  const first = view.first_top1_layer !== undefined ? view.first_top1_layer : firstTop1(rows);
+  const first = Number.isInteger(view.decided_layer) ? view.decided_layer : decidedLayer(rows);
+  const finalTop = tokenText(view.final_top1 || rows[L].top[0]);
   const k = rows[0].top.length;
   const table = h("table", { class: "lens-table" },
     h("thead", null, h("tr", null, h("th", { text: "layer" }),
       h("th", { class: "num", text: predicted ? "rank of the chosen" : "rank" }), h("th", { text: `top ${k}, best first` }))),
-    h("tbody", null, rows.map((r) => h("tr", { class: r.layer === first ? "first-top1" : null, dataset: { layer: String(r.layer) } },
+    h("tbody", null, rows.map((r) => h("tr", { class: r.layer === first ? "decided" : r.layer > first ? "after-decided" : null, dataset: { layer: String(r.layer) } },
       h("td", { class: "layer", text: layerName(r.layer, L) }),
       h("td", { class: "num rank", text: r.chosen_rank === null ? `not in top ${k}` : String(r.chosen_rank + 1) }),
       h("td", { class: "chips" }, r.top.map((t, i) => chip(t, i, chosenId)))))));
@@ -60,10 +63,14 @@ export function renderLens(box, view) {
     h("p", { class: "note" },
       `Entering each block, the vector of position ${view.query_position} is normalised (ln_f) and searched against the token vectors: `,
       `${plural(nSearch, "top-k search", "top-k searches")}, one a row (the last row is the model's own final search), counted with this view's requests in the waterfall. `,
-      first === null ? "" : `From layer ${first} on (highlighted), the top-1 is already the model's final top-1: there it made up its mind. `,
-      predicted ? ["The rank column follows the token chosen here, ", visibleToken(predicted.text, predicted.bytes_hex), "."] : "The token at this position is not chosen yet."),
+      h("span", { class: "decided-note" }, `The decided layer is layer ${first} (highlighted): from it to the last row, every layer's top-1 is the final top-1, `,
+        visibleToken(finalTop.text, finalTop.bytes_hex),
+        first === L ? ": only the final search settles it." : ". That is where the model made up its mind. "),
+      predicted && finalTop.token_id !== predicted.token_id
+        ? ["The token chosen here, ", visibleToken(predicted.text, predicted.bytes_hex), ", is not the final top-1: sampling took another candidate. The rank column follows it."]
+        : predicted ? ["The rank column follows the token chosen here, ", visibleToken(predicted.text, predicted.bytes_hex), "."] : "The token at this position is not chosen yet."),
     h("div", { class: "table-scroll" }, labelled(table)),
-    saveRow(view, rows, first === null ? L : first));
+    saveRow(view, rows, first));
 }
 
 // Save one layer of the lens (by default where the model made up its mind).
@@ -75,7 +82,7 @@ function saveRow(view, rows, layer) {
     const r = rows[Number(pick.value)];
     const data = { layer: r.layer, ids: r.top.map((t) => t.token_id), logits: r.top.map((t) => t.logit) };
     const texts = r.top.filter((t) => t.text !== undefined).map((t) => [t.token_id, t.text]);
-    return [{ ...tokenEvidence("lens", view.position, view), data }, texts,
+    return [withData(tokenEvidence("lens", view.position, view), data), texts,
       `The lens at layer ${r.layer} for the token at position ${view.position}: what the model would say if it stopped there.`];
   };
   return h("div", { class: "actions save-row" }, h("label", null, "Lens at ", pick), saveButton(build, "Save this layer as insight"));

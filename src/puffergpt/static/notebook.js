@@ -3,42 +3,67 @@
 // says whether they still match), Reopen (a text back at that token, with the same
 // sampling) and Push. Titles and bodies are the user's: text nodes only (dom.js).
 import { generate, openPrompt, putTokenAt } from "./actions.js";
-import { api } from "./api.js";
+import { api, textPath } from "./api.js";
 import { $, h, placeholder } from "./dom.js";
 import { readable, whenSaved } from "./insight.js";
 import { S, select, stepAt } from "./state.js";
 
 const path = (id, rest = "") => `/api/insights/${encodeURIComponent(id)}${rest}`;
-const DECODE_BATCH = 16; // prompts a /v1/completions request takes (its MAX_CHOICES)
-const DECODED_IDS = 64; // token texts looked up for the readable evidence
 let off = false; // the server runs without a notebook
 
-// --- token ids as text, through the OpenAI-compatible API: echo, no new token, no search ---
+// --- token ids as text: from what the page holds, else from the server's tokenizer ---
 
-async function decode(prompt) {
-  const r = await api("POST", "/v1/completions", { prompt, max_tokens: 0, echo: true });
-  return [...r.choices].sort((a, b) => a.index - b.index).map((c) => c.text);
-}
-const decodeIds = async (ids) => (await decode(ids))[0];
-
-async function tokenTexts(ids) {
-  const out = new Map();
-  const want = [...new Set(ids)].slice(0, DECODED_IDS);
-  for (let i = 0; i < want.length; i += DECODE_BATCH) {
-    const part = want.slice(i, i + DECODE_BATCH);
-    const texts = await decode(part.map((id) => [id]));
-    part.forEach((id, j) => out.set(id, texts[j]));
+// Every token text this page has seen: the text's tokens and each step's candidates.
+function knownTokens() {
+  const m = new Map();
+  for (const t of S.tokens) m.set(t.id, { text: t.text, hex: t.hex });
+  for (const step of S.memo.values()) {
+    for (const c of step.candidates || []) if (!m.has(c.token_id)) m.set(c.token_id, { text: c.text, hex: c.bytes_hex || null });
   }
-  return out;
+  return m;
 }
 
-async function evidenceTexts(ev) {
-  const ids = [ev.token_id, ...ev.candidates.slice(0, 10).map((c) => c.token_id), ...((ev.data && ev.data.ids) || [])];
-  try {
-    return { prompt: await decodeIds(ev.prompt_ids.slice(0, ev.position)), token: await tokenTexts(ids) };
-  } catch (_) { // the ids alone still say everything
-    return { prompt: null, token: new Map() };
+// The ids the page has not seen, as text: one text opened from exactly those ids (no
+// search: opening reads nothing) and closed again, a chunk of the context at a time.
+async function lookUp(ids, into) {
+  const want = [...new Set(ids)].filter((id) => !into.has(id));
+  const n = S.info ? S.info.config.n_ctx : 256;
+  for (let i = 0; i < want.length; i += n) {
+    const t = await api("POST", "/api/texts", { prompt_ids: want.slice(i, i + n) });
+    api("DELETE", textPath(t.id)).catch(() => {});
+    for (const x of t.tokens) into.set(x.token_id, { text: x.text, hex: x.bytes_hex || null });
   }
+  return into;
+}
+
+// Tokens joined as the text they make: bytes first, so a character split over two
+// tokens comes out whole.
+function joined(ids, known) {
+  const bytes = [];
+  const enc = new TextEncoder();
+  for (const id of ids) {
+    const t = known.get(id);
+    if (!t) return null;
+    if (t.hex) for (const b of t.hex.match(/[0-9a-f]{2}/gi) || []) bytes.push(parseInt(b, 16));
+    else bytes.push(...enc.encode(t.text));
+  }
+  return new TextDecoder().decode(new Uint8Array(bytes));
+}
+
+function evidenceIds(ev) {
+  return [ev.token_id, ...ev.candidates.slice(0, 10).map((c) => c.token_id), ...((ev.data && ev.data.ids) || [])];
+}
+
+// The texts for the readable evidence: what the page knows now; with `ask`, the rest from the server.
+async function evidenceTexts(ev, ask) {
+  const known = knownTokens();
+  const prompt = ev.prompt_ids.slice(0, ev.position);
+  if (ask) {
+    try { await lookUp([...prompt, ...evidenceIds(ev)], known); } catch (_) { /* the ids alone still say everything */ }
+  }
+  const token = new Map();
+  for (const id of evidenceIds(ev)) if (known.has(id)) token.set(id, known.get(id).text);
+  return { prompt: joined(prompt, known), token };
 }
 
 // --- the list ----------------------------------------------------------------------
@@ -78,7 +103,7 @@ async function openInsight(id) {
   let ins;
   try { ins = await api("GET", path(id)); } catch (e) { box.replaceChildren(h("p", { class: "emb-error", role: "alert", text: e.message })); return; }
   const ev = ins.evidence;
-  const evidence = h("pre", { class: "insight-evidence nb-evidence", text: readable(ev, { prompt: null, token: new Map() }) });
+  const evidence = h("pre", { class: "insight-evidence nb-evidence", text: readable(ev, await evidenceTexts(ev, false)) });
   const out = h("div", { class: "nb-result", role: "status" });
   const replayButton = h("button", { type: "button", class: "nb-replay", onclick: () => replay(ins, out, replayButton) }, "Replay");
   const reopenButton = h("button", { type: "button", class: "nb-reopen", onclick: () => reopen(ins, out, reopenButton) }, "Reopen at this token");
@@ -90,7 +115,8 @@ async function openInsight(id) {
     h("h4", { text: "Evidence" }), evidence,
     h("div", { class: "actions" }, replayButton, reopenButton), out);
   box.dataset.id = ins.id;
-  evidence.textContent = readable(ev, await evidenceTexts(ev));
+  const texts = await evidenceTexts(ev, true);
+  if (box.dataset.id === ins.id) evidence.textContent = readable(ev, texts);
 }
 
 const sci = (x) => (x === null || x === undefined ? "–" : x === 0 ? "0" : x.toExponential(2));
@@ -123,9 +149,33 @@ function setSampling(s) {
   $("seed").value = s.seed === null ? "" : String(s.seed);
 }
 
-// The insight's text, back at its token: a new text of exactly prompt_ids[:position],
-// one token generated with the insight's sampling, and the recorded token put there
-// when sampling chose another. Says what it did and whether the scores match.
+// Where a seeded, sampled token's generation began (the page records it with the
+// evidence): the server draws a generation's tokens from one seeded stream, so only the
+// same generation, from its start, draws the same tokens again.
+function generationOf(ev) {
+  const g = ev.data && ev.data.generation;
+  const sampled = ev.sampling.seed !== null && ev.sampling.temperature > 0;
+  if (!sampled || !g || !Number.isInteger(g.start) || g.start < 1 || g.start > ev.position) return null;
+  const n = ev.position - g.start + 1;
+  return S.info && n > S.info.max_new_tokens ? null : { start: g.start, n };
+}
+
+const same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
+
+// A new text of exactly these ids, checked.
+async function openIds(ids) {
+  await openPrompt(joined(ids, await lookUp(ids, knownTokens())) ?? "", ids);
+  if (!same(S.tokens.map((t) => t.id), ids)) throw new Error("the server opened other tokens than the recorded ones");
+}
+
+const sampling = (ev, n) => ({ max_tokens: n, temperature: ev.sampling.temperature, top_k: ev.sampling.top_k, seed: ev.sampling.seed });
+const textOf = (id) => { const t = knownTokens().get(id); return t ? ` (${JSON.stringify(t.text)})` : ""; };
+
+// The insight's text, back at its token. A seeded sampled token is drawn again: its
+// generation rerun from where it began, with its seed, gives the recorded tokens. A
+// greedy token is generated again. Otherwise (no seed, an insight that does not say where
+// its generation began, or a rerun that drew otherwise) the text is opened just before
+// the token, one token generated for its candidates, and the recorded token put back.
 async function reopen(ins, out, button) {
   const ev = ins.evidence;
   const say = [];
@@ -136,20 +186,11 @@ async function reopen(ins, out, button) {
     return;
   }
   button.disabled = true;
-  const ids = ev.prompt_ids.slice(0, ev.position);
+  const p = ev.position;
   try {
-    await openPrompt(await decodeIds(ids), ids);
-    const got = S.tokens.map((t) => t.id);
-    if (got.length !== ids.length || got.some((x, i) => x !== ids[i])) throw new Error("the server opened other tokens than the recorded ones");
-    say.push(`Opened a new text of the ${ids.length} tokens the model had read, the recorded token ids.`);
     setSampling(ev.sampling);
-    await generate({ keepText: true, sampling: { max_tokens: 1, temperature: ev.sampling.temperature, top_k: ev.sampling.top_k, seed: ev.sampling.seed } });
-    const p = ev.position;
-    if (!S.tokens[p]) throw new Error("the token at this position could not be generated (see the error above)");
-    if (S.tokens[p].id !== ev.token_id) {
-      say.push(`Sampling chose token ${S.tokens[p].id} this time; the recorded token ${ev.token_id} was put back at position ${p}.`);
-      await putTokenAt(p, ev.token_id);
-    }
+    const done = await rerun(ev, generationOf(ev), say) || await atToken(ev, say);
+    if (!done) throw new Error("the token at this position could not be generated (see the error above)");
     select(p);
     say.push(compareNow(ev, stepAt(p)));
     show();
@@ -157,6 +198,39 @@ async function reopen(ins, out, button) {
     say.push(e.message);
     show("emb-error");
   } finally { button.disabled = false; }
+}
+
+// The seeded generation again from its start: true when it drew the recorded tokens.
+async function rerun(ev, gen, say) {
+  if (!gen) return false;
+  const ids = ev.prompt_ids.slice(0, gen.start);
+  await openIds(ids);
+  say.push(`Opened a new text of the ${ids.length} tokens the model had read when this generation began, the recorded token ids.`);
+  await generate({ keepText: true, sampling: sampling(ev, gen.n) });
+  const want = [...ev.prompt_ids.slice(gen.start, ev.position), ev.token_id];
+  if (same(S.tokens.slice(gen.start, ev.position + 1).map((t) => t.id), want) && S.length === ev.position + 1) {
+    say.push(`Generated again from position ${gen.start} with seed ${ev.sampling.seed}: the same ${gen.n === 1 ? "token" : `${gen.n} tokens`} as recorded.`);
+    return true;
+  }
+  say.push(`The same seed drew other tokens this time (the scores may differ in their last digits), so the text is opened at the token instead.`);
+  return false;
+}
+
+// Open just before the token, generate one, and put the recorded token there if another came.
+async function atToken(ev, say) {
+  const p = ev.position;
+  const ids = ev.prompt_ids.slice(0, p);
+  await openIds(ids);
+  say.push(`Opened a new text of the ${ids.length} tokens the model had read, the recorded token ids.`);
+  await generate({ keepText: true, sampling: sampling(ev, 1) });
+  if (!S.tokens[p]) return false;
+  if (S.tokens[p].id === ev.token_id) return true;
+  const why = ev.sampling.temperature === 0 ? "At T = 0 the best candidate is now another token"
+    : ev.sampling.seed === null ? "It was sampled without a seed, so this draw is a new one"
+    : "This insight does not say where its generation began, and a seeded generation draws its tokens in turn, so this draw is not the recorded one";
+  say.push(`${why}: token ${S.tokens[p].id}${textOf(S.tokens[p].id)} came at position ${p}; the recorded token ${ev.token_id}${textOf(ev.token_id)} was put back.`);
+  await putTokenAt(p, ev.token_id);
+  return true;
 }
 
 // The reopened step's candidates against the stored ones (the same comparison as replay).

@@ -1,7 +1,7 @@
 // Prefill and decode side by side: what reading the prompt in one batch cost, and
 // what each token written one at a time costs.
 import { $, h, placeholder } from "./dom.js";
-import { int, ms, usdPlain } from "./format.js";
+import { int, ms, plural, usdPlain } from "./format.js";
 import { S, stepAt, view } from "./state.js";
 
 function renderPhases() {
@@ -25,22 +25,23 @@ function renderPhases() {
   const decReq = sum(dec, (s) => s.requests), decMs = sum(dec, (s) => s.ms), decCost = sum(dec, (s) => s.cost_usd);
   const preTrips = sum(pre, (s) => s.round_trips), decTrips = sum(dec, (s) => s.round_trips);
 
+  // Every count is the server's own (step_json): requests, round trips, cost, time.
   const preBox = h("div", { class: "phase phase-prefill" },
     h("h3", { text: "Prefill" }),
     pre.length
-      ? [h("p", { class: "big" }, h("b", { text: int(preTokens) }), " tokens read in ", h("b", { text: int(preReq) }), " requests"),
-        h("p", { text: `${ms(preMs)} · ${usdPlain(preCost)}` }),
-        h("p", { class: "note", text: `One batched forward: every request carried all ${int(preTokens)} tokens as queries. ` +
+      ? [h("p", { class: "big" }, h("b", { text: int(preTokens) }), " tokens read in ", h("b", { class: "n-requests", text: int(preReq) }), " requests"),
+        h("p", { text: `${plural(preTrips, "round trip")} one after another · ${ms(preMs)} · ${usdPlain(preCost)}` }),
+        h("p", { class: "note", text: `One batched forward${pre.length > 1 ? " each" : ""}: every request carried all the tokens it read as queries. ` +
           `Read one at a time they would have taken ${int(preTokens * (perToken || preReq / pre.length))} requests.` })]
       : h("p", { class: "note", text: "Nothing was read in a batch (a one-token prompt is read like a decode)." }));
+  const per = (n) => (n / dec.length).toFixed(n % dec.length ? 1 : 0);
   const decBox = h("div", { class: "phase phase-decode" },
     h("h3", { text: "Decode" }),
     dec.length
       ? [h("p", { class: "big" }, h("b", { text: ms(decMs / dec.length) }), " per token"),
-        h("p", { text: `${(decReq / dec.length).toFixed(decReq % dec.length ? 1 : 0)} requests/token, ` +
-          `${(decTrips / dec.length).toFixed(decTrips % dec.length ? 1 : 0)} of them one after another · ${usdPlain(decCost / dec.length)}/token · ${int(dec.length)} tokens` }),
+        h("p", { text: `${per(decReq)} requests/token, ${per(decTrips)} round trips/token (one after another) · ${usdPlain(decCost / dec.length)}/token · ${plural(dec.length, "token")}` }),
         h("p", { class: "note", text: "Each new token is one full pass: its searches run one after another, so latency is round trips × the time of one. " +
-          "The key writes run beside them: nothing reads a token's keys before the next token." })]
+          `The ${plural(Math.round((decReq - decTrips) / dec.length), "key write")} of each token run beside them: nothing reads a token's keys before the next token.` })]
       : h("p", { class: "note", text: "No token decoded one at a time yet." }));
   const kids = [preBox, decBox];
   if (rep.length) {

@@ -53,12 +53,24 @@ function renderTokens() {
   box.replaceChildren(frag);
 }
 
+// A tap on a token answers where it can be seen: on a phone (one column) the selected
+// token's panel is far below the text, so it is scrolled into view; on a wide screen it
+// is beside the text and nothing moves.
+function reveal() {
+  const card = $("candidates").closest("section");
+  const r = card.getBoundingClientRect();
+  if (r.top >= 0 && r.top < window.innerHeight * 0.6) return;
+  card.scrollIntoView({ block: "start", behavior: "smooth" });
+}
+
 export function initTokens() {
   view("tokens", renderTokens);
   const tokens = $("tokens");
   const pick = (e) => {
     const el = e.target.closest(".token");
-    if (el) select(Number(el.dataset.position));
+    if (!el) return;
+    select(Number(el.dataset.position));
+    reveal();
   };
   tokens.addEventListener("click", pick);
   tokens.addEventListener("keydown", (e) => {

@@ -1,7 +1,7 @@
 // The selected token's requests in order, as a waterfall, and below them the extra
 // searches that looking inside it cost (the lens, a recomputed attention).
 import { $, h, labelled, placeholder } from "./dom.js";
-import { bytes, int, micro, ms, plural, usd, usdPlain } from "./format.js";
+import { bytes, int, micro, ms, plural, roundTrips, usd, usdPlain } from "./format.js";
 import { S, insideKey, stepAt, view } from "./state.js";
 
 const KIND_HELP = [
@@ -15,54 +15,79 @@ const KIND_HELP = [
   [/mlp\.c_proj$/, "MLP down-projection"],
   [/^wte\.top_k$/, "next token: top-k over the vocabulary"],
   [/lens/, "the lens: top-k over the token vectors"],
+  [/^wte\.promotes$/, "the tokens each top neuron promotes: top-k over wte"],
+  [/^wte\.fetch$/, "fetch the token's own wte row (attribution)"],
   [/wte/, "a search over the token vectors"],
 ];
-const kindHelp = (kind) => (KIND_HELP.find(([re]) => re.test(kind)) || [null, ""])[1];
+// The same kind asked for by a view (not needed for the token) does another job.
+const EXTRA_HELP = [
+  [/attn\.c_proj$/, "what each head writes: one masked query a head (attribution)"],
+  [/mlp\.c_proj$/, "what each top neuron writes: row n of c_proj (the MLP as a memory)"],
+];
+const kindHelp = (r) => ((r.extra && EXTRA_HELP.find(([re]) => re.test(r.kind))) || KIND_HELP.find(([re]) => re.test(r.kind)) || [null, ""])[1];
 
-// The index of the slowest request: the one a learner should see first.
-const largest = (log) => log.reduce((best, r, i) => (best < 0 || r.ms > log[best].ms ? i : best), -1);
+// Where each request sits in time. The searches run one after another: each waits for
+// the answer of the one before (a round trip), so they follow a cursor. A concurrent
+// request (a decode step's key write) starts where it was sent and runs beside them in
+// its own lane: it does not move the cursor. -> {starts, path (ms of the critical path), end}
+export function timeline(log) {
+  let t = 0, end = 0;
+  const starts = log.map((r) => {
+    const at = t;
+    if (!r.concurrent) t += r.ms;
+    end = Math.max(end, at + r.ms);
+    return at;
+  });
+  return { starts, path: t, end: Math.max(end, t) };
+}
+
+// The index of the slowest request on the critical path: the one a learner should see
+// first (a concurrent write, however slow, makes no token wait).
+const largest = (log) => log.reduce((best, r, i) => (r.concurrent ? best : best < 0 || r.ms > log[best].ms ? i : best), -1);
 
 function requestRow(r, i, left, width, isLargest) {
-  return h("tr", { class: "wf-row op-" + r.op + (isLargest ? " largest" : ""), dataset: { kind: r.kind } },
+  const what = kindHelp(r) + (r.concurrent ? " · runs beside the searches: no round trip of its own" : "") +
+    (isLargest ? " · the slowest round trip" : "");
+  return h("tr", { class: "wf-row op-" + r.op + (isLargest ? " largest" : "") + (r.concurrent ? " concurrent" : ""), dataset: { kind: r.kind } },
     h("td", { class: "num idx", text: String(i + 1) }),
     h("td", { class: "kind" },
       h("span", { class: "op op-" + r.op, title: r.op, text: r.op }),
+      r.concurrent ? h("span", { class: "lane-tag", title: "sent without waiting: it runs while the next searches do", text: "beside" }) : "",
       h("code", { text: r.kind }),
-      h("span", { class: "what", text: kindHelp(r.kind) + (isLargest ? " · the slowest request" : "") })),
+      h("span", { class: "what", text: what })),
     h("td", { class: "num", title: "queries in this one request", text: r.queries ? int(r.queries) : "–" }),
     h("td", { class: "num", title: r.op === "search" ? "documents scored" : r.op === "write" ? "documents written" : "documents fetched", text: int(r.rows) }),
     h("td", { class: "num", text: bytes(r.bytes) }),
     h("td", { class: "bar-cell" }, h("div", { class: "track" },
-      h("div", { class: "bar op-" + r.op, style: { left: left.toFixed(2) + "%", width: Math.min(width, 100 - left).toFixed(2) + "%" } }))),
+      h("div", { class: "bar op-" + r.op + (r.concurrent ? " beside" : ""), style: { left: left.toFixed(2) + "%", width: Math.min(width, 100 - left).toFixed(2) + "%" } }))),
     h("td", { class: "num", text: ms(r.ms) }),
     h("td", { class: "num cost", title: usdPlain(r.cost_usd || 0), text: micro(r.cost_usd || 0) }));
 }
 
-function serverRow(rest) {
+function serverRow(rest, left, width) {
   return h("tr", { class: "wf-row wf-server" },
     h("td", { class: "num idx", text: "" }),
     h("td", { class: "kind" }, h("span", { class: "op op-server", text: "server" }),
-      h("span", { class: "what", text: "layer norm, GELU, softmax, additions, sampling" })),
+      h("span", { class: "what", text: "layer norm, GELU, softmax, additions, sampling: between the round trips" })),
     h("td"), h("td"), h("td"),
-    h("td", { class: "bar-cell" }, h("div", { class: "track" })),
+    h("td", { class: "bar-cell" }, h("div", { class: "track" },
+      h("div", { class: "bar op-server", style: { left: left.toFixed(2) + "%", width: Math.min(width, 100 - left).toFixed(2) + "%" } }))),
     h("td", { class: "num", text: ms(rest) }),
     h("td", { class: "num cost", text: "–" }));
 }
 
-// The table of a request log; rows laid out over `total` ms.
-export function requestTable(log, total, withServer = 0) {
+// The table of a request log, laid out in time over `total` ms (at least the log's own
+// end); `server` ms of the server's arithmetic is drawn after the critical path.
+export function requestTable(log, total, server = 0) {
   const big = largest(log);
-  let t0 = 0;
-  const rows = log.map((r, i) => {
-    const left = (t0 / total) * 100;
-    t0 += r.ms;
-    return requestRow(r, i, left, Math.max(0.6, (r.ms / total) * 100), i === big);
-  });
-  if (withServer > 0) rows.push(serverRow(withServer));
+  const tl = timeline(log);
+  const span = Math.max(total, tl.end + Math.max(0, server), 1e-9);
+  const rows = log.map((r, i) => requestRow(r, i, (tl.starts[i] / span) * 100, Math.max(0.6, (r.ms / span) * 100), i === big));
+  if (server > 0) rows.push(serverRow(server, (tl.path / span) * 100, Math.max(0.6, (server / span) * 100)));
   return labelled(h("table", { class: "wf-table" },
     h("thead", null, h("tr", null,
       h("th", { class: "num", text: "#" }), h("th", { text: "request" }), h("th", { class: "num", text: "queries" }),
-      h("th", { class: "num", text: "rows" }), h("th", { class: "num", text: "bytes" }), h("th", { text: "latency" }),
+      h("th", { class: "num", text: "rows" }), h("th", { class: "num", text: "bytes" }), h("th", { text: "when (the token's time, left to right)", dataset: { label: "when" } }),
       h("th", { class: "num", text: "ms" }), h("th", { class: "num", title: "millionths of a dollar at turbopuffer's list rates", text: "µ$" }))),
     h("tbody", null, rows)));
 }
@@ -79,22 +104,32 @@ function revealLargest(scroller) {
   }
 }
 
+// A step's counts are the server's (step_json): requests, round trips, cost, time.
 function summary(step, log) {
   const big = largest(log);
   return h("div", { class: "wf-summary" },
-    h("div", { class: "stat" }, h("b", { text: int(log.length) }), h("span", { text: "requests" })),
-    h("div", { class: "stat" }, h("b", { text: ms(step.ms) }), h("span", { text: "total" })),
-    h("div", { class: "stat", title: "at turbopuffer's list rates" }, h("b", { text: usdPlain(step.cost_usd) }),
+    h("div", { class: "stat stat-requests" }, h("b", { text: int(step.requests) }), h("span", { text: "requests" })),
+    h("div", { class: "stat stat-trips", title: "requests that each waited for the one before: the critical path" },
+      h("b", { text: int(step.round_trips) }), h("span", { text: "round trips, one after another" })),
+    h("div", { class: "stat stat-total" }, h("b", { text: ms(step.ms) }), h("span", { text: "total: the round trips and the server's arithmetic" })),
+    h("div", { class: "stat stat-cost", title: "at turbopuffer's list rates" }, h("b", { text: usdPlain(step.cost_usd) }),
       h("span", { text: `cost · ${usd(step.cost_usd * 1e6)} per million tokens` })),
-    h("div", { class: "stat" }, h("b", { text: step.read > 1 ? int(step.read) : step.read === 1 ? "1" : "0" }), h("span", { text: "tokens read" })),
+    h("div", { class: "stat" }, h("b", { text: int(step.read || 0) }), h("span", { text: "tokens read" })),
     big >= 0 ? h("div", { class: "stat stat-largest" }, h("b", { text: `#${big + 1} ${log[big].kind}` }),
-      h("span", { text: `the slowest request: ${ms(log[big].ms)}` })) : "");
+      h("span", { text: `the slowest round trip: ${ms(log[big].ms)}` })) : "");
 }
 
 function stepNote(step, log) {
   if (!log.length) return "Replayed: these candidates were already known (the model had read this prefix before), so this token cost no request.";
-  if (step.read > 1) return `Prefill: this token's requests read all ${step.read} unread tokens at once; each search carries one query per token, so the whole prompt cost the same ${log.length} requests as one token.`;
-  return "Decode: one token read, one full pass through the model. Each request waits for the one before it.";
+  const beside = log.filter((r) => r.concurrent).length;
+  const order = beside
+    ? `${int(step.round_trips)} of its ${int(step.requests)} requests run one after another, each waiting for the answer of the one before; ` +
+      `the ${plural(beside, "key write")} (striped, in the lower lane) run beside them: nothing searches a new token's keys before the next token, so no one waits for them. ` +
+      "The total is the round trips plus the server's arithmetic, not the sum of every bar."
+    : `All ${int(step.requests)} requests run one after another (${plural(step.round_trips, "round trip")}), each waiting for the answer of the one before.`;
+  if (step.read > 1) return `Prefill: this token's requests read all ${step.read} unread tokens at once; each search carries one query per token, so the whole prompt cost the same ${int(step.requests)} requests as one token. ` +
+    "The prompt's keys are written before they are searched, so here the writes are on the path too. " + (beside ? order : "");
+  return "Decode: one token read, one full pass through the model. " + order;
 }
 
 // The extra searches that "look inside" cost for this token, apart from the step's own.
@@ -102,13 +137,13 @@ function extraSection(p) {
   const inside = S.inside.get(insideKey(p));
   const extra = inside && inside.requests ? inside.requests : [];
   if (!inside) return "";
-  const total = Math.max(extra.reduce((a, r) => a + r.ms, 0), 1e-9);
+  const tl = timeline(extra);
   return h("div", { class: "wf-extra" },
-    h("h3", { text: `Looking inside: ${plural(extra.length, "extra request")}` }),
+    h("h3", { text: `Looking inside: ${plural(extra.length, "extra request")}, ${plural(roundTrips(extra), "round trip")}` }),
     h("p", { class: "note", text: extra.length
-      ? "The lens and, where it was recomputed, the attention: searches made only to show you the inside of this token, not needed to choose it."
+      ? "The lens, what each part adds, the MLP's neurons and, where it was recomputed, the attention: searches made only to show you the inside of this token, not needed to choose it."
       : "Nothing extra here: the attention and the lens came with the generation (a lens search it made is among the step's requests above)." }),
-    extra.length ? h("div", { class: "table-scroll wf-scroll" }, requestTable(extra, total)) : "");
+    extra.length ? h("div", { class: "table-scroll wf-scroll" }, requestTable(extra, tl.end)) : "");
 }
 
 function renderWaterfall() {
@@ -122,10 +157,9 @@ function renderWaterfall() {
     return;
   }
   const log = step.request_log || [];
-  const reqMs = log.reduce((a, r) => a + r.ms, 0);
-  const total = Math.max(step.ms, reqMs, 1e-9);
-  const scroller = log.length ? h("div", { class: "table-scroll wf-scroll" }, requestTable(log, total, log.length ? step.ms - reqMs : 0)) : "";
-  box.replaceChildren(summary(step, log), h("p", { class: "note", text: stepNote(step, log) }), scroller, extraSection(p));
+  const path = timeline(log).path;
+  const scroller = log.length ? h("div", { class: "table-scroll wf-scroll" }, requestTable(log, step.ms, step.ms - path)) : "";
+  box.replaceChildren(summary(step, log), h("p", { class: "note wf-note", text: stepNote(step, log) }), scroller, extraSection(p));
   if (scroller) revealLargest(scroller);
 }
 
