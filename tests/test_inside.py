@@ -6,7 +6,7 @@ output_hidden_states) and numpy on the checkpoint."""
 import numpy as np
 import pytest
 
-from puffergpt import checkpoints, loading, tokenizer, texts
+from puffergpt import checkpoints, inside, loading, tokenizer, texts
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.engine import Engine, round_trips_per_token
 from puffergpt.reference import NumpyProducts, Reference
@@ -114,6 +114,12 @@ def numpy_cosine(ckpt, v):
     return w @ v / (np.linalg.norm(w, axis=1) * np.linalg.norm(v))
 
 
+def numpy_untrained(ckpt) -> set[int]:
+    """Rows of wte equal to another row, by numpy's own unique (not the module's hashing)."""
+    _, inverse, counts = np.unique(ckpt.params["wte.weight"], axis=0, return_inverse=True, return_counts=True)
+    return set(np.flatnonzero(counts[inverse.ravel()] > 1).tolist())
+
+
 @pytest.mark.parametrize("model", ["tiny", "demo"])
 def test_analogy_and_neighbours_equal_numpy(request, loaded, model):
     ckpt = request.getfixturevalue(model)
@@ -126,13 +132,14 @@ def test_analogy_and_neighbours_equal_numpy(request, loaded, model):
         w = ckpt.params["wte.weight"].astype(np.float64)
         a, b, c = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
         sims = numpy_cosine(ckpt, w[b] - w[a] + w[c])
-        want = [int(i) for i in np.argsort(-sims, kind="stable") if int(i) not in (a, b, c)][:10]
+        bad = numpy_untrained(ckpt)
+        want = [int(i) for i in np.argsort(-sims, kind="stable") if int(i) not in (a, b, c) and int(i) not in bad][:10]
         assert [r["token_id"] for r in got["results"]] == want
         assert_close(f"{model} analogy scores", [r["score"] for r in got["results"]], sims[want], 1e-4)
         got = texts.neighbours(products, " list", 5)
         i = tokenizer.encode(" list")[0]
         sims = numpy_cosine(ckpt, w[i])
-        want = [int(j) for j in np.argsort(-sims, kind="stable") if int(j) != i][:5]
+        want = [int(j) for j in np.argsort(-sims, kind="stable") if int(j) != i and int(j) not in bad][:5]
         assert [r["token_id"] for r in got["results"]] == want
         assert_close(f"{model} neighbour scores", [r["score"] for r in got["results"]], sims[want], 1e-4)
     finally:
@@ -219,3 +226,136 @@ def test_200_tokens_never_miss_a_key(loaded, demo):
     ids = tokenizer.encode("The")
     got = [s.token_id for s in texts.complete(Engine(store, demo.name, key).open, ids, 200, Sampling(0, 40))]
     assert got == Reference(demo).greedy(ids, 200)
+
+
+# --- one truth: the layer where the model made up its mind ---
+
+def lens_of(top1s):
+    return [{"layer": l, "ids": np.array([t, 99]), "logits": np.array([1.0, 0.0])} for l, t in enumerate(top1s)]
+
+
+def test_decided_layer_is_where_the_final_top1_stays():
+    """The first layer from which every later top-1 is the final one: a layer whose top-1
+    equals it, then changes, then comes back does not count (the other reading said 1 here)."""
+    assert inside.decided_layer(lens_of([5, 7, 8, 7, 7])) == 3
+    assert inside.final_top1(lens_of([5, 7, 8, 7, 7])) == 7
+    assert inside.decided_layer(lens_of([7, 7, 7])) == 0
+    assert inside.decided_layer(lens_of([7, 3, 7, 3])) == 3  # only the final entry
+    assert inside.decided_layer(lens_of([1, 2, 2, 9, 2])) == 3 + 1
+
+
+def test_decided_layer_on_a_real_prompt_where_the_readings_differ(loaded, hf, demo):
+    """Demo model, "The return" -> next token: the lens's top-1 at layer 1 already is the final
+    top-1 (" a"), layer 3's is not, the last is again. Checked against transformers' lens,
+    through the search engine, the server's inspect JSON and the CLI's line."""
+    from puffergpt.cli import step_line
+    from puffergpt.server.app import inspect_json, step_inspect_json
+
+    ids = tokenizer.encode("The return")
+    _, want_lens = hf_inside(hf(demo), ids)
+    tops = [int(np.argmax(v)) for v in want_lens]
+    final = tops[-1]
+    first_equal = tops.index(final)
+    decided = next(l for l in range(len(tops)) if all(t == final for t in tops[l:]))
+    assert first_equal < decided, f"the prompt no longer tells the readings apart: {tops}"
+    store, key = loaded(demo)
+    t = Text(Engine(store, demo.name, key).open())
+    try:
+        t.append(ids)
+        step = list(t.generate(1, Sampling(0, 40), inspect=5))[0]
+        assert inside.decided_layer(step.inspect["lens"]) == decided
+        assert step_inspect_json(step)["decided_layer"] == decided
+        assert step_inspect_json(step)["final_top1"]["token_id"] == final
+        line = step_line(step)
+        assert (line["decided_layer"], line["final_top1"]["token_id"]) == (decided, final)
+        got, reqs, recomputed = t.inspect(2, 5)
+        view = inspect_json(got, t, 2, reqs, recomputed)
+        assert (view["decided_layer"], view["final_top1"]["token_id"]) == (decided, final)
+        assert "first_top1_layer" not in view
+    finally:
+        t.close()
+
+
+# --- honest embedding views: rows never trained ---
+
+@pytest.fixture(scope="module")
+def twins(tmp_path_factory, tiny):
+    """The tiny model with some wte rows set to one shared vector (as the demo sets every
+    unseen token's), among them " king", " queen" and tokens that would rank high."""
+    params = {k: v.copy() for k, v in tiny.params.items()}
+    w = params["wte.weight"]
+    king, queen, man, woman = (tokenizer.encode(x)[0] for x in (" king", " queen", " man", " woman"))
+    sims = numpy_cosine(tiny, w[woman].astype(np.float64) - w[man] + w[king])
+    near = [int(i) for i in np.argsort(-sims, kind="stable") if int(i) not in (king, man, woman)][:3]
+    twins = [king, queen, *near, 100, 101, 102]
+    w[twins] = w[5000]  # 5000 too: it is now one of them
+    path = checkpoints.save_dir(tmp_path_factory.mktemp("twins") / "twins", tiny.config, params)
+    ckpt = checkpoints.load(str(path))
+    store = open_store("embedded", tmp_path_factory.mktemp("twins-store"))
+    key = loading.model_key(ckpt.name)
+    m = loading.load(store, ckpt, key, progress=False)
+    yield ckpt, store, key, m, set(twins) | {5000}
+    store.close()
+
+
+def test_untrained_rows_are_recorded_at_load(twins, loaded, demo):
+    ckpt, store, key, m, want = twins
+    assert Engine(store, ckpt.name, key).untrained == want == numpy_untrained(ckpt)
+    demo_store, demo_key = loaded(demo)
+    got = Engine(demo_store, demo.name, demo_key).untrained
+    assert got == numpy_untrained(demo) and len(got) > 1000  # the demo model's unseen tokens
+    assert tokenizer.encode(" king")[0] in got and tokenizer.encode(" list")[0] not in got
+
+
+def test_views_never_answer_with_untrained_rows(twins):
+    ckpt, store, key, _, bad = twins
+    products = Engine(store, ckpt.name, key).views()
+    w = ckpt.params["wte.weight"].astype(np.float64)
+    try:
+        man, woman, king = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
+        got = texts.analogy(products, " man", " woman", " king", 5)
+        sims = numpy_cosine(ckpt, w[woman] - w[man] + w[king])
+        order = [int(i) for i in np.argsort(-sims, kind="stable") if int(i) not in (man, woman, king)]
+        want = [i for i in order if i not in bad][:5]
+        assert [r["token_id"] for r in got["results"]] == want
+        assert got["untrained_skipped"] == len([i for i in order[: order.index(want[-1])] if i in bad]) >= 3
+        assert got["untrained_inputs"] == [" king"] and "' king' was never trained" in got["note"]
+        got = texts.neighbours(products, " king", 5)
+        assert not {r["token_id"] for r in got["results"]} & bad
+        assert got["untrained_skipped"] == len(bad) - 1  # its twins are all at cosine 1: skipped
+        assert got["untrained_inputs"] == [" king"]
+        got = texts.neighbours(products, " list", 5)
+        assert got["untrained_inputs"] == []
+        assert got["note"] is None or "skipped" in got["note"]
+        m = texts.embedding_map(products, [" king", " queen", " man", " woman", " list"])
+        assert [p["untrained"] for p in m["points"]] == [True, True, False, False, False]
+        assert m["degenerate"] and "same point" in m["note"] and "never trained" in m["note"]
+        m = texts.embedding_map(products, [" man", " woman", " list", " dict"])
+        assert not m["degenerate"] and m["note"] is None
+        m = texts.embedding_map(products, [" man", " woman"])  # two points: a line
+        assert m["degenerate"] and "second component" in m["note"]
+    finally:
+        products.close()
+
+
+def test_a_store_from_an_older_version_says_untrained_rows_are_unknown(tmp_path, tiny):
+    """No `untrained` in the manifest: the views work, say they can't tell, and name the
+    command; that command records them."""
+    store = open_store("embedded", tmp_path / "old")
+    try:
+        key = loading.model_key(tiny.name)
+        m = loading.load(store, tiny, key, progress=False)
+        del m["untrained"]
+        store.put_meta(f"manifest:{key}", m)
+        products = Engine(store, tiny.name, key).views()
+        try:
+            for got in (texts.analogy(products, " man", " woman", " king", 3), texts.neighbours(products, " man", 3),
+                        texts.embedding_map(products, [" man", " woman", " king"])):
+                assert "`puffergpt load`" in got["note"] and "older puffergpt" in got["note"]
+            assert got["points"][0]["untrained"] is None
+        finally:
+            products.close()
+        assert loading.load(store, tiny, key, progress=False)["untrained"] == []
+        assert Engine(store, tiny.name, key).untrained == frozenset()
+    finally:
+        store.close()
