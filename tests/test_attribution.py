@@ -3,6 +3,8 @@ memory (top neurons and the tokens they promote), through search and numpy, agai
 transformers with hooks: attn.c_proj's input (each head's output), mlp, mlp.act and
 ln_f's input."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -178,3 +180,70 @@ def test_head_writes_sum_to_the_attention_output(tiny):
     for layer in range(tiny.config.n_layer):
         writes, bias = attribution.head_writes(p, layer, tr.heads[layer])
         assert_close(f"layer {layer} heads + bias", writes.sum(axis=0) + bias, tr.attn[layer], 1e-5)
+
+
+def test_the_inspect_route_gives_the_page_its_shape(loaded, hf, demo):
+    """GET /api/texts/{id}/steps/{p}/inspect: decided_layer, final_top1, the attribution
+    with labels and token text, the neurons with their promoted tokens as text, and the
+    new searches in its requests; the streamed steps carry decided_layer and final_top1."""
+    from fastapi.testclient import TestClient
+
+    from puffergpt.server import ServerConfig, create_app
+
+    store, key_ = loaded(demo)
+    c = demo.config
+    app = create_app(Engine(store, demo.name, key_), ServerConfig(max_open_texts=2))
+    with TestClient(app) as client:
+        t = client.post("/api/texts", json={"prompt": PROMPTS[0]}).json()
+        n = t["length"]
+        r = client.post(f"/api/texts/{t['id']}/generate", json={"max_tokens": 2, "temperature": 0, "top_k": 40,
+                                                                "inspect": True, "lens_k": 5})
+        token = json.loads(r.text.strip().split("\n\n")[0].split("data: ", 1)[1])
+        assert isinstance(token["decided_layer"], int) and token["final_top1"]["token_id"] == token["token_id"]
+        for p in (n, 3):  # a generated token (kept) and a prompt token (recomputed)
+            v = client.get(f"/api/texts/{t['id']}/steps/{p}/inspect", params={"lens_k": 5}).json()
+            assert {"decided_layer", "final_top1", "attribution", "neurons", "lens", "attention", "requests"} <= set(v)
+            a = v["attribution"]
+            assert a["token_id"] == v["predicts_token"]["token_id"] and a["token"]["text"] == v["predicts_token"]["text"]
+            labels = [x["label"] for x in a["parts"]]
+            assert labels[0] == "embed" and labels[-1] == "ln_f bias"
+            assert labels[1:c.n_head + 3] == [f"L0 H{h}" for h in range(c.n_head)] + ["L0 attn bias", "L0 MLP"]
+            assert abs(sum(x["value"] for x in a["parts"]) - a["logit"]) < 1e-3
+            ids = tokenizer.encode(PROMPTS[0])[:p] if p < n else tokenizer.encode(PROMPTS[0])
+            check(f"demo route at {p}", hf(demo), demo, ids, {"attribution": a, "neurons": v["neurons"]})
+            assert all(set(tok["token"]) >= {"token_id", "text"} for layer in v["neurons"] for nn in layer for tok in nn["promotes"])
+            kinds = [q["kind"] for q in v["requests"]]
+            assert kinds[-(2 * c.n_layer + 2):] == (["wte.fetch"] + [f"h.{l}.attn.c_proj" for l in range(c.n_layer)]
+                                                    + [f"h.{l}.mlp.c_proj" for l in range(c.n_layer)] + ["wte.promotes"])
+            assert all(q["extra"] for q in v["requests"])
+
+
+@pytest.mark.parametrize("engine", ["reference", "search"])
+def test_generate_json_inspect_contract(tmp_path_factory, tiny, tiny_dir, hf, engine):
+    """`puffergpt generate --json --inspect`: each token line has attribution and neurons
+    as the README's contract says, equal to transformers within 1e-3."""
+    from click.testing import CliRunner
+
+    from puffergpt.cli import main
+
+    args = ["--model", str(tiny_dir), "--engine", engine]
+    if engine == "search":
+        data = tmp_path_factory.mktemp("cli-attribution")
+        assert CliRunner().invoke(main, ["load", "--model", str(tiny_dir), "--data", str(data)],
+                                  env={"PUFFERGPT_DATA": None}).exit_code == 0
+        args += ["--data", str(data)]
+    r = CliRunner().invoke(main, ["generate", PROMPTS[1], *args, "--json", "--inspect", "--temperature", "0", "-n", "2"],
+                           env={"PUFFERGPT_DATA": None})
+    assert r.exit_code == 0, r.output
+    lines = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+    tokens = [x for x in lines if "token_id" in x and "attribution" in x]
+    assert len(tokens) == 2
+    ids = tokenizer.encode(PROMPTS[1])
+    for i, line in enumerate(tokens):
+        a = line["attribution"]
+        assert set(a) == {"token_id", "logit", "parts"} and a["token_id"] == line["token_id"]
+        kinds = {p["kind"] for p in a["parts"]}
+        assert kinds == {"embed", "attn", "attn_bias", "mlp", "ln_f_bias"}
+        assert all(set(n) == {"neuron", "activation", "promotes"} for layer in line["neurons"] for n in layer)
+        assert isinstance(line["decided_layer"], int) and line["final_top1"]["token_id"] == line["token_id"]
+        check(f"cli {engine} token {i}", hf(tiny), tiny, ids + [t["token_id"] for t in tokens[:i]], line)
