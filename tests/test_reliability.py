@@ -11,11 +11,15 @@ or stopped mid-generation at the engine level (tests/stores/test_pgvector.py).""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import socket
+import subprocess
 import threading
 import time
+from pathlib import Path
 from typing import Iterator
 
 import httpx
@@ -379,3 +383,231 @@ def test_a_postgresql_crash_under_the_server(pg, new_database, tiny):
                 c.delete(f"/api/texts/{t}")
     finally:
         store.close()
+
+
+# --- the third probe (issue 19): JSON past the standard library, static names, lone
+# surrogates, notebook files read as untrusted ---
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from puffergpt import notebook as nb  # noqa: E402
+from puffergpt.notebook import Notebook  # noqa: E402
+
+GOOD = {  # a body each route accepts
+    "/v1/completions": {"prompt": "hi", "max_tokens": 1, "temperature": 0},
+    "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1},
+    "/api/texts": {"prompt": "hi"},
+    "/api/map": {"words": [" man", " woman"]},
+    "/api/analogy": {"a": " man", "b": " woman", "c": " king", "k": 3},
+}
+UNREPRESENTABLE = [  # (JSON text put in a field's place, words the answer must hold)
+    ("1" * 5000, "5000 digits"),  # past Python's int() limit (4300 digits): ValueError in json
+    ("-" + "9" * 5000, "5000 digits"),
+    ("[" * 3000 + "]" * 3000, "nested"),  # past the recursion limit: RecursionError in json
+    ("{\"a\":" * 3000 + "1" + "}" * 3000, "nested"),
+    ("[" * 200 + "]" * 200, "nested"),  # parses, and is past any field's depth
+    ("NaN", "NaN"),
+    ("-Infinity", "-Infinity"),
+    ("1e400", "1e400"),
+]
+
+
+@pytest.fixture(scope="module")
+def probed(loaded, tiny, tmp_path_factory):
+    """The whole app, with a notebook, under Starlette's TestClient: a 500 is an answer."""
+    store, key = loaded(tiny)
+    book = Notebook(tmp_path_factory.mktemp("probe") / "nb")
+    app = create_app(Engine(store, tiny.name, key), ServerConfig(max_open_texts=8), notebook=book)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        c.book = book
+        yield c
+
+
+def field_of(good: dict) -> str:
+    return next(iter(good))
+
+
+def post_raw(c, path: str, raw: bytes):
+    return c.post(path, content=raw, headers={"content-type": "application/json"})
+
+
+def message(r) -> str:
+    """The error's message: OpenAI's shape on /v1, {"detail": ...} elsewhere."""
+    got = r.json()
+    return got["error"]["message"] if r.request.url.path.startswith("/v1") else got["detail"]
+
+
+@pytest.mark.parametrize("path", [*GOOD, "/api/insights"])
+@pytest.mark.parametrize("value, words", UNREPRESENTABLE)
+def test_json_past_the_standard_library_is_400_on_every_route(probed, path, value, words):
+    """A 5,000-digit integer, JSON nested 3,000 deep, NaN or 1e400 in a field: a 400 that
+    says what, in the route's error shape (the probe found 500s on /v1)."""
+    good = GOOD.get(path, {"title": "t", "evidence": {}})
+    raw = json.dumps({**good, field_of(good): "@@"}).replace('"@@"', value).encode()
+    r = post_raw(probed, path, raw)
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert words in message(r) and field_of(good) in message(r), message(r)
+    if path.startswith("/v1"):
+        assert r.json()["error"]["type"] == "invalid_request_error" and r.json()["error"]["param"] == field_of(good)
+    assert probed.get("/api/info").status_code == 200
+
+
+@pytest.mark.parametrize("path", [*GOOD, "/api/insights"])
+@pytest.mark.parametrize("raw, words", [(b'{"prompt": "caf\xe9"}', "not UTF-8"), (b'{"prompt": ', "not JSON"),
+                                        (b'\xef\xbb\xbf{"prompt": "hi"}', "not UTF-8"), (b"[" * 3000, "nested")])
+def test_a_body_that_is_not_json_is_400_on_every_route(probed, path, raw, words):
+    r = post_raw(probed, path, raw)
+    assert r.status_code == 400 and words in message(r), (r.status_code, r.text[:300])
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("/api/map", {"words": ["\ud800", " dict"]}, "words[0]"),  # mapped a word the client did not send
+    ("/api/map", {"words": [" man", " woman"], "text_id": "\udfff"}, "text_id"),
+    ("/api/texts", {"prompt": "ok \ud83d"}, "prompt"),
+    ("/api/analogy", {"a": " man", "b": "\udc00", "c": " king"}, "b"),
+    ("/api/insights", {"title": "t\ud800", "evidence": {}}, "title"),
+    ("/api/insights", {"title": "t", "evidence": {"kind": "token", "\ud800": 1}}, "evidence"),
+    ("/v1/completions", {"prompt": "hi", "stop": "\ud800"}, "stop"),  # was accepted
+    ("/v1/completions", {"prompt": "hi", "stop": ["\n", "x\udbff"]}, "stop[1]"),
+    ("/v1/completions", {"prompt": ["fine", "\udfff"]}, "prompt[1]"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "user": "\ud800"}, "user"),
+])
+def test_a_lone_surrogate_in_any_field_is_400_naming_it(probed, path, body, field):
+    r = post_raw(probed, path, json.dumps(body).encode())  # json.dumps writes a lone surrogate as \udXXX
+    assert r.status_code == 400, (r.status_code, r.text[:300])
+    assert field in message(r) and "surrogate" in message(r), message(r)
+    if path.startswith("/v1"):
+        assert r.json()["error"]["param"] == field.split("[")[0].split(".")[0]
+
+
+@pytest.mark.parametrize("name", ["a" * 5000, "x." * 200 + "js", "%ff%fe", "a%0ab", "%2e%2e", "index.html%00",
+                                  "con", "\u00e9" * 300])
+@pytest.mark.parametrize("prefix", ["/static/", "/docs-assets/"])
+def test_a_long_or_odd_static_name_is_404(probed, prefix, name):
+    r = probed.get(prefix + name)
+    assert r.status_code == 404 and r.json()["detail"] == "no such file", (r.status_code, r.text[:200])
+    assert probed.get("/static/main.js").status_code == 200 and probed.get("/docs-assets/swagger-ui.css").status_code == 200
+
+
+# --- notebook files read as untrusted ---
+
+@pytest.fixture
+def book_client(tmp_path, loaded, tiny):
+    """A served notebook holding one insight: (client, notebook, insight id)."""
+    store, key = loaded(tiny)
+    book = Notebook(tmp_path / "nb")
+    app = create_app(Engine(store, tiny.name, key), ServerConfig(), notebook=book)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        r = c.post("/api/insights", json={"title": "t", "body": "words", "tags": [], "evidence": evidence_of(tiny)})
+        assert r.status_code == 201, r.text
+        yield c, book, r.json()["id"]
+
+
+def evidence_of(tiny) -> dict:
+    from puffergpt.reference import NumpyProducts
+    from puffergpt.text import Text
+
+    text = Text(NumpyProducts(tiny))
+    try:
+        text.append(tokenizer.encode(PROMPT))
+        step = list(text.generate(1, Sampling(0, 5)))[-1]
+        return {"kind": "token", "model": tiny.name, "prompt_ids": text.tokens[:text.length], "position": step.position,
+                "token_id": step.token_id, "sampling": {"temperature": 0.0, "top_k": 5, "seed": None},
+                "candidates": [{"token_id": int(i), "logit": float(v)} for i, v in zip(step.ids, step.logits)]}
+    finally:
+        text.close()
+
+
+def test_an_insight_file_that_is_not_utf8_is_409_naming_it(book_client):
+    c, book, iid = book_client
+    f = book.path / "insights" / f"{iid}.md"
+    f.write_bytes(f.read_bytes().replace(b"words", b"w\xffrds"))
+    for r in (c.get(f"/api/insights/{iid}"), c.post(f"/api/insights/{iid}/replay")):
+        assert r.status_code == 409, (r.status_code, r.text[:300])
+        assert f"insights/{iid}.md" in r.json()["detail"] and "UTF-8" in r.json()["detail"], r.json()
+    assert c.get("/api/insights").json()["insights"] == []  # listed without it (a warning in the log)
+
+
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """folder made read-only: its mode, and for root (whom modes do not bind) the
+    immutable attribute; a machine where neither binds is skipped with the reason."""
+    folder.chmod(0o555)
+    immutable = False
+    try:
+        try:
+            (folder / ".probe").touch()
+            (folder / ".probe").unlink()
+            r = subprocess.run(["chattr", "+i", str(folder)], capture_output=True, text=True)
+            immutable = r.returncode == 0
+            if not immutable:
+                pytest.skip(f"cannot make a folder read-only here (root, and chattr +i failed: {r.stderr.strip()})")
+        except PermissionError:
+            pass  # the mode binds
+        yield
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        folder.chmod(0o755)
+
+
+def test_a_read_only_notebook_is_503_with_the_reason(book_client, tiny):
+    c, book, iid = book_client
+    before = sorted(p.name for p in (book.path / "insights").iterdir())
+    body = {"title": "t2", "body": "", "tags": [], "evidence": evidence_of(tiny)}
+    with read_only(book.path / "insights"):
+        r = c.post("/api/insights", json=body)
+        assert r.status_code == 503, (r.status_code, r.text[:300])
+        assert "could not write" in r.json()["detail"] and "insights" in r.json()["detail"], r.json()
+        assert sorted(p.name for p in (book.path / "insights").iterdir()) == before  # nothing half-written
+    assert c.post("/api/insights", json=body).status_code == 201  # writable again: saves again
+
+
+def test_a_symlinked_insights_folder_is_never_written_through(book_client, tiny, tmp_path):
+    c, book, iid = book_client
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (book.path / "insights").rename(tmp_path / "kept")
+    (book.path / "insights").symlink_to(outside)
+    r = c.post("/api/insights", json={"title": "t", "body": "", "tags": [], "evidence": evidence_of(tiny)})
+    assert r.status_code == 409 and "symbolic link" in r.json()["detail"], (r.status_code, r.text[:300])
+    assert list(outside.iterdir()) == []  # nothing written outside the notebook
+    (tmp_path / "kept" / f"{iid}.md").rename(outside / f"{iid}.md")  # an insight outside, through the link
+    for r in (c.get("/api/insights"), c.get(f"/api/insights/{iid}"), c.post(f"/api/insights/{iid}/replay")):
+        assert r.status_code == 409 and "symbolic link" in r.json()["detail"], (r.status_code, r.text[:300])
+
+
+def test_a_symlinked_insight_file_is_not_served(book_client, tmp_path):
+    c, book, iid = book_client
+    f = book.path / "insights" / f"{iid}.md"
+    secret = tmp_path / "secret.md"
+    f.rename(secret)  # a file outside the notebook that reads as an insight
+    f.symlink_to(secret)
+    for r in (c.get(f"/api/insights/{iid}"), c.post(f"/api/insights/{iid}/replay")):
+        assert r.status_code == 409, (r.status_code, r.text[:300])
+        assert "symbolic link" in r.json()["detail"] and f"insights/{iid}.md" in r.json()["detail"], r.json()
+    assert c.get("/api/insights").json()["insights"] == []  # not listed either
+
+
+def test_insight_files_past_what_a_save_writes_are_refused_naming_them(book_client):
+    """A YAML alias bomb in the front matter (a title a million strings deep: a billion
+    at 9 levels), a file over MAX_FILE_BYTES, a FIFO (reading one waits for a writer
+    forever): each a 409 naming the file, and the list goes on without them."""
+    c, book, iid = book_client
+    folder = book.path / "insights"
+    text = (folder / f"{iid}.md").read_text()
+    levels = ["&l0 [" + ", ".join(["lol"] * 10) + "]"] + [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 6)]
+    bomb, big, fifo = (f"{iid[:-6]}{x}" for x in ("aaaaaa", "bbbbbb", "cccccc"))
+    (folder / f"{bomb}.md").write_text(text.replace("title: t\n", f"title: [{', '.join(levels)}]\n", 1))
+    (folder / f"{big}.md").write_text(text.replace("words", "w" * (nb.MAX_FILE_BYTES + 1), 1))
+    os.mkfifo(folder / f"{fifo}.md")
+    for name, words in ((bomb, "must be text"), (big, "more than"), (fifo, "not a regular file")):
+        r = c.get(f"/api/insights/{name}")
+        assert r.status_code == 409 and f"insights/{name}.md" in r.json()["detail"] and words in r.json()["detail"], r.text[:300]
+    got = []
+    listing = threading.Thread(target=lambda: got.append(c.get("/api/insights")), daemon=True)
+    listing.start()
+    listing.join(10)
+    assert got, "listing the notebook hung on a FIFO"
+    assert [i["id"] for i in got[0].json()["insights"]] == [iid]

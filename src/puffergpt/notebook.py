@@ -36,19 +36,22 @@ leaves the file on disk and the next save commits it too; a failed push keeps th
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import errno
 import json
 import logging
 import math
 import os
 import re
 import secrets
+import stat
 import subprocess
 import threading
 import unicodedata
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 import yaml
@@ -76,6 +79,7 @@ MAX_PROMPT_IDS = 4096
 MAX_CANDIDATES = KEEP_CANDIDATES  # what a text's step keeps, so what replay can recompute
 MAX_EVIDENCE_BYTES = 48 * 1024  # of the evidence as compact JSON
 MAX_QUERY_CHARS = 200
+MAX_FILE_BYTES = 1 << 20  # an insight file read back (the largest a save writes is under 512 KB)
 
 ID_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,99}")
 TAG_RE = re.compile(r"[\w][\w.+-]*")
@@ -107,6 +111,11 @@ class InsightNotFound(NotebookError, KeyError):
 
 class GitError(NotebookError):
     """git is missing or failed; nothing saved was lost (the message says where it is)."""
+
+
+class NotebookUnavailable(NotebookError):
+    """The notebook's files could not be written or read (a read-only notebook, a full
+    disk, permissions); nothing saved was lost, and the message says why and where."""
 
 
 @dataclass
@@ -356,6 +365,10 @@ def render(ins: Insight) -> str:
     return f"---\n{yaml_text}---\n\n{body}{render_evidence(ins.evidence)}\n{JSON_HEADING}\n\n```json\n{data}\n```\n"
 
 
+def _scalar(v) -> bool:
+    return isinstance(v, (str, int, float, dt.date))  # YAML reads an unquoted date as a date
+
+
 def parse(text: str, path: str) -> Insight:
     """An insight file back into an Insight; NotebookError names what is wrong."""
     if not text.startswith("---\n") or (end := text.find("\n---\n", 3)) < 0:
@@ -366,6 +379,10 @@ def parse(text: str, path: str) -> Insight:
         raise NotebookError(f"{path}: the front matter is not YAML ({e})") from None
     if not isinstance(front, dict) or not {"id", "title", "date", "model", "tags", "version"} <= set(front):
         raise NotebookError(f"{path}: the front matter lacks id, title, date, model, tags or version")
+    if bad := [k for k in ("id", "title", "date", "model") if not _scalar(front[k])] + \
+            ([] if front["tags"] is None or isinstance(front["tags"], list) and all(map(_scalar, front["tags"])) else ["tags"]):
+        # a list or a mapping (YAML aliases can nest one a billion strings deep) is not what a save writes
+        raise NotebookError(f"{path}: the front matter's {', '.join(bad)} must be text (tags a list of words)")
     if front["version"] != FORMAT_VERSION:
         raise NotebookError(f"{path}: format {front['version']!r}; this puffergpt reads format {FORMAT_VERSION}: upgrade puffergpt")
     # The JSON block is the last fenced block: JSON lines never start with a fence.
@@ -490,24 +507,119 @@ class Notebook:
         except GitError:
             return []  # the commit below reports git's failure
 
-    def _write(self, ins: Insight) -> None:
-        """Write the file under a new id; never over another insight's file."""
-        folder = self.path / INSIGHTS
-        folder.mkdir(exist_ok=True)
-        stamp = ins.date[:19].replace(":", "").replace("T", "-")  # 2025-01-02-153000
-        for _ in range(8):
-            ins.id = f"{stamp}-{slug(ins.title)}-{secrets.token_hex(3)}"
-            ins.path = f"{INSIGHTS}/{ins.id}.md"
-            tmp = folder / f".{ins.id}.tmp"
-            tmp.write_text(render(ins), encoding="utf-8", newline="\n")
+    # --- files: read as untrusted, through the insights folder's descriptor, never a link ---
+
+    @contextlib.contextmanager
+    def _insights(self, create: bool = False) -> Iterator[int | None]:
+        """The insights folder as a directory descriptor that every read and write goes
+        through, opened without following a symbolic link (a link would lead out of the
+        notebook); None when it is absent and not ``create``."""
+        folder, fd = self.path / INSIGHTS, None
+        try:
+            root = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY)
             try:
-                (folder / f"{ins.id}.md").hardlink_to(tmp)  # fails if the name is taken: no overwrite
-                return
-            except FileExistsError:
-                continue
+                fd = self._open_folder(root, create)
             finally:
-                tmp.unlink(missing_ok=True)
+                os.close(root)
+        except FileNotFoundError:
+            if create:
+                raise NotebookUnavailable(f"the notebook folder {self.path} is gone: serve again with --notebook DIR") from None
+        except OSError as e:
+            if folder.is_symlink():
+                raise NotebookError(f"{folder} is a symbolic link (to {os.readlink(folder)}): puffergpt reads and writes "
+                                    "insights only inside the notebook. Replace the link with a folder holding the same "
+                                    "files") from None
+            if e.errno in (errno.ENOTDIR, errno.ELOOP):
+                raise NotebookError(f"{folder} is not a folder: move it away, and the next save makes the folder") from None
+            raise self._unavailable(e, f"open {folder}", writing=create) from None
+        try:
+            yield fd
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    @staticmethod
+    def _open_folder(root: int, create: bool) -> int | None:
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW  # a link is ELOOP (or ENOTDIR), not followed
+        try:
+            return os.open(INSIGHTS, flags, dir_fd=root)
+        except FileNotFoundError:
+            if not create:
+                return None
+        with contextlib.suppress(FileExistsError):  # made meanwhile by another process
+            os.mkdir(INSIGHTS, dir_fd=root)
+        return os.open(INSIGHTS, flags, dir_fd=root)
+
+    def _unavailable(self, e: OSError, doing: str, writing: bool = True) -> NotebookUnavailable:
+        if not writing:
+            fix = "check that the server's user may read the notebook's files"
+        elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            fix = (f"the notebook is read-only: make it writable (`chmod -R u+w {self.path}`) "
+                   "or serve with another --notebook DIR")
+        elif e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            fix = "the disk is full: free some space and save again"
+        else:
+            fix = "check the notebook's folder and save again"
+        return NotebookUnavailable(f"could not {doing}: {e.strerror or e}. {fix[0].upper()}{fix[1:]}")
+
+    def _read(self, folder: int, name: str) -> str:
+        """One insight file's text, read as untrusted: a regular file in the folder (not a
+        link, a FIFO, a device), at most MAX_FILE_BYTES, UTF-8. FileNotFoundError when it
+        is absent; NotebookError naming the file otherwise."""
+        rel = f"{INSIGHTS}/{name}"
+        try:  # O_NONBLOCK: a FIFO opens at once (and is refused below) instead of waiting for a writer
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+        except FileNotFoundError:
+            raise
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise NotebookError(f"{rel} is a symbolic link: puffergpt reads insights only inside the notebook, "
+                                    "never through a link. Replace the link with the file itself") from None
+            raise self._unavailable(e, f"read {self.path / rel}", writing=False) from None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise NotebookError(f"{rel} is not a regular file: move it out of the notebook's {INSIGHTS} folder")
+            data = f.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise NotebookError(f"{rel} has more than {MAX_FILE_BYTES} bytes, more than a save writes: "
+                                f"move it out of the notebook's {INSIGHTS} folder")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise NotebookError(f"{rel} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}): fix the file, "
+                                f"or restore its committed version with `git -C {self.path} checkout -- {rel}`") from None
+
+    def _write(self, ins: Insight) -> None:
+        """Write the file under a new id; never over another insight's file, never through
+        a link, nothing left half-written when the disk refuses."""
+        stamp = ins.date[:19].replace(":", "").replace("T", "-")  # 2025-01-02-153000
+        with self._insights(create=True) as folder:
+            for _ in range(8):
+                ins.id = f"{stamp}-{slug(ins.title)}-{secrets.token_hex(3)}"
+                ins.path = f"{INSIGHTS}/{ins.id}.md"
+                try:
+                    if self._write_new(folder, ins.id, render(ins)):
+                        return
+                except OSError as e:
+                    raise self._unavailable(e, f"write the insight in {self.path / INSIGHTS}") from None
         raise NotebookError("could not find a free file name for the insight: try again")
+
+    @staticmethod
+    def _write_new(folder: int, insight_id: str, text: str) -> bool:
+        """Write ``text`` to a temporary file and link it as ``<id>.md``; False if that
+        name is taken (the link fails: no overwrite)."""
+        tmp = f".{insight_id}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=folder)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+                f.write(text)
+            os.link(tmp, f"{insight_id}.md", src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.unlink(tmp, dir_fd=folder)
 
     @staticmethod
     def _message(ins: Insight, earlier: list[str]) -> str:
@@ -523,10 +635,15 @@ class Notebook:
         return "\n".join(lines) + "\n"
 
     def get(self, insight_id: str) -> Insight:
-        f = self.path / INSIGHTS / f"{check_id(insight_id)}.md"
-        if not f.is_file():
+        name = f"{check_id(insight_id)}.md"
+        with self._insights() as folder:
+            try:
+                text = None if folder is None else self._read(folder, name)
+            except FileNotFoundError:
+                text = None
+        if text is None:
             raise InsightNotFound(f"no insight {insight_id!r} in {self.path}")
-        ins = parse(f.read_text(encoding="utf-8"), f"{INSIGHTS}/{f.name}")
+        ins = parse(text, f"{INSIGHTS}/{name}")
         ins.commit = self._commits().get(ins.path)
         return ins
 
@@ -537,14 +654,7 @@ class Notebook:
             raise InvalidInsight(f"the search has {len(query)} characters, at most {MAX_QUERY_CHARS}")
         q, t = (query or "").strip().casefold(), (tag or "").strip().casefold()
         commits, out = self._commits(), []
-        for f in sorted((self.path / INSIGHTS).glob("*.md")):
-            if not ID_RE.fullmatch(f.stem):
-                continue
-            try:
-                ins = parse(f.read_text(encoding="utf-8"), f"{INSIGHTS}/{f.name}")
-            except (NotebookError, OSError, UnicodeDecodeError) as e:
-                log.warning("skipping %s: %s", f, e)
-                continue
+        for ins in self._read_all():
             if t and t not in (x.casefold() for x in ins.tags):
                 continue
             if q and q not in "\n".join([ins.title, ins.body, *ins.tags]).casefold():
@@ -552,6 +662,17 @@ class Notebook:
             ins.commit = commits.get(ins.path)
             out.append(ins)
         return sorted(out, key=lambda i: (i.date, i.id), reverse=True)
+
+    def _read_all(self) -> Iterator[Insight]:
+        """Every insight file that reads; one that does not is left out with a warning."""
+        with self._insights() as folder:
+            for name in [] if folder is None else sorted(os.listdir(folder)):
+                if not (name.endswith(".md") and ID_RE.fullmatch(name[:-3])):
+                    continue
+                try:
+                    yield parse(self._read(folder, name), f"{INSIGHTS}/{name}")
+                except (NotebookError, OSError) as e:
+                    log.warning("skipping %s: %s", self.path / INSIGHTS / name, e)
 
     def _commits(self) -> dict[str, str]:
         """The latest commit of each insight file, from one git log."""

@@ -1,7 +1,14 @@
-"""Request bodies: strict types, bounded values. A body that breaks them is a 422 that
-names the field; nothing past the body's check runs."""
+"""Request bodies: one JSON parser for every route (``parse_json``), then strict types and
+bounded values. JSON that Python cannot hold as sent (an integer past int()'s digits,
+nesting past the recursion limit, NaN, 1e400, a lone surrogate, bytes that are not UTF-8)
+is a 400 that names the field; a body that breaks a field's type or bound is a 422 that
+names it; nothing past the body's check runs."""
 
 from __future__ import annotations
+
+import json
+import math
+import re
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -12,6 +19,100 @@ MAX_PROMPT_CHARS = 16 * 1024
 MAX_PROMPT_IDS = 4096  # token ids of a text: more than any GPT-2's context
 MAX_NEW_TOKENS = 512
 MAX_WORD_CHARS = 64
+MAX_DEPTH = 32  # nesting of a body's JSON: the deepest field (an insight's evidence) needs 5
+MAX_INT_DIGITS = 100  # no field takes more than 20 digits; int() refuses past 4300
+
+
+class BodyError(ValueError):
+    """A body that is not JSON Python holds as sent: a 400. ``param`` is the top-level
+    field it is in (OpenAI's ``param``), None for the body as a whole."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.message, self.param = message, param
+
+
+class _Refused:
+    """What a parse hook returns for a value it refuses: the walk after the parse names
+    the field it is in (the hooks see only the value's text)."""
+
+    def __init__(self, why: str):
+        self.why = why
+
+
+def _int(text: str):
+    digits = len(text.lstrip("-"))
+    return int(text) if digits <= MAX_INT_DIGITS else _Refused(f"is an integer of {digits} digits, at most {MAX_INT_DIGITS}")
+
+
+def _float(text: str):
+    v = float(text)
+    return v if math.isfinite(v) else _Refused(f"is {text}, too large for a number: send a finite number")
+
+
+def _constant(text: str):  # NaN, Infinity, -Infinity: Python's json reads them, JSON has none
+    return _Refused(f"is {text}, not a JSON number: send a finite number")
+
+
+def parse_json(raw: bytes):
+    """A request body as Python values, or BodyError saying what is wrong and where."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise BodyError(f"the body is not UTF-8 (byte 0x{raw[e.start]:02x} at offset {e.start}): "
+                        "send JSON as UTF-8") from None
+    if text.startswith("\ufeff"):
+        raise BodyError("the body is not UTF-8 JSON: it starts with a byte order mark (EF BB BF): send it without one")
+    try:
+        value = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant)
+    except json.JSONDecodeError as e:
+        raise BodyError(f"the body is not JSON ({e.msg} at line {e.lineno} column {e.colno}): send a JSON object") from None
+    except RecursionError:  # past the interpreter's limit, before MAX_DEPTH could be counted
+        key = re.match(r'\s*\{\s*"([\w.-]{1,64})"', text)  # the field it starts in, for the message
+        raise BodyError(_too_deep(key and key[1]), key and key[1]) from None
+    _walk(value)
+    return value
+
+
+def _too_deep(param: str | None) -> str:
+    return f"{param or 'the body'} is nested more than {MAX_DEPTH} levels deep: no field takes that"
+
+
+def _walk(value) -> None:
+    """Every value of the body, without recursion: the refused ones, lone surrogates (valid
+    JSON escapes that are not text: the tokenizer would write U+FFFD, answering for text
+    the client did not send), and nesting past MAX_DEPTH, each named by its field."""
+    todo = [(value, "", 0)]  # (value, where, depth)
+    while todo:
+        v, where, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            raise BodyError(_too_deep(_param(where)), _param(where))
+        if isinstance(v, _Refused):
+            raise BodyError(f"{where or 'the body'} {v.why}", _param(where))
+        if isinstance(v, str):
+            _text(v, where or "the body")
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                _text(k, f"a key in {where or 'the body'}")
+                todo.append((x, f"{where}.{k}" if where else k, depth + 1))
+        elif isinstance(v, list):
+            todo += [(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)]
+
+
+def _text(s: str, where: str) -> None:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise BodyError(f"{where} is not valid Unicode: a lone surrogate (\\u{ord(s[e.start]):04x}) at character "
+                        f"{e.start}: send text without lone surrogates", _param(where)) from None
+
+
+def _param(where: str) -> str | None:
+    """The top-level field of a place in the body: 'messages' of 'messages[0].content'."""
+    if where.startswith("a key in "):
+        where = where[len("a key in "):]
+    top = where.split(".")[0].split("[")[0]
+    return None if not top or top == "the body" else top
 
 
 class Strict(BaseModel):

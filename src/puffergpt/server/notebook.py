@@ -29,14 +29,16 @@ class InsightBody(Strict):
 
 @contextlib.contextmanager
 def http_errors():
-    """Notebook errors as 4xx/5xx with the notebook's message."""
+    """Notebook errors as 4xx/5xx with the notebook's message: a file of the notebook that
+    does not read (not UTF-8, a symbolic link, damaged) is a 409 naming it; a notebook that
+    cannot be written (read-only, a full disk) a 503 with the reason."""
     try:
         yield
     except nb.InsightNotFound as e:
         raise HTTPException(404, str(e)) from None
     except nb.InvalidInsight as e:
         raise HTTPException(400, str(e)) from None
-    except nb.GitError as e:  # the notebook's disk or git, not the request: the file is kept
+    except (nb.GitError, nb.NotebookUnavailable) as e:  # the notebook's disk or git, not the request: the file is kept
         raise HTTPException(503, str(e)) from None
     except StoreError as e:
         raise HTTPException(503, f"the store failed: {e}") from None

@@ -35,7 +35,7 @@ from starlette.concurrency import run_in_threadpool
 
 from puffergpt import texts as app_layer, tokenizer
 from puffergpt.sampling import Sampling
-from puffergpt.server.bodies import MAX_NEW_TOKENS, MAX_PROMPT_CHARS
+from puffergpt.server.bodies import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, BodyError, parse_json
 from puffergpt.stores.base import StoreError
 from puffergpt.text import Step, TextBusy, TextError, check_generation
 
@@ -248,32 +248,10 @@ def _usage(prompt_tokens: int, steps: list[Step]) -> dict:
                           "all_vocabulary_searches": sum(r.kind == "wte.all" for st in steps for r in st.requests)}}
 
 
-def _not_a_number(name: str):
-    raise OpenAIError(400, f"{name} is not a JSON number: send a finite number")
-
-
-def _finite(text: str) -> float:
-    v = float(text)
-    if v in (float("inf"), float("-inf")):
-        raise OpenAIError(400, f"{text} is too large for a number: send a finite number")
-    return v
-
-
 def model_name(model: str) -> str:
     """The name the server shows for its model (/api/info, /v1): a local checkpoint by its
     directory's name, as its full path is the server's business."""
     return Path(model).name if "/" in model else model
-
-
-def _unicode(text: str, param: str) -> str:
-    """A lone surrogate (\\ud800) is valid JSON but not text: the tokenizer would write it
-    as U+FFFD and answer for a prompt the client did not send."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise OpenAIError(400, f"{param} is not valid Unicode (a lone surrogate at position {e.start}): "
-                               "send text without lone surrogates", param) from None
-    return text
 
 
 def _sse(d: dict) -> str:
@@ -299,10 +277,10 @@ def openai_router(engine, texts, config, generations=None) -> APIRouter:
                                    f"(GET /v1/models)", "model", "model_not_found")
 
     async def parse(request: Request, kind: type[BaseModel]):
-        try:
-            raw = json.loads(await request.body(), parse_constant=_not_a_number, parse_float=_finite)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise OpenAIError(400, "the body is not JSON: send a JSON object") from None
+        try:  # the app's one parser (the app's middleware ran it too: this router may run without it)
+            raw = parse_json(await request.body())
+        except BodyError as e:
+            raise OpenAIError(400, e.message, e.param) from None
         if not isinstance(raw, dict):
             raise OpenAIError(400, "the body must be a JSON object")
         try:
@@ -325,16 +303,10 @@ def openai_router(engine, texts, config, generations=None) -> APIRouter:
                 return error(OpenAIError(409 if isinstance(e, TextBusy) else 400, str(e)))
             except StoreError as e:
                 return error(OpenAIError(503, f"the store failed: {e}", kind="server_error"))
-            except UnicodeEncodeError as e:  # a lone surrogate (\ud800) in a JSON string: valid JSON, not text
-                return error(OpenAIError(400, f"a string in the request is not valid Unicode ({e.reason} at position "
-                                              f"{e.start}): send text without lone surrogates"))
         return run
 
     def checked_prompts(prompt) -> list[list[int]]:
         """A string, strings, token ids, or lists of token ids -> one id list a prompt."""
-        for p in [prompt] if isinstance(prompt, str) else prompt:
-            if isinstance(p, str):
-                _unicode(p, "prompt")
         if isinstance(prompt, str):
             return [tokenizer.encode(prompt)]
         if not prompt:
@@ -445,7 +417,7 @@ def openai_router(engine, texts, config, generations=None) -> APIRouter:
     async def chat(request: Request):
         body = await parse(request, ChatBody)
         n = body.n or 1
-        ids = tokenizer.encode(_unicode(chat_prompt(body.messages), "messages"))
+        ids = tokenizer.encode(chat_prompt(body.messages))
         max_tokens = next((m for m in (body.max_completion_tokens, body.max_tokens) if m is not None), 16)
         check_prompt(ids, body, max_tokens)
         k = (body.top_logprobs or 0) if body.logprobs else None
