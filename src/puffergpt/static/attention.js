@@ -46,9 +46,9 @@ function cell(view, l, hd, open) {
 // The colour scale, once for the grid and the opened head.
 function legend() {
   return h("div", { class: "attn-legend", "aria-label": "colour scale: weight from 0% to 100%" },
-    h("span", { class: "attn-legend-bar" }),
-    h("span", { class: "attn-legend-ticks" }, ["0%", "25%", "50%", "75%", "100%"].map((t) => h("span", { text: t }))),
-    h("span", { class: "note", text: "weight, linear: the same colour is the same share everywhere" }));
+    h("span", { class: "attn-legend-scale" }, h("span", { class: "attn-legend-bar" }),
+      h("span", { class: "attn-legend-ticks" }, ["0%", "25%", "50%", "75%", "100%"].map((t) => h("span", { text: t })))),
+    h("span", { class: "attn-legend-note", text: "weight on a position, on a linear scale: the same colour is the same share in every strip" }));
 }
 
 function grid(view, open) {

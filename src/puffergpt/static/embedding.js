@@ -94,24 +94,27 @@ const W = 360, H = 260, PAD = 28;
 function scaler(all) {
   const xs = all.map((p) => p.x), ys = all.map((p) => p.y);
   const [x0, x1, y0, y1] = [Math.min(...xs), Math.max(...xs), Math.min(...ys), Math.max(...ys)];
+  // A direction with no spread (a degenerate projection) puts everything on the middle line.
+  const flatX = x1 - x0 < 1e-9, flatY = y1 - y0 < 1e-9;
   const sx = (W - 2 * PAD) / Math.max(x1 - x0, 1e-9), sy = (H - 2 * PAD) / Math.max(y1 - y0, 1e-9);
-  return (p) => [PAD + (p.x - x0) * sx, H - PAD - (p.y - y0) * sy];
+  return (p) => [flatX ? W / 2 : PAD + (p.x - x0) * sx, flatY ? H / 2 : H - PAD - (p.y - y0) * sy];
 }
 
 // Labels placed so that none covers another: each tries the right, the left, above and
 // below its point, and one that fits nowhere is left off (counted, its point keeps a
 // tooltip). Boxes are estimated from the monospace font (.map-point text: 12px).
-const CHAR_W = 7.3, LINE_H = 13;
+const CHAR_W = 7.4, LINE_H = 15; // a 12px monospace glyph's advance, a line with its descent
 function placeLabels(points, at) {
   const taken = []; // [x0, y0, x1, y1]
   const hit = (b) => b[0] < 0 || b[2] > W || b[1] < 0 || b[3] > H || taken.some((t) => b[0] < t[2] && b[2] > t[0] && b[1] < t[3] && b[3] > t[1]);
   return points.map((p) => {
     const [x, y] = at(p);
     const w = p.label.length * CHAR_W;
-    const tries = [[x + 6, y + 4, "start"], [x - 6, y + 4, "end"], [x - w / 2, y - 8, "start"], [x - w / 2, y + 16, "start"]];
+    const tries = [[x + 6, y + 4, "start"], [x - 6, y + 4, "end"]];
+    for (let k = 0; k < 3; k++) tries.push([x - w / 2, y - 10 - k * LINE_H, "start"], [x - w / 2, y + 19 + k * LINE_H, "start"]);
     for (const [tx, ty, anchor] of tries) {
       const x0 = anchor === "end" ? tx - w : tx;
-      const box = [x0, ty - LINE_H + 3, x0 + w, ty + 3];
+      const box = [x0, ty - 11.5, x0 + w, ty + 3.5];
       if (!hit(box)) { taken.push(box); return { x: tx, y: ty, anchor }; }
     }
     return null;

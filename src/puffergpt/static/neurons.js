@@ -33,7 +33,7 @@ function layerBlock(l, list, requests) {
     h("h4", { text: `Layer ${l}: its ${plural(list.length, "most active neuron")}` }),
     h("div", { class: "neurons" }, list.map((n) => neuronRow(n, top))),
     cproj ? h("ul", { class: "note neuron-searches" },
-      h("li", null, h("code", { text: `h.${l}.mlp.c_fc` }), ": the activations, from the step's own search (no new request)"),
+      h("li", null, h("code", { text: `h.${l}.mlp.c_fc` }), ": the activations, from this token's own pass through the layer (no request of their own)"),
       searchLine(cproj, "the rows of c_proj the neurons write (one masked query each, and one for the bias)")) : "");
 }
 
@@ -49,5 +49,5 @@ export function renderNeurons(box, view) {
       "the neuron as a key (c_fc) that, when it fires, writes a value (c_proj) pointing at these tokens." }),
     promotes ? h("p", { class: "note neuron-promotes-search" }, "Promoted tokens: ", h("code", { text: promotes.kind }),
       ` — one search, ${plural(promotes.queries, "query", "queries")} (every neuron of every layer), listed with this view's requests in the waterfall.`) : "",
-    layers.map((list, l) => layerBlock(l, list, view.requests)));
+    ...layers.map((list, l) => layerBlock(l, list, view.requests)));
 }

@@ -1,0 +1,410 @@
+"""The playground's views that must never mislead (issue 20), in a real browser (Debian's
+Chromium through Playwright) on the demo model: one count per number across the panels
+and /how, the waterfall's concurrent lane and critical path, the lens's decided layer
+where "first match" and "decided" differ, what each part adds (direct logit attribution)
+and the MLP's neurons, attention in words, honest embedding views, and a phone's flow.
+
+Each test checks the page against the server's JSON or an independent computation from
+it (Python here), never against numbers of the demo model written down. Screenshots of
+the new views at 1,400 and 400 px go to /tmp/shots/."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import Page, expect
+
+from puffergpt.engine import Engine
+from puffergpt.reference import NumpyProducts
+from puffergpt.server import create_app
+from test_playground import (TIMEOUT_MS, Watched, api_get, browser, generate, generated, serve_app,  # noqa: F401  (browser: a fixture)
+                             text_id)
+
+SHOTS = Path("/tmp/shots")
+
+
+@pytest.fixture(scope="module")
+def server(loaded, demo):
+    store, key = loaded(demo)
+    app = create_app(Engine(store, demo.name, key), reference=lambda: NumpyProducts(demo))
+    with serve_app(app) as url:
+        yield url
+
+
+def open_page(browser, url, width=1400, height=1000, **kw):
+    ctx = browser.new_context(viewport={"width": width, "height": height}, **kw)
+    ctx.set_default_timeout(TIMEOUT_MS)
+    w = Watched(ctx.new_page())
+    w.page.goto(url + "/")
+    expect(w.page.locator("#info")).to_contain_text("requests/token")
+    return ctx, w
+
+
+@pytest.fixture
+def page(browser, server):
+    ctx, w = open_page(browser, server)
+    yield w
+    assert not w.errors, f"the page raised: {w.errors}"
+    ctx.close()
+
+
+@pytest.fixture
+def phone(browser, server):
+    ctx, w = open_page(browser, server, width=400, height=860, is_mobile=True, has_touch=True, device_scale_factor=1)
+    yield w
+    assert not w.errors, f"the page raised: {w.errors}"
+    ctx.close()
+
+
+def shot(p: Page, name: str, locator=None) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    path = SHOTS / f"{name}.png"
+    if locator is None:
+        p.screenshot(path=str(path), full_page=True)
+    else:
+        locator.screenshot(path=str(path))
+    return path
+
+
+def look_inside(p: Page, nth: int = 1) -> tuple[int, dict]:
+    """Select the nth generated token, look inside it; (its position, the JSON the page got)."""
+    tok = generated(p).nth(nth)
+    tok.click()
+    position = int(tok.get_attribute("data-position"))
+    with p.expect_response(lambda r: "/inspect" in r.url) as got:
+        p.click("#look-inside")
+    expect(p.locator("#inside .attn-cell").first).to_be_visible()
+    assert got.value.ok, got.value.text()
+    return position, got.value.json()
+
+
+def number(s: str) -> float:
+    return float(re.sub(r"[^0-9.eE+-]", "", s.replace("−", "-")))
+
+
+def decided(tops: list[int]) -> int:
+    """The decided layer from the lens's top-1 per layer: the smallest l from which every
+    top-1 is the last one."""
+    return min(l for l in range(len(tops)) if all(t == tops[-1] for t in tops[l:]))
+
+
+# --- 1. one truth per number ---
+
+def test_every_panel_counts_the_same_requests_round_trips_and_cost(page, server):
+    p = page.page
+    info = httpx.get(server + "/api/info").json()
+    generate(p, "one two three one two three one two", n=3)
+    text = api_get(p, f"/api/texts/{text_id(p)}")
+    steps = {int(k): v for k, v in text["steps"].items()}
+    first, decode = min(steps), min(steps) + 1
+    assert steps[decode]["round_trips"] == info["round_trips_per_token"] < steps[decode]["requests"] == info["requests_per_token"]
+
+    wf = p.locator("#waterfall")
+    for pos in (first, decode):
+        s = steps[pos]
+        p.locator(f'#tokens .token[data-position="{pos}"]').click()
+        expect(wf.locator(".stat-requests b")).to_have_text(str(s["requests"]))
+        expect(wf.locator(".stat-trips b")).to_have_text(str(s["round_trips"]))
+        expect(wf.locator("tr.wf-row[data-kind]")).to_have_count(s["requests"])
+        assert abs(number(wf.locator(".stat-cost b").inner_text()) - s["cost_usd"]) <= 5e-3 * s["cost_usd"]  # shown to 3 significant digits
+        beside = wf.locator("tr.wf-row.concurrent").count()
+        assert s["requests"] - beside == s["round_trips"]  # what the page draws beside is what the server does not count
+    # The decode step says which requests wait and which don't; never "each request waits".
+    expect(wf.locator(".wf-note")).to_contain_text(f"{steps[decode]['round_trips']} of its {steps[decode]['requests']} requests run one after another")
+    assert "Each request waits" not in wf.inner_text()
+
+    # Prefill and decode: the sums of the same steps.
+    phases = p.locator("#phases")
+    pre = [s for s in steps.values() if s["read"] > 1]
+    dec = [s for s in steps.values() if s["read"] == 1]
+    expect(phases.locator(".phase-prefill")).to_contain_text(f"in {sum(s['requests'] for s in pre)} requests")
+    expect(phases.locator(".phase-prefill")).to_contain_text(f"{sum(s['round_trips'] for s in pre)} round trips one after another")
+    expect(phases.locator(".phase-decode")).to_contain_text(
+        f"{sum(s['requests'] for s in dec) // len(dec)} requests/token, {sum(s['round_trips'] for s in dec) // len(dec)} round trips/token")
+    expect(phases.locator(".saving")).to_contain_text(f"cost {sum(s['round_trips'] for s in pre)} round trips")
+
+    # The KV cache: each batch's requests are those of the step that read it.
+    kv = api_get(p, f"/api/texts/{text_id(p)}/kv")
+    rows = p.locator("#kv .kv-writes tbody tr")
+    expect(rows).to_have_count(len(kv["writes"]))
+    for i, w in enumerate(kv["writes"]):
+        expect(rows.nth(i).locator(".kv-requests")).to_have_text(str(steps[w["end"]]["requests"]))
+        expect(rows.nth(i).locator(".kv-trips")).to_have_text(str(steps[w["end"]]["round_trips"]))
+
+    # /how says what the panels measure: the round trips from /api/info, and the costliest requests.
+    by_kind: dict[str, float] = {}
+    for r in steps[decode]["request_log"]:
+        kind = r["kind"].split(".", 2)[-1] if r["kind"].startswith("h.") else r["kind"]
+        by_kind[kind] = by_kind.get(kind, 0) + r["cost_usd"]
+    assert sorted(by_kind, key=by_kind.get)[-2:] == ["attn.scores", "attn.keys"], by_kind
+    p.goto(server + "/how")
+    expect(p.locator("#how-figures")).to_have_class(re.compile(r"\bloaded\b"))
+    for el in p.locator('[data-live="round_trips_per_token"]').all():
+        expect(el).to_have_text(str(info["round_trips_per_token"]))
+    main = p.locator("main")
+    expect(main).to_contain_text("key writes (one per layer, each billed the minimum) and its attention searches")
+    for wrong in ("requests in a row", "costs most", "Every request waits"):
+        assert wrong not in main.inner_text(), wrong
+    expect(main).to_contain_text("the smallest layer from which the lens's top-1 is the final top-1 at every later layer")
+
+
+def test_the_waterfall_draws_concurrent_writes_in_their_own_lane(page):
+    p = page.page
+    generate(p, "The for statement is used to", n=3)
+    generated(p).nth(1).click()  # a decode step
+    step = api_get(p, f"/api/texts/{text_id(p)}")["steps"][generated(p).nth(1).get_attribute("data-position")]
+    log = step["request_log"]
+    assert any(r["concurrent"] for r in log)
+    rows = p.locator("#waterfall tr.wf-row[data-kind]")
+    expect(rows).to_have_count(len(log))
+    got = rows.evaluate_all("""rs => rs.map(r => { const b = r.querySelector('.bar');
+      return [r.classList.contains('concurrent'), parseFloat(b.style.left), parseFloat(b.style.width)]; })""")
+    # Independently: the searches follow a cursor, a concurrent write starts at the cursor and does not move it.
+    t, starts = 0.0, []
+    for r in log:
+        starts.append(t)
+        if not r["concurrent"]:
+            t += r["ms"]
+    span = max(step["ms"], max(s + r["ms"] for s, r in zip(starts, log)), t)
+    for (conc, left, _), r, s in zip(got, log, starts):
+        assert conc == r["concurrent"]
+        assert abs(left - 100 * s / span) < 0.05 + 1e-6, (r["kind"], left, 100 * s / span)
+    # The total is the critical path and the server's arithmetic, not the sum of every bar.
+    assert t <= step["ms"] + 1e-6
+    server_row = p.locator("#waterfall tr.wf-server")
+    if step["ms"] - t > 0:
+        assert abs(number(server_row.locator("td").nth(6).inner_text()) - (step["ms"] - t)) <= max(0.01, 0.01 * (step["ms"] - t))
+    # The slowest request named is the slowest on the critical path.
+    path = [(r["ms"], i) for i, r in enumerate(log) if not r["concurrent"]]
+    expect(p.locator("#waterfall tr.largest td.idx")).to_have_text(str(max(path)[1] + 1))
+    expect(p.locator("#waterfall .stat-largest")).to_contain_text("the slowest round trip")
+    assert p.locator("#waterfall tr.concurrent .lane-tag").count() == sum(r["concurrent"] for r in log)
+
+
+# --- the lens: one definition of where the model made up its mind ---
+
+def test_the_lens_highlights_the_decided_layer_where_first_match_differs(page):
+    p = page.page
+    generate(p, "The for statement is used to", n=3)
+    real = {}
+
+    def route(r):
+        # The real view, its lens changed so that an early layer's top-1 equals the final
+        # one, the next differs, and every later one equals it: "the first layer whose top-1
+        # is the final one" says 1, the decided layer is 3. decided_layer is dropped, so the
+        # page's own definition is the one tested; the server's is tested on the real view.
+        v = r.fetch().json()
+        real.update(v)
+        lens = v["lens"]
+        final = lens[-1]["top"][0]
+        other = next(t for t in lens[-1]["top"][1:])
+        for l, e in enumerate(lens):
+            e["top"] = [t for t in e["top"] if t["token_id"] not in (final["token_id"], other["token_id"])]
+            e["top"].insert(0, other if l in (0, 2) else final)
+        del v["decided_layer"]
+        r.fulfill(json=v)
+
+    p.route("**/inspect*", route)
+    look_inside(p, 1)
+    tops = [e["top"][0]["token_id"] for e in real["lens"]]
+    assert len(tops) >= 5  # layers 0..4 at least: the demo model has 4 blocks or more
+    expect(p.locator("#inside .lens-table tr.decided")).to_have_attribute("data-layer", "3")
+    expect(p.locator("#inside .decided-note")).to_contain_text("The decided layer is layer 3")
+    assert p.locator("#inside .lens-table tr.after-decided").count() == len(tops) - 1 - 3
+    p.unroute("**/inspect*")
+
+    # The real view: the server's decided layer is the one this test computes, and the page shows it.
+    generated(p).nth(2).click()
+    with p.expect_response(lambda r: "/inspect" in r.url) as got:
+        p.click("#look-inside")
+    v = got.value.json()
+    want = decided([e["top"][0]["token_id"] for e in v["lens"]])
+    assert v["decided_layer"] == want and v["final_top1"]["token_id"] == v["lens"][-1]["top"][0]["token_id"]
+    expect(p.locator("#inside .lens-table tr.decided")).to_have_attribute("data-layer", str(want))
+
+
+# --- 2. what each part adds, the MLP as a memory ---
+
+def test_what_each_part_adds_sums_to_the_logit_and_opens_its_heads(page):
+    p = page.page
+    generate(p, "one two three one two three one two", n=3)
+    _, v = look_inside(p, 1)
+    a = v["attribution"]
+    L, H = len(v["attention"]), len(v["attention"][0])
+    assert len(a["parts"]) == 1 + L * (H + 2) + 1
+    assert abs(sum(x["value"] for x in a["parts"]) - a["logit"]) < 1e-3
+    box = p.locator("#attribution")
+    expect(box.locator("h3")).to_have_text("What each part adds")
+    bars = box.locator(".part")
+    expect(bars).to_have_count(12)
+    shown = bars.evaluate_all("bs => bs.map(b => Number(b.dataset.value))")
+    biggest = sorted((x["value"] for x in a["parts"]), key=abs, reverse=True)[:12]
+    assert shown == pytest.approx(biggest, abs=1e-9)  # sorted by size, largest first
+    assert abs(number(box.locator(".part-sum .sum").inner_text()) - a["logit"]) < 1e-3
+    assert abs(number(box.locator(".part-sum .logit").inner_text()) - a["logit"]) < 1e-4
+    box.locator(".parts-more").click()
+    expect(bars).to_have_count(len(a["parts"]))
+    # The heads that add most are named, best first.
+    heads = sorted((x for x in a["parts"] if x["kind"] == "attn"), key=lambda x: -x["value"])
+    if heads[0]["value"] > 0:
+        expect(box.locator(".part-heads")).to_contain_text(f"The heads that add most: {heads[0]['label']}")
+    # A head's bar opens that head's attention.
+    head = box.locator("button.part-head").first
+    l, hd = head.get_attribute("data-layer"), head.get_attribute("data-head")
+    head.click()
+    expect(p.locator(f'#attention .attn-head[data-layer="{l}"][data-head="{hd}"]')).to_be_visible()
+    expect(p.locator(f'#attention .attn-cell.open[data-layer="{l}"][data-head="{hd}"]')).to_have_count(1)
+    shot(p, "attribution-1400", p.locator("#attribution"))
+
+
+def test_the_mlp_as_a_memory_lists_neurons_their_tokens_and_searches(page):
+    p = page.page
+    generate(p, "The for statement is used to", n=3)
+    _, v = look_inside(p, 1)
+    layers = v["neurons"]
+    assert len(layers) == len(v["attention"])
+    blocks = p.locator("#neurons .neuron-layer")
+    expect(blocks).to_have_count(len(layers))
+    for l, want in enumerate(layers):
+        acts = [n["activation"] for n in want]
+        assert len(want) >= 5 and acts == sorted(acts, reverse=True)
+        rows = blocks.nth(l).locator(".neuron")
+        expect(rows).to_have_count(len(want))
+        assert rows.evaluate_all("rs => rs.map(r => Number(r.dataset.neuron))") == [n["neuron"] for n in want]
+        chips = rows.first.locator(".lens-chip")
+        expect(chips).to_have_count(len(want[0]["promotes"]))
+        assert chips.evaluate_all("cs => cs.map(c => Number(c.title.match(/token (\\d+)/)[1]))") == [t["token_id"] for t in want[0]["promotes"]]
+        expect(blocks.nth(l).locator(".neuron-searches")).to_contain_text(f"h.{l}.mlp.c_proj")
+    kinds = [r["kind"] for r in v["requests"]]
+    assert "wte.promotes" in kinds
+    expect(p.locator("#neurons .neuron-promotes-search")).to_contain_text("wte.promotes")
+    # The searches are in the waterfall's extra requests too.
+    extra = p.locator("#waterfall .wf-extra tr.wf-row[data-kind]")
+    expect(extra).to_have_count(len(v["requests"]))
+    expect(p.locator('#waterfall .wf-extra tr.wf-row[data-kind="wte.promotes"]')).to_have_count(kinds.count("wte.promotes"))
+    shot(p, "neurons-1400", p.locator("#neurons"))
+    shot(p, "inside-1400", p.locator("#inside"))
+
+
+# --- 3. attention in words ---
+
+def test_attention_strips_name_the_token_they_attend_to_with_a_linear_legend(page):
+    p = page.page
+    generate(p, "one two three one two three one two", n=3)
+    _, v = look_inside(p, 1)
+    tokens = v["tokens"]
+    cells = p.locator("#inside .attn-cell")
+    L, H = len(v["attention"]), len(v["attention"][0])
+    expect(cells).to_have_count(L * H)
+    words = cells.evaluate_all("cs => cs.map(c => [Number(c.dataset.top), c.querySelector('.attn-word').textContent])")
+    for i, (top, word) in enumerate(words):
+        w = v["attention"][i // H][i % H]
+        assert top == max(range(len(w)), key=lambda j: (w[j], -j))
+        assert word.replace("·", " ").replace("↵", "\n") == tokens[top]["text"]
+    expect(p.locator("#inside .attn-legend")).to_contain_text("0%")
+    expect(p.locator("#inside .attn-legend")).to_contain_text("100%")
+    # Linear: a cell's colour is white + weight x (accent - white), checked on one strip's pixels.
+    w = v["attention"][0][0]
+    pixels = cells.first.locator("canvas").evaluate(
+        "c => Array.from(c.getContext('2d').getImageData(0, 0, c.width, 1).data)")
+    for j, x in enumerate(w):
+        want = [round(255 - x * (255 - c)) for c in (79, 70, 229)]
+        assert all(abs(a - b) <= 1 for a, b in zip(pixels[4 * j: 4 * j + 3], want)), (j, x, pixels[4 * j: 4 * j + 3], want)
+    shot(p, "attention-1400", p.locator("#attention"))
+
+
+# --- 4. honest embedding views ---
+
+def test_embedding_views_mark_untrained_rows_and_say_so(page):
+    """The page shows what the server says of untrained rows: a fixed answer of the API's
+    shape (the server's own ranking is tested in the server's tests), and the real one."""
+    p = page.page
+    canned = {
+        "tokens": {"a": {"text": " niece", "token_id": 41803}, "b": {"text": " nephew", "token_id": 26301},
+                   "c": {"text": " man", "token_id": 582}},
+        "results": [{"token_id": 2415, "text": " woman", "score": 0.61}, {"token_id": 3367, "text": " girl", "score": 0.55}],
+        "untrained_skipped": 7, "untrained_inputs": [" niece"], "note": "7 rows the model never trained tie at 0.8298.",
+        "requests": [{"kind": "wte.fetch", "op": "fetch"}, {"kind": "wte.cosine", "op": "search"}]}
+    p.route("**/api/analogy", lambda r: r.fulfill(json=canned))
+    p.click("#an-go")
+    box = p.locator("#analogy-result")
+    expect(box.locator(".untrained-inputs")).to_contain_text("Never trained")
+    expect(box.locator(".untrained-inputs")).to_contain_text("·niece")
+    expect(box.locator(".untrained-skipped")).to_contain_text("7 untrained rows left out of the ranking")
+    expect(box.locator(".emb-server-note")).to_have_text(canned["note"])
+    p.unroute("**/api/analogy")
+
+    # A degenerate map with seven points on one spot: it says so, and no label covers another.
+    same = [{"label": f" w{i}", "token_id": 100 + i, "x": 0.5, "y": 0.0, "untrained": i > 0} for i in range(7)]
+    other = [{"label": " list", "token_id": 1351, "x": -1.0, "y": 0.0}]
+    p.route("**/api/map", lambda r: r.fulfill(json={"points": same + other, "path": [], "explained": [1.0, 0.0],
+                                                    "degenerate": True, "note": "PCA: 100 % and 0 %.", "requests": []}))
+    p.click("#map-go")
+    res = p.locator("#map-result")
+    expect(res.locator(".map-degenerate")).to_contain_text("degenerate")
+    expect(res.locator(".map-point")).to_have_count(8)
+    expect(res.locator(".map-point.untrained")).to_have_count(6)
+    boxes = res.locator(".map-point text").evaluate_all("ts => ts.map(t => { const b = t.getBBox(); return [b.x, b.y, b.x + b.width, b.y + b.height]; })")
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], ("labels overlap", a, b)
+    hidden = 8 - len(boxes)
+    assert hidden > 0
+    expect(res.locator(".map-hidden")).to_contain_text(f"{hidden} label")
+    expect(res.locator(".map-untrained")).to_contain_text("6 tokens marked untrained")
+    shot(p, "map-degenerate-1400", p.locator("#map-form"))
+    p.unroute("**/api/map")
+
+    # The real server: what it marks, the page marks.
+    want = httpx.post(p.url.rstrip("/") + "/api/neighbours", json={"word": p.input_value("#nb-word"), "k": 10}).json()
+    p.click("#nb-go")
+    rows = p.locator("#neighbours-result tbody tr")
+    expect(rows).to_have_count(len(want["results"]))
+    assert p.locator("#neighbours-result tr.untrained").count() == sum(bool(r.get("untrained")) for r in want["results"])
+    if want.get("untrained_skipped"):
+        expect(p.locator("#neighbours-result .untrained-skipped")).to_contain_text(str(want["untrained_skipped"]))
+
+
+# --- 5. a phone ---
+
+def test_a_phone_tap_shows_its_token_and_every_view_fits(phone, server):
+    p = phone.page
+    generate(p, "The for statement is used to", n=4)
+    tok = generated(p).nth(1)
+    tok.tap()
+    card = p.locator("#candidates")
+    # The tap answers on screen: the selected token's panel scrolls into view.
+    p.wait_for_function("() => { const r = document.querySelector('#candidates').closest('section').getBoundingClientRect();"
+                        " return r.top >= -1 && r.top < window.innerHeight * 0.6; }")
+    expect(card.locator(".sel-token")).to_be_visible()
+    # Candidate cards: a probability's bar lies under its number, never over the column's name.
+    bad = p.evaluate("""() => [...document.querySelectorAll('#candidates td.prob')].filter(td => {
+        const bar = td.querySelector('.pbar').getBoundingClientRect(), val = td.querySelector('.pval').getBoundingClientRect();
+        return bar.width > 0 && bar.top < val.bottom - 1; }).length""")
+    assert bad == 0
+    shot(p, "candidates-400", card.locator("xpath=..").first)
+    p.click("#look-inside")
+    expect(p.locator("#inside .attn-cell").first).to_be_visible()
+    # Tapping a strip opens its head, on screen.
+    cell = p.locator("#inside .attn-cell").last
+    cell.tap()
+    head = p.locator("#attention .attn-head")
+    expect(head).to_be_visible()
+    p.wait_for_function("() => { const r = document.querySelector('#attention .attn-head').getBoundingClientRect();"
+                        " return r.top < window.innerHeight && r.bottom > 0; }")
+    for name, sel in (("attention-400", "#attention"), ("attribution-400", "#attribution"), ("neurons-400", "#neurons"),
+                      ("lens-400", "#lens"), ("waterfall-400", "#waterfall")):
+        shot(p, name, p.locator(sel))
+    p.click("#map-go")
+    expect(p.locator("#map-result svg.map")).to_be_visible()
+    shot(p, "map-400", p.locator("#map-form"))
+    wide = p.evaluate("""() => { const vw = document.documentElement.clientWidth;
+      return [...document.querySelectorAll('body *')].filter(e => e.getClientRects().length && (e.getBoundingClientRect().right > vw + 0.5))
+        .map(e => `${e.tagName.toLowerCase()}#${e.id}.${e.getAttribute('class')} ${e.getBoundingClientRect().right}`); }""")
+    assert wide == [], wide
+    assert p.evaluate("() => document.documentElement.scrollWidth") <= 400
+    shot(p, "phone-400")
