@@ -270,3 +270,55 @@ def test_the_notebook_on_a_400px_phone(browser, served):
     shot(p, "notebook-phone")
     assert not w.errors and not w.dialogs, (w.errors, w.dialogs)
     ctx.close()
+
+
+def test_a_sampled_token_reopens_as_recorded_and_its_evidence_reads_at_once(browser, page, served):
+    """Issue 20: Reopen with the same seed drew another token ("Sampling chose token 262
+    this time"): the server draws a generation's tokens in turn from one seeded stream, so
+    the third token of a seeded generation is its third draw. The page records where the
+    generation began; Reopen runs it again from there and gets the recorded tokens. And an
+    opened insight shows words at once, not token ids while /v1 decodes them."""
+    url, _, _ = served
+    p = page.page
+    p.fill("#seed", "5")
+    generate(p, "The return statement", n=4, temperature="1")
+    text = text_of(url, p)
+    ids = [t["token_id"] for t in text["tokens"]][: text["length"]]
+    start = int(generated(p).nth(0).get_attribute("data-position"))
+    tok = generated(p).nth(2)
+    position = int(tok.get_attribute("data-position"))
+    tok.click()
+    p.click("#candidates .save-insight")
+    expect(p.locator("#insight-evidence")).to_contain_text(f"began at position {start} with seed 5")
+    p.fill("#insight-title", "A sampled token")
+    p.click("#insight-save")
+    expect(p.locator("#insight-result .insight-path")).to_be_visible()
+    insight_id = p.locator("#insight-result .insight-path").inner_text().split("/")[1][:-3]
+    p.click("#insight-cancel")
+    ev = httpx.get(f"{url}/api/insights/{insight_id}").json()["evidence"]
+    assert ev["data"]["generation"] == {"start": start} and ev["sampling"]["seed"] == 5
+
+    # A fresh page knows none of these tokens: the words still come within a moment.
+    ctx, w = open_page(browser, url)
+    fresh = w.page
+    fresh.locator(f'#nb-list .nb-item[data-id="{insight_id}"] .nb-open').click()
+    evidence = fresh.locator("#nb-detail .nb-evidence")
+    expect(evidence).to_contain_text(json.dumps(text_of_ids(url, ids[:position])), timeout=2_000)
+    expect(evidence).not_to_contain_text("token ids")
+
+    fresh.locator("#nb-detail .nb-reopen").click()
+    said = fresh.locator("#nb-detail .nb-reopened")
+    expect(said.last).to_contain_text(f"Back at position {position}")
+    expect(said.nth(1)).to_contain_text(f"Generated again from position {start} with seed 5: the same {position - start + 1} tokens as recorded")
+    assert "Sampling chose" not in fresh.locator("#nb-detail").inner_text() and "put back" not in fresh.locator("#nb-detail").inner_text()
+    reopened = text_of(url, fresh)
+    assert [t["token_id"] for t in reopened["tokens"]][: reopened["length"]] == ids[: position + 1]
+    assert not w.errors, w.errors
+    ctx.close()
+
+
+def text_of_ids(url, ids):
+    """The text of token ids, through the server's own tokenizer (a text opened from them, closed)."""
+    t = httpx.post(f"{url}/api/texts", json={"prompt_ids": ids}).json()
+    httpx.delete(f"{url}/api/texts/{t['id']}")
+    return "".join(x["text"] for x in t["tokens"])
