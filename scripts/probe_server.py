@@ -1,32 +1,57 @@
 """Probe the HTTP API with bad input and count the answers: 4xx (refused with a message),
-5xx (the server's fault), hangs (no answer in 10 s). Loopback only: the app runs in
-this process under Starlette's TestClient, on a tiny random model.
+5xx (the server's fault), hangs (no answer in 10 s). Loopback only: the app runs in this
+process under a real uvicorn server on 127.0.0.1 (a free port), on a tiny random model,
+with a notebook in a temporary folder.
 
     .venv/bin/python scripts/probe_server.py
 
+What it sends:
+- each field of each POST route set to each bad value (wrong types, out of range, NaN,
+  1e400, a lone surrogate, 70,000 characters), and to JSON Python cannot hold as sent
+  (an integer of 5,000 digits, nesting 3,000 and 200 deep);
+- every string in each route's good body made to hold a lone surrogate (inside lists too);
+- whole bodies that are not JSON: not UTF-8, a byte order mark, 3,000 open brackets, a list;
+- GETs of odd paths: unknown texts and steps, static and docs-asset names of 5,000
+  characters, a NUL, '..';
+- notebook attacks: an insight file that is not UTF-8, a YAML alias bomb, a FIFO, a file
+  over the size bound, a symbolic link to a file outside, the insights folder a symbolic
+  link to a folder outside, and a read-only notebook (a 503 with the reason is its right
+  answer; nothing may be written outside the notebook).
+
 Some values in the list are valid for some fields (0, None for an optional field, a list
 of token ids as a prompt): those are accepted and listed; every other probe must get a
-4xx, none a 5xx or a hang, and the server must still answer after each.
+4xx (or its expected status), none a 5xx or a hang, and the server must still answer
+after each.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
+import re
+import subprocess
 import tempfile
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, TimeoutError
 from pathlib import Path
 
-from fastapi.testclient import TestClient
+import httpx
 
-from puffergpt import checkpoints, loading
+from puffergpt import checkpoints, loading, tokenizer
+from puffergpt import notebook as nb
 from puffergpt.engine import Engine
 from puffergpt.reference import NumpyProducts
 from puffergpt.server import ServerConfig, create_app
+from puffergpt.server.app import server
 from puffergpt.stores import open_store
 
 BAD_VALUES = [None, True, -1, 0, 1.5, 1e400, float("nan"), float("inf"), "x", "\ud800", [], {}, [1], "a" * 70_000]
+# JSON text put in a field's place: values Python's json cannot hold as sent
+RAW_VALUES = ["1" * 5000, "-" + "9" * 5000, "[" * 3000 + "]" * 3000, '{"a":' * 3000 + "1" + "}" * 3000,
+              "[" * 200 + "]" * 200, "NaN", "-Infinity", "1e400"]
+RAW_BODIES = [b'{"prompt": "caf\xe9"}', b"\xef\xbb\xbf{}", b"[" * 3000, b"\xff\xfe{\x00}\x00", b'{"a": 1,}']
 FIELDS = {
     "/api/texts": {"prompt": "hi"},
     "/api/texts/{id}/generate": {"max_tokens": 2, "temperature": 0, "top_k": 5, "seed": 1, "lens_k": 5},
@@ -38,16 +63,163 @@ FIELDS = {
     "/api/analogy": {"a": " man", "b": " woman", "c": " king", "k": 3},
     "/api/neighbours": {"word": " man", "k": 3},
     "/api/map": {"words": [" man", " woman"]},
-    "/v1/completions": {"prompt": "hi", "max_tokens": 2, "temperature": 0, "top_k": 5, "n": 1, "logprobs": 1},
+    "/api/insights": None,  # a good insight: made from the model in main()
+    "/v1/completions": {"prompt": "hi", "max_tokens": 2, "temperature": 0, "top_k": 5, "n": 1, "logprobs": 1,
+                        "stop": ["\n"]},
     "/v1/chat/completions": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
 }
+LONG = "a" * 5000
 GETS = ["/api/texts/nope", "/api/texts/{id}/steps/0/inspect", "/api/texts/{id}/steps/999/inspect",
         "/api/texts/{id}/steps/1/inspect?lens_k=0", "/api/texts/{id}/steps/x/inspect", "/static/%00",
-        "/static/../server/app.py", "/v1/models/other-model"]
+        "/static/../server/app.py", "/v1/models/other-model", f"/static/{LONG}", f"/docs-assets/{LONG}",
+        "/static/" + "%C3%A9" * 300, "/docs-assets/" + "x." * 200 + "js", "/static/%ff%fe", "/static/a%0ab",
+        "/static/%2e%2e", "/docs-assets/%2e%2e", f"/api/insights/{LONG}", "/api/insights/..%2F.git%2Fconfig"]
 
 
 def dumps(body) -> bytes:
     return json.dumps(body, allow_nan=True).replace("Infinity", "1e400").encode()  # 1e400 parses as inf: not JSON's
+
+
+def with_surrogates(good) -> list:
+    """The good body once for each string in it (keys too), that string holding a lone surrogate."""
+    out = []
+
+    def walk(v, put):
+        if isinstance(v, str):
+            out.append(put(v + "\ud800"))
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                walk(x, lambda y, k=k: put({**v, k: y}))
+            if v:
+                k0 = next(iter(v))
+                out.append(put({f"{k0}\udfff": v[k0], **{k: x for k, x in v.items() if k != k0}}))
+        elif isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(x, lambda y, i=i: put([*v[:i], y, *v[i + 1:]]))
+
+    walk(good, lambda b: b)
+    return out
+
+
+class Probe:
+    """Sends one input, waits at most 10 s for the answer, counts it, and checks the
+    server still answers after it."""
+
+    def __init__(self, client: httpx.Client, tid: str):
+        self.c, self.tid = client, tid
+        self.counts = {"4xx": 0, "5xx": 0, "2xx": 0, "hang": 0, "expected": 0}
+        self.wrong: list[tuple] = []
+
+    def send(self, method: str, path: str, body=None, raw: bytes | None = None, expect: set[int] | None = None):
+        path = path.replace("{id}", self.tid)
+        content = raw if raw is not None else (None if body is None else dumps(body))
+        try:
+            r = self.c.request(method, path, content=content, headers={"content-type": "application/json"})
+        except httpx.TimeoutException:
+            self.counts["hang"] += 1
+            self.wrong.append((method, path[:80], str(body)[:80], "hang"))
+            return self.alive()
+        except httpx.TransportError as e:  # the connection dropped with no answer: the server's fault too
+            self.counts["5xx"] += 1
+            self.wrong.append((method, path[:80], str(body)[:80], "dropped", repr(e)[:120]))
+            return self.alive()
+        if expect is not None and r.status_code in expect:
+            self.counts["expected"] += 1
+        else:
+            k = f"{r.status_code // 100}xx"
+            self.counts[k] = self.counts.get(k, 0) + 1
+            if k != "4xx" or expect is not None:
+                self.wrong.append((method, path[:80], str(body if raw is None else raw)[:80], r.status_code, r.text[:160]))
+        self.alive()
+        return r
+
+    def alive(self) -> None:
+        """The server still answers (on a new connection, when a 500 closed the last)."""
+        for attempt in range(2):
+            try:
+                assert self.c.get("/api/info").status_code == 200, "the server stopped answering"
+                return
+            except httpx.TransportError:
+                if attempt:
+                    raise
+
+
+def evidence(engine: Engine, name: str) -> dict:
+    """A good insight's evidence: the model's top 5 after "hello there"."""
+    ids = tokenizer.encode("hello there")
+    top, logits = nb.candidates_from_products(engine.open)(ids, len(ids), 5)
+    return {"kind": "token", "model": name, "prompt_ids": ids, "position": len(ids), "token_id": top[0],
+            "sampling": {"temperature": 1.0, "top_k": 5, "seed": None},
+            "candidates": [{"token_id": i, "logit": v} for i, v in zip(top, logits)]}
+
+
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """folder read-only: its mode, and for root (whom modes do not bind) the immutable
+    attribute. Yields whether it binds."""
+    folder.chmod(0o555)
+    immutable, binds = False, True
+    try:
+        try:
+            (folder / ".probe").touch()
+            (folder / ".probe").unlink()
+            immutable = subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode == 0
+            binds = immutable
+        except PermissionError:
+            pass
+        yield binds
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        folder.chmod(0o755)
+
+
+def notebook_attacks(p: Probe, book: nb.Notebook, good: dict, outside: Path) -> list[str]:
+    """Damage the notebook each way the third probe did; returns notes on cases not run."""
+    folder, notes = book.path / "insights", []
+    saved = p.send("POST", "/api/insights", good, expect={201})
+    iid = saved.json()["id"]
+    text = (folder / f"{iid}.md").read_bytes()
+    stem = iid[:-6]
+    bad_utf8, bomb, big, fifo, link = (f"{stem}{x * 6}" for x in "abcde")
+    (folder / f"{bad_utf8}.md").write_bytes(text.replace(b"title: ", b"title: \xff", 1))
+    levels = ["&l0 [" + ", ".join(["lol"] * 10) + "]"] + [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 6)]
+    (folder / f"{bomb}.md").write_bytes(re.sub(rb"(?m)^title: .*$", f"title: [{', '.join(levels)}]".encode(), text, count=1))
+    (folder / f"{big}.md").write_bytes(text + b"x" * nb.MAX_FILE_BYTES)
+    os.mkfifo(folder / f"{fifo}.md")
+    (outside / "secret.md").write_bytes(text)
+    (folder / f"{link}.md").symlink_to(outside / "secret.md")
+    for name in (bad_utf8, bomb, big, fifo, link):
+        p.send("GET", f"/api/insights/{name}")
+        p.send("POST", f"/api/insights/{name}/replay")
+    p.send("GET", "/api/insights", expect={200})  # lists the good one, skips the rest (a warning each)
+    with read_only(folder) as binds:
+        if binds:
+            p.send("POST", "/api/insights", good, expect={503})
+        else:
+            notes.append("read-only notebook: not run (root, and chattr +i failed)")
+    folder.rename(outside.parent / "kept")
+    folder.symlink_to(outside)
+    p.send("POST", "/api/insights", good)
+    p.send("GET", "/api/insights")
+    p.send("GET", "/api/insights/secret")
+    if sorted(x.name for x in outside.iterdir()) != ["secret.md"]:
+        p.wrong.append(("POST", "/api/insights", "insights/ a link", "wrote outside the notebook"))
+    folder.unlink()
+    (outside.parent / "kept").rename(folder)
+    return notes
+
+
+def serve(app):
+    """A uvicorn server on a free port of 127.0.0.1, in a thread: (server, thread, port)."""
+    s = server(app, "127.0.0.1", 0)
+    t = threading.Thread(target=s.run, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 20
+    while not s.started:
+        assert time.monotonic() < deadline and t.is_alive(), "the server did not start"
+        time.sleep(0.02)
+    return s, t, s.servers[0].sockets[0].getsockname()[1]
 
 
 def main() -> None:
@@ -55,46 +227,45 @@ def main() -> None:
     ckpt = checkpoints.load(str(checkpoints.make_model(tmp / "tiny", "tiny", 0)))
     store = open_store("embedded", tmp / "data")
     loading.load(store, ckpt, loading.model_key(ckpt.name), progress=False)
-    app = create_app(Engine(store, ckpt.name), ServerConfig(max_open_texts=8), reference=lambda: NumpyProducts(ckpt))
-    counts = {"4xx": 0, "5xx": 0, "2xx": 0, "hang": 0}
-    wrong = []
-    pool = ThreadPoolExecutor(1)
-    with TestClient(app, raise_server_exceptions=False) as c:
+    engine = Engine(store, ckpt.name)
+    book = nb.Notebook(tmp / "notebook")
+    (tmp / "outside").mkdir()
+    app = create_app(engine, ServerConfig(max_open_texts=8), reference=lambda: NumpyProducts(ckpt), notebook=book)
+    fields = {**FIELDS, "/api/insights": {"title": "t", "body": "b", "tags": ["x"], "evidence": evidence(engine, ckpt.name)}}
+    srv, thread, port = serve(app)
+    notes = []
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
         tid = c.post("/api/texts", json={"prompt": "hello there"}).json()["id"]
         c.post(f"/api/texts/{tid}/generate", json={"max_tokens": 2, "temperature": 0})  # read whole: two tokens
-
-        def send(method, path, body=None):
-            path = path.replace("{id}", tid)
-            f = pool.submit(lambda: c.request(method, path, content=None if body is None else dumps(body),
-                                              headers={"content-type": "application/json"}))
-            try:
-                r = f.result(timeout=10)
-            except TimeoutError:
-                counts["hang"] += 1
-                wrong.append((method, path, body, "hang"))
-                return
-            k = f"{r.status_code // 100}xx"
-            counts[k] = counts.get(k, 0) + 1
-            if k != "4xx":
-                wrong.append((method, path, str(body)[:80], r.status_code, r.text[:120]))
-            assert c.get("/api/info").status_code == 200, "the server stopped answering"
-
-        for path, good in FIELDS.items():
+        p = Probe(c, tid)
+        for path, good in fields.items():
             for field, value in itertools.product(list(good) + ["unknown_field"], BAD_VALUES):
-                body = {**good, field: value}
                 if field == "unknown_field" and path.startswith("/v1"):
                     continue  # OpenAI clients send fields we don't use: ignored by design
-                send("POST", path, body)
-            send("POST", path, [good])  # not an object
+                p.send("POST", path, {**good, field: value})
+            for field, value in itertools.product(good, RAW_VALUES):
+                p.send("POST", path, raw=json.dumps({**good, field: "@@"}).replace('"@@"', value).encode())
+            for body in with_surrogates(good):
+                p.send("POST", path, body)
+            for raw in RAW_BODIES:
+                p.send("POST", path, raw=raw)
+            p.send("POST", path, [good])  # not an object
         for path in GETS:
-            send("GET", path)
+            p.send("GET", path)
+        notes += notebook_attacks(p, book, fields["/api/insights"], tmp / "outside")
         before = len(app.state.texts)
+    srv.should_exit = True
+    thread.join(30)
+    counts = p.counts
     t = time.strftime("%Y-%m-%d %H:%M")
     print(f"{t}: {sum(counts.values())} inputs: {counts['4xx']} refused (4xx), {counts['5xx']} 5xx, "
-          f"{counts['hang']} hangs, {counts.get('2xx', 0)} accepted (values that are valid for their field, "
-          f"e.g. 0 tokens, a seed of 0, token ids as a prompt: listed below); {before} texts open at the end")
-    for w in wrong:
-        print("  accepted:" if w[-2] == 200 or w[-2] == 201 else "  WRONG:", w)
+          f"{counts['hang']} hangs, {counts['expected']} answered with their expected status (a saved insight, the "
+          f"notebook's list, the read-only notebook's 503), {counts.get('2xx', 0)} accepted (values that are valid for "
+          f"their field, e.g. 0 tokens, a seed of 0, token ids as a prompt: listed below); {before} texts open at the end")
+    for w in p.wrong:
+        print("  accepted:" if w[-2] in (200, 201) else "  WRONG:", w)
+    for n in notes:
+        print("  note:", n)
     store.close()
 
 
