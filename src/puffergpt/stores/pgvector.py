@@ -28,8 +28,8 @@ parameter and every identifier is quoted with ``psycopg.sql.Identifier``.
 Writes overwrite by id (``INSERT .. ON CONFLICT (id) DO UPDATE``): a small batch (the
 attention keys of a token) as one statement over unnested arrays, a large one (a
 model's load) by binary COPY into a temporary table first; each batch is one transaction.
-A broken connection becomes a StoreError that says the server went away; the next
-call reconnects.
+A broken connection becomes a StoreError that says the server went away (or, for the
+local server, that a backend died from a signal, read from its log); the next call reconnects.
 
 ``_namespaces`` (name, dim, schema) and ``_meta`` (key, value) hold the catalog
 and the manifests; both keep their JSON as written (type ``json``), so a manifest
@@ -155,7 +155,7 @@ def _locked(method):
                 self._used = 0.0
                 if self.conn is not None and (self.conn.closed or self.conn.broken):
                     self._drop_connection()
-                    raise StoreError(f"the PostgreSQL server went away: {_msg(e)}; run the command again once it is back") from None
+                    raise StoreError(self._went_away(e)) from None
                 raise StoreError(f"PostgreSQL could not do it: {_msg(e)}") from None
             except pgerrors.UndefinedTable as e:
                 self._ns.clear()  # another client dropped a namespace under us
@@ -251,6 +251,17 @@ class PgvectorStore(Store):
                              "run the command again once it is back") from None
         except psycopg.Error as e:
             raise StoreError(f"PostgreSQL at {where} refused to set up the store: {_msg(e)}") from None
+
+    def _went_away(self, e: Exception) -> str:
+        """What a broken connection says: a backend of the local server that died from a
+        signal (its log says so: signal 4 is pgvector using instructions this CPU lacks, and
+        a rerun fails alike) is named; otherwise the server went away and may come back."""
+        crash = self.local.crash() if self.local is not None else None
+        if crash:
+            return crash
+        return (f"the PostgreSQL server went away: {_msg(e)}; run the command again once it is back "
+                "(if it goes away at the same step again, see the server's log: a backend \"terminated by signal 4\" "
+                "means its pgvector uses instructions that server's CPU lacks)")
 
     def _check_idle(self) -> None:
         """A connection that lay idle may have died with a server restart, unnoticed until
