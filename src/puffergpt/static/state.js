@@ -72,10 +72,13 @@ export function applyStep(step) {
     S.length = p + 1;
   }
   S.readUpto = Math.max(S.readUpto, p); // this step read every position before p
-  const { attention, lens, ...rest } = step; // a live "look inside" is kept apart, bounded
+  // A live "look inside" is kept apart, bounded; what the server says of it goes with it.
+  const { attention, lens, decided_layer, final_top1, attribution, neurons, ...rest } = step;
   S.memo.set(key, rest);
   S.serverSteps.add(p);
-  if (attention || lens) keepInside(p, { position: p, query_position: p - 1, attention, lens, live: true, requests: [] });
+  if (attention || lens) {
+    keepInside(p, { position: p, query_position: p - 1, attention, lens, decided_layer, final_top1, attribution, neurons, live: true, requests: [] });
+  }
 }
 
 function recordPath() {
