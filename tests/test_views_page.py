@@ -126,6 +126,7 @@ def test_every_panel_counts_the_same_requests_round_trips_and_cost(page, server)
     expect(phases.locator(".phase-decode")).to_contain_text(
         f"{sum(s['requests'] for s in dec) // len(dec)} requests/token, {sum(s['round_trips'] for s in dec) // len(dec)} round trips/token")
     expect(phases.locator(".saving")).to_contain_text(f"cost {sum(s['round_trips'] for s in pre)} round trips")
+    shot(p, "phases-kv-1400", p.locator("#phases").locator("xpath=.."))
 
     # The KV cache: each batch's requests are those of the step that read it.
     kv = api_get(p, f"/api/texts/{text_id(p)}/kv")
@@ -183,6 +184,7 @@ def test_the_waterfall_draws_concurrent_writes_in_their_own_lane(page):
     expect(p.locator("#waterfall tr.largest td.idx")).to_have_text(str(max(path)[1] + 1))
     expect(p.locator("#waterfall .stat-largest")).to_contain_text("the slowest round trip")
     assert p.locator("#waterfall tr.concurrent .lane-tag").count() == sum(r["concurrent"] for r in log)
+    shot(p, "waterfall-1400", p.locator("#waterfall"))
 
 
 # --- the lens: one definition of where the model made up its mind ---
@@ -225,6 +227,7 @@ def test_the_lens_highlights_the_decided_layer_where_first_match_differs(page):
     want = decided([e["top"][0]["token_id"] for e in v["lens"]])
     assert v["decided_layer"] == want and v["final_top1"]["token_id"] == v["lens"][-1]["top"][0]["token_id"]
     expect(p.locator("#inside .lens-table tr.decided")).to_have_attribute("data-layer", str(want))
+    shot(p, "lens-1400", p.locator("#lens"))
 
 
 # --- 2. what each part adds, the MLP as a memory ---

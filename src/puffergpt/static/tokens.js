@@ -59,8 +59,9 @@ function renderTokens() {
 function reveal() {
   const card = $("candidates").closest("section");
   const r = card.getBoundingClientRect();
-  if (r.top >= 0 && r.top < window.innerHeight * 0.6) return;
-  card.scrollIntoView({ block: "start", behavior: "smooth" });
+  const beside = window.matchMedia("(min-width: 1101px)").matches; // style.css: two columns
+  const seen = beside ? r.top < window.innerHeight && r.bottom > 0 : r.top >= 0 && r.top < window.innerHeight * 0.6;
+  if (!seen) card.scrollIntoView({ block: "start", behavior: "smooth" });
 }
 
 export function initTokens() {

@@ -87,7 +87,7 @@ export function requestTable(log, total, server = 0) {
   return labelled(h("table", { class: "wf-table" },
     h("thead", null, h("tr", null,
       h("th", { class: "num", text: "#" }), h("th", { text: "request" }), h("th", { class: "num", text: "queries" }),
-      h("th", { class: "num", text: "rows" }), h("th", { class: "num", text: "bytes" }), h("th", { text: "when (the token's time, left to right)", dataset: { label: "when" } }),
+      h("th", { class: "num", text: "rows" }), h("th", { class: "num", text: "bytes" }), h("th", { title: "when it ran, in the token's time, left to right; a write beside the searches in the lower lane", text: "when" }),
       h("th", { class: "num", text: "ms" }), h("th", { class: "num", title: "millionths of a dollar at turbopuffer's list rates", text: "µ$" }))),
     h("tbody", null, rows)));
 }
