@@ -23,7 +23,7 @@ import numpy as np
 
 from puffergpt.reference import Products, Trace
 
-NEURONS = 8  # neurons shown a layer
+NEURONS = 5  # neurons shown a layer: each is a query of the promotes search over all of wte (60 for GPT-2 small)
 PROMOTES = 8  # tokens shown a neuron
 
 
