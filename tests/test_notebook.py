@@ -513,3 +513,32 @@ def test_cli_errors_are_one_clear_line(tmp_path):
     Notebook(tmp_path / "nb")
     r = run("show", "../etc", "--notebook", str(tmp_path / "nb"))
     assert r.exit_code == 1 and "no insight" in r.output
+
+
+def test_cli_reads_notebook_files_as_untrusted(tmp_path, evidence):
+    """A file that is not UTF-8, a symbolic link out of the notebook (the file or the
+    insights folder): one clear line naming it, never a traceback or the outside file."""
+    book = Notebook(tmp_path / "nb")
+    ins = book.save("Kept", "my words", [], evidence)
+    f = book.path / ins.path
+    f.write_bytes(f.read_bytes().replace(b"my words", b"my w\xf6rds"))
+    r = run("show", ins.id, "--notebook", str(book.path))
+    assert r.exit_code == 1 and f"{ins.path} is not valid UTF-8 (byte 0xf6" in r.output and "Traceback" not in r.output
+    assert f"git -C {book.path} checkout -- {ins.path}" in r.output  # the command that restores it
+    git(book.path, "checkout", "--", ins.path)
+    assert run("show", ins.id, "--notebook", str(book.path)).exit_code == 0
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    f.rename(outside / f.name)
+    f.symlink_to(outside / f.name)
+    r = run("show", ins.id, "--notebook", str(book.path))
+    assert r.exit_code == 1 and f"{ins.path} is a symbolic link" in r.output and "my words" not in r.output
+    f.unlink()
+    (book.path / "insights").rmdir()
+    (book.path / "insights").symlink_to(outside)
+    for args in (("show", ins.id), ("list",)):
+        r = run(*args, "--notebook", str(book.path))
+        assert r.exit_code == 1 and "insights is a symbolic link" in r.output and "my words" not in r.output, r.output
+    with pytest.raises(NotebookError, match="symbolic link"):
+        book.save("Elsewhere", "", [], evidence)
+    assert [p.name for p in outside.iterdir()] == [f.name]  # nothing written through the link
