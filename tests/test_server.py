@@ -401,3 +401,29 @@ def test_a_text_from_exact_token_ids(client, tiny):
         r = client.post("/api/texts", json=body)
         assert 400 <= r.status_code < 500, (body, r.status_code, r.text)
     assert len(client.app.state.texts) == n
+
+
+def test_the_body_parser_at_its_bounds():
+    """bodies.parse_json, the one parser of every route: what it takes at each bound and
+    what it refuses one past it, with the field named (the routes: tests/test_reliability.py)."""
+    from puffergpt.server.bodies import MAX_DEPTH, MAX_INT_DIGITS, BodyError, parse_json
+
+    def refused(raw: bytes) -> BodyError:
+        with pytest.raises(BodyError) as e:
+            parse_json(raw)
+        return e.value
+
+    big = "9" * MAX_INT_DIGITS
+    assert parse_json(f'{{"seed": {big}, "t": -{big}}}'.encode()) == {"seed": int(big), "t": -int(big)}
+    e = refused(f'{{"seed": {big}9}}'.encode())
+    assert e.param == "seed" and f"{MAX_INT_DIGITS + 1} digits" in e.message
+    deep = "[" * MAX_DEPTH + "]" * MAX_DEPTH  # the outer list is level 1, a field of the body
+    assert parse_json(f'{{"x": {deep}}}'.encode())["x"] == json.loads(deep)
+    e = refused(f'{{"x": [{deep}]}}'.encode())
+    assert e.param == "x" and "nested more than" in e.message
+    assert parse_json('{"w": "\\ud83d\\ude00"}'.encode()) == {"w": "\U0001F600"}  # a pair is one character
+    e = refused(b'{"words": ["ok", "\\ud83d"], "k": 1}')
+    assert e.param == "words" and e.message.startswith("words[1] is not valid Unicode")
+    assert parse_json(b'{"t": 1e308, "u": 5e-324}') == {"t": 1e308, "u": 5e-324}
+    assert refused(b'{"t": 1e309}').message == "t is 1e309, too large for a number: send a finite number"
+    assert refused(b"").message.startswith("the body is not JSON")

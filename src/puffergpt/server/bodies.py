@@ -29,7 +29,7 @@ class BodyError(ValueError):
 
     def __init__(self, message: str, param: str | None = None):
         super().__init__(message)
-        self.message, self.param = message, param
+        self.message, self.param = message, _short(param)
 
 
 class _Refused:
@@ -88,12 +88,12 @@ def _walk(value) -> None:
         if depth > MAX_DEPTH:
             raise BodyError(_too_deep(_param(where)), _param(where))
         if isinstance(v, _Refused):
-            raise BodyError(f"{where or 'the body'} {v.why}", _param(where))
+            raise BodyError(f"{_short(where) or 'the body'} {v.why}", _param(where))
         if isinstance(v, str):
-            _text(v, where or "the body")
+            _text(v, _short(where) or "the body")
         elif isinstance(v, dict):
             for k, x in v.items():
-                _text(k, f"a key in {where or 'the body'}")
+                _text(k, f"a key in {_short(where) or 'the body'}")
                 todo.append((x, f"{where}.{k}" if where else k, depth + 1))
         elif isinstance(v, list):
             todo += [(x, f"{where}[{i}]", depth + 1) for i, x in enumerate(v)]
@@ -105,6 +105,11 @@ def _text(s: str, where: str) -> None:
     except UnicodeEncodeError as e:
         raise BodyError(f"{where} is not valid Unicode: a lone surrogate (\\u{ord(s[e.start]):04x}) at character "
                         f"{e.start}: send text without lone surrogates", _param(where)) from None
+
+
+def _short(where: str | None) -> str | None:
+    """A place in the body as a message shows it: a key may be 64 KiB long."""
+    return where if where is None or len(where) <= 80 else where[:77] + "..."
 
 
 def _param(where: str) -> str | None:
