@@ -43,12 +43,12 @@ def hf_parts(m, ids, c):
     finally:
         for h in hooks:
             h.remove()
-    f64 = lambda t: t.detach().double().numpy()  # noqa: E731
+    f64 = lambda t: t.detach().double().numpy()
     ln_f = m.transformer.ln_f
     x, g, b = f64(got["x"]), f64(ln_f.weight), f64(ln_f.bias)
     w = f64(m.transformer.wte.weight[c])
     s = np.sqrt(x.var() + ln_f.eps)
-    value = lambda p: float(((p - p.mean()) / s * g) @ w)  # noqa: E731
+    value = lambda p: float(((p - p.mean()) / s * g) @ w)
     parts = {"embed": value(f64(out.hidden_states[0][0, -1]))}
     for l, block in enumerate(m.transformer.h):
         W, bias = f64(block.attn.c_proj.weight), f64(block.attn.c_proj.bias)  # Conv1D: (in, out)
@@ -164,9 +164,9 @@ def test_numpy_and_search_make_the_same_requests_and_numbers(loaded, tiny):
         runs[kind] = step.inspect
     a, b = runs["numpy"]["attribution"], runs["search"]["attribution"]
     assert_close("numpy vs search parts", [p["value"] for p in a["parts"]], [p["value"] for p in b["parts"]], 1e-4)
-    ids_of = lambda got: [[(n["neuron"], [t["token_id"] for t in n["promotes"]]) for n in l] for l in got["neurons"]]  # noqa: E731
+    ids_of = lambda got: [[(n["neuron"], [t["token_id"] for t in n["promotes"]]) for n in l] for l in got["neurons"]]
     assert ids_of(runs["numpy"]) == ids_of(runs["search"])
-    acts = lambda got: [n["activation"] for l in got["neurons"] for n in l]  # noqa: E731
+    acts = lambda got: [n["activation"] for l in got["neurons"] for n in l]
     assert_close("numpy vs search activations", acts(runs["numpy"]), acts(runs["search"]), 1e-4)
 
 

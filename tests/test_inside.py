@@ -299,7 +299,7 @@ def twins(tmp_path_factory, tiny):
 
 
 def test_untrained_rows_are_recorded_at_load(twins, loaded, demo):
-    ckpt, store, key, m, want = twins
+    ckpt, store, key, _, want = twins
     assert Engine(store, ckpt.name, key).untrained == want == numpy_untrained(ckpt)
     demo_store, demo_key = loaded(demo)
     got = Engine(demo_store, demo.name, demo_key).untrained
