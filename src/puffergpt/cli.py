@@ -203,7 +203,8 @@ def search_engine(store, model: str):
 @click.option("--seed", type=int, default=None, help="makes sampling reproducible")
 @click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="tokens to generate")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object a token, then a summary line")
-@click.option("--inspect", is_flag=True, help="with --json: each token's attention per layer and head, and the logit lens")
+@click.option("--inspect", is_flag=True, help="with --json: each token's attention per layer and head, the logit lens, what each part "
+              "adds to its logit (attribution) and each layer's most active MLP neurons")
 @click.option("--lens-k", type=click.IntRange(5, 100), default=10, show_default=True, help="tokens per layer in the lens")
 def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, seed, n_tokens, as_json, inspect, lens_k) -> None:
     """Continue PROMPT."""
