@@ -170,7 +170,7 @@ def test_the_waterfall_draws_concurrent_writes_in_their_own_lane(page):
         starts.append(t)
         if not r["concurrent"]:
             t += r["ms"]
-    span = max(step["ms"], max(s + r["ms"] for s, r in zip(starts, log)), t)
+    span = max(step["ms"], max(s + r["ms"] for s, r in zip(starts, log)))  # a write beside may end after the token
     for (conc, left, _), r, s in zip(got, log, starts):
         assert conc == r["concurrent"]
         assert abs(left - 100 * s / span) < 0.05 + 1e-6, (r["kind"], left, 100 * s / span)
@@ -185,6 +185,16 @@ def test_the_waterfall_draws_concurrent_writes_in_their_own_lane(page):
     expect(p.locator("#waterfall .stat-largest")).to_contain_text("the slowest round trip")
     assert p.locator("#waterfall tr.concurrent .lane-tag").count() == sum(r["concurrent"] for r in log)
     shot(p, "waterfall-1400", p.locator("#waterfall"))
+
+    # The layout on a log made up to have a write that ends after the token: searches of
+    # 10 and 20 ms, a 50 ms write beside them sent after the first, 10 ms of the server's.
+    bars = p.evaluate("""async () => { const m = await import('/static/waterfall.js');
+      const r = (kind, op, ms, concurrent) => ({ kind, op, ms, concurrent, queries: 1, rows: 1, bytes: 1, cost_usd: 0 });
+      const t = m.requestTable([r('a', 'search', 10, false), r('h.0.attn.keys', 'write', 50, true), r('b', 'search', 20, false)], 40, 10);
+      return [...t.querySelectorAll('.bar')].map(b => [parseFloat(b.style.left), parseFloat(b.style.width)]); }""")
+    span = 60  # the write ends at 10 + 50, after the token's 40 ms
+    want = [(0, 10), (10, 50), (10, 20), (30, 10)]  # (start, ms): the second search waits for the first only
+    assert [x for b in bars for x in b] == pytest.approx([100 * x / span for w in want for x in w], abs=0.01)
 
 
 # --- the lens: one definition of where the model made up its mind ---

@@ -63,9 +63,11 @@ export function renderLens(box, view) {
     h("p", { class: "note" },
       `Entering each block, the vector of position ${view.query_position} is normalised (ln_f) and searched against the token vectors: `,
       `${plural(nSearch, "top-k search", "top-k searches")}, one a row (the last row is the model's own final search), counted with this view's requests in the waterfall. `,
-      h("span", { class: "decided-note" }, `The decided layer is layer ${first} (highlighted): from it to the last row, every layer's top-1 is the final top-1, `,
-        visibleToken(finalTop.text, finalTop.bytes_hex),
-        first === L ? ": only the final search settles it." : ". That is where the model made up its mind. "),
+      first === L
+        ? h("span", { class: "decided-note" }, `The decided layer is layer ${first}, the last: no earlier layer's top-1 stays the final top-1, `,
+          visibleToken(finalTop.text, finalTop.bytes_hex), ", to the end, so only the final search settles it. ")
+        : h("span", { class: "decided-note" }, `The decided layer is layer ${first} (highlighted): from it to the last row, every layer's top-1 is the final top-1, `,
+          visibleToken(finalTop.text, finalTop.bytes_hex), ". That is where the model made up its mind. "),
       predicted && finalTop.token_id !== predicted.token_id
         ? ["The token chosen here, ", visibleToken(predicted.text, predicted.bytes_hex), ", is not the final top-1: sampling took another candidate. The rank column follows it."]
         : predicted ? ["The rank column follows the token chosen here, ", visibleToken(predicted.text, predicted.bytes_hex), "."] : "The token at this position is not chosen yet."),

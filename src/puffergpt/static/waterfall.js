@@ -81,7 +81,8 @@ function serverRow(rest, left, width) {
 export function requestTable(log, total, server = 0) {
   const big = largest(log);
   const tl = timeline(log);
-  const span = Math.max(total, tl.end + Math.max(0, server), 1e-9);
+  // The server's arithmetic is drawn after the critical path; a write beside it may end later still.
+  const span = Math.max(total, tl.end, tl.path + Math.max(0, server), 1e-9);
   const rows = log.map((r, i) => requestRow(r, i, (tl.starts[i] / span) * 100, Math.max(0.6, (r.ms / span) * 100), i === big));
   if (server > 0) rows.push(serverRow(server, (tl.path / span) * 100, Math.max(0.6, (server / span) * 100)));
   return labelled(h("table", { class: "wf-table" },
