@@ -80,7 +80,9 @@ function show(kv) {
       h("span", null, h("span", { class: "swatch kv-read" }), "read with appended text"),
       h("span", null, h("span", { class: "swatch kv-none" }), "no keys yet"),
       h("span", null, h("span", { class: "swatch kv-kept" }), "kept after a step back")),
-    strip(kv), h("div", { class: "table-scroll" }, writesTable(kv)), why(kv));
+    strip(kv), h("div", { class: "table-scroll" }, writesTable(kv)),
+    h("p", { class: "note", text: "A batch's requests and round trips are those of the step that read it, as its waterfall and the Prefill and decode panel count them: the read and its final top-k search." }),
+    why(kv));
 }
 
 async function refresh() {
