@@ -10,19 +10,26 @@ the new views at 1,400 and 400 px go to /tmp/shots/."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import Page, expect
+from test_playground import (  # noqa: F401  (browser: a fixture)
+    TIMEOUT_MS,
+    Watched,
+    api_get,
+    browser,
+    generate,
+    generated,
+    serve_app,
+    text_id,
+)
 
 from puffergpt.engine import Engine
 from puffergpt.reference import NumpyProducts
 from puffergpt.server import create_app
-from test_playground import (TIMEOUT_MS, Watched, api_get, browser, generate, generated, serve_app,  # noqa: F401  (browser: a fixture)
-                             text_id)
 
 SHOTS = Path("/tmp/shots")
 
