@@ -66,7 +66,8 @@ def test_a_removed_document_is_detected_and_named(store, tiny):
     store.delete(ns, (("matrix", "=", "h.1.mlp.c_fc"), ("row", "=", 7)))
     with pytest.raises(loading.NotLoaded, match=f"namespace {ns} holds .*puffergpt load"):
         Engine(store, "tiny")
-    assert list(loading.verify(store, m)) == ["h.1.mlp.c_fc"]
+    assert loading.verify(store, m) == {f"namespace {ns}": f"it holds {m['namespaces'][ns] - 1:,} documents, the manifest "
+                                        f"says {m['namespaces'][ns]:,}", "h.1.mlp.c_fc": "255 documents stored, 256 expected"}
     loading.load(store, tiny, "tiny", progress=False)  # load repairs it
     assert loading.verify(store, m) == {}
 
@@ -79,10 +80,13 @@ def test_an_altered_document_is_detected_and_named(store, tiny):
                                                         "norm2": loading.row_norm2(v + 1e-3, 64)})
     bad = loading.verify(store, m)
     assert list(bad) == ["h.0.attn.c_attn"] and "altered" in bad["h.0.attn.c_attn"]
-    assert loading.load(store, tiny, "tiny", progress=False) == m  # counts look right: a plain load keeps it
-    assert loading.verify(store, m) != {}
-    loading.load(store, tiny, "tiny", progress=False, repair=True)
+    with pytest.raises(loading.StoreDamaged, match=r"h\.0\.attn\.c_attn: .*altered.*\n.*puffergpt load --model tiny .*--repair"):
+        Engine(store, "tiny", verify=True)  # as serve and generate open it
+    # The counts look right, but the files changed since they were verified: a plain load reads
+    # every document back and rewrites what differs.
+    assert loading.load(store, tiny, "tiny", progress=False) == m
     assert loading.verify(store, m) == {}
+    assert Engine(store, "tiny", verify=True).manifest == m
 
 
 @pytest.mark.parametrize("attr", ["row", "norm2"])
@@ -140,3 +144,47 @@ def test_a_metric_the_store_lacks(store, tiny):
     with pytest.raises(StoreError, match="no exact 'cosine_distance' search"):
         loading.load(store, tiny, "tiny", metric="cosine_distance", progress=False)
     assert store.namespaces() == []
+
+
+def test_a_verified_store_is_not_read_again_until_its_files_change(tmp_path, tiny, monkeypatch):
+    """The stamp: sizes and sha256 of the namespaces' files when last verified. Qdrant rewrites
+    some files (same bytes, new mtime) at every open, so a file is told by its content."""
+    import glob
+    import os
+
+    store = open_store("embedded", tmp_path)
+    m = loading.load(store, tiny, "tiny", progress=False)  # which reads every document back: stamped
+    store.close()
+    reads = []
+    real = loading.check
+    monkeypatch.setattr(loading, "check", lambda *a, **k: reads.append(1) or real(*a, **k))
+
+    def opened() -> int:
+        reads.clear()
+        s = open_store("embedded", tmp_path)
+        try:
+            Engine(s, "tiny", verify=True).open().close()
+        finally:
+            s.close()
+        return len(reads)
+
+    assert opened() == 0 and opened() == 0  # an open rewrote files: same bytes, no read
+    (chunk,) = glob.glob(str(tmp_path / "edge" / "tiny.64" / "shard" / "segments" / "*" / "vector_storage-*" / "vectors" / "chunk_0.mmap"))
+    os.utime(chunk, ns=(1, 1))
+    assert opened() == 0  # a new mtime alone: its bytes are those verified
+    with open(chunk, "r+b") as f:
+        f.seek(3)
+        byte = f.read(1)[0]
+        f.seek(3)
+        f.write(bytes([byte ^ 0x01]))  # doubles or halves the first number of h.0.attn.c_attn row 0
+    with pytest.raises(loading.StoreDamaged, match=r"h\.0\.attn\.c_attn: .*altered"):
+        opened()
+    assert reads == [1]
+    with open(chunk, "r+b") as f:
+        f.seek(3)
+        f.write(bytes([byte]))  # put back: byte for byte what was verified, so not read
+    assert opened() == 0
+    s = open_store("embedded", tmp_path)
+    s.put_meta("manifest:tiny", {**m, "checkpoint": {"path": "moved"}})  # another manifest: read again
+    s.close()
+    assert opened() == 1 and opened() == 0

@@ -148,16 +148,10 @@ def verify(model, backend, dsn, data_dir) -> None:
         store = open_store(backend, data_dir, dsn)
         try:
             key = loading.model_key(model)
-            m = store.get_meta(f"manifest:{key}")
-            if not m or not m.get("complete"):
-                fail(f"model {model!r} has no complete load in the {backend} store: run `puffergpt load --model {model}`")
-            bad = loading.verify(store, m)
+            m = loading.read_manifest(store, key, model)
+            loading.check_on_open(store, key, model, m, progress=True, force=True)  # StoreDamaged: what, and the fix
         finally:
             store.close()
-    if bad:
-        for name, problem in bad.items():
-            click.echo(f"{name}: {problem}", err=True)
-        fail(f"{len(bad)} matrices do not match the manifest: run `puffergpt load --model {model} --repair` to rewrite them")
     click.echo(f"{model}: all {m['documents']:,} documents match the manifest")
 
 
@@ -178,7 +172,7 @@ def search_engine(store, model: str):
     from puffergpt.engine import Engine
 
     try:
-        return Engine(store, model)
+        return Engine(store, model, verify=True, progress=True)  # never serve a damaged store
     except loading.NotLoaded as e:
         click.echo(f"{e.args[0].split(':')[0]}; loading it now", err=True)
         try:
@@ -188,7 +182,7 @@ def search_engine(store, model: str):
             fail(f"{ce}{hint}")
         loading.load(store, ckpt, loading.model_key(model))
         del ckpt  # the weights leave the server's memory once they are documents
-        return Engine(store, model)
+        return Engine(store, model, verify=True, progress=True)
 
 
 @main.command()

@@ -91,11 +91,14 @@ def round_trips_per_token(c: GPT2Config) -> int:
 class Engine:
     """A model loaded into a store. ``open()`` gives the products for one text."""
 
-    def __init__(self, store: Store, model: str, key: str | None = None, key_metric: str | None = None):
+    def __init__(self, store: Store, model: str, key: str | None = None, key_metric: str | None = None,
+                 verify: bool = False, progress: bool = False):
+        """``verify``: refuse (loading.StoreDamaged) documents that do not match the manifest,
+        read in full unless the store's files are those last verified (serve and generate)."""
         self.store = store
         self.model = model
         self.key = key or loading.model_key(model)
-        self.manifest = loading.manifest(store, self.key, model)
+        self.manifest = loading.manifest(store, self.key, model, verify=verify, progress=progress)
         self.config = GPT2Config(**self.manifest["config"])
         self.encoding = Encoding(self.manifest["metric"])
         self.untrained = untrained.from_manifest(self.manifest)  # token ids never trained; None: not recorded

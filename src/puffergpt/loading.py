@@ -18,12 +18,20 @@ matrices done, and ends by reading every document back against its checksum,
 rewriting any matrix that does not match. Only then does it write the manifest. The
 check covers everything a search returns and the engine uses: ids, vectors and
 attributes.
+
+A store whose files this process can identify (the embedded one: ``Store.stamp``) is
+read in full when it is opened to serve (``check_on_open``), unless its files are
+byte for byte those last found to match the manifest (the stamp under
+``verified:KEY``). The full read runs where the database may abort
+(``Store.read_isolated``): Qdrant aborts the process on some damaged files.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable, Iterator
@@ -33,14 +41,20 @@ import numpy as np
 from puffergpt import untrained
 from puffergpt.checkpoints import Checkpoint, GPT2Config
 from puffergpt.documents import ENCODING_VERSION, Encoding
-from puffergpt.stores.base import Hits, Query, Store, StoreError
+from puffergpt.stores.base import Hits, Query, ReaderDied, Store, StoreError
 
 SCHEMA = {"matrix": "str", "row": "int", "norm2": "float"}
 BATCH = 2048
+VERIFIED = "verified:"  # + key: the stamp of the files last found to match the manifest
 
 
 class NotLoaded(StoreError):
     """The store does not hold a complete, current copy of the model."""
+
+
+class StoreDamaged(StoreError):
+    """What is stored does not match the manifest: the message names what, and the command
+    that rewrites it (the same message from `puffergpt verify` and from serve/generate)."""
 
 
 def model_key(model: str) -> str:
@@ -148,11 +162,16 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
     ident = {"checkpoint": source, "config": asdict(c), "metric": metric, "version": ENCODING_VERSION,
              "weights_sha256": weights_digest(ckpt)}
     old = _stored_manifest(store, key)
-    if not repair and old and old.get("complete") and all(old.get(k) == v for k, v in ident.items()) and _counts_ok(store, old):
-        if "untrained" not in old:  # loaded by an older puffergpt: record the untrained rows now
-            old["untrained"] = untrained.manifest_field(ckpt.params["wte.weight"])
-            store.put_meta(f"manifest:{key}", old)
-        return old  # already loaded: nothing to do
+    if old and old.get("complete") and all(old.get(k) == v for k, v in ident.items()) and _broken(old) is None:
+        keep, unreadable = _intact(store, key, old, repair, progress)
+        if keep:
+            if "untrained" not in old:  # loaded by an older puffergpt: record the untrained rows now
+                old["untrained"] = untrained.manifest_field(ckpt.params["wte.weight"])
+                store.put_meta(f"manifest:{key}", old)
+                record_verified(store, key, old)  # the documents were just found to match
+            return old  # already loaded: nothing to do
+        for ns in unreadable:  # files the store's reader dies on: written again from scratch
+            store.drop_namespace(ns)
     progress_key = f"loading:{key}"
     state = store.get_meta(progress_key)
     if not state or state.get("ident") != ident:  # another checkpoint or encoding: start over
@@ -191,7 +210,29 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
     manifest = {"complete": True, "key": key, **ident, "documents": total,
                 "namespaces": counts, "matrices": mats, "untrained": untrained.manifest_field(ckpt.params["wte.weight"])}
     store.put_meta(f"manifest:{key}", manifest)
+    # Every document was just read back against it. Qdrant compacts a written shard's journals
+    # when it next opens it (same documents, other bytes): reopened first, so that the stamp
+    # is that of the files the next start finds.
+    names = list(manifest["namespaces"])
+    store.release(names)
+    for ns in names:
+        store.count(ns)
+    store.release(names)
+    record_verified(store, key, manifest)
     return manifest
+
+
+def _intact(store: Store, key: str, m: dict, repair: bool, progress: bool) -> tuple[bool, set[str]]:
+    """Whether a complete load can be kept as it is, and the namespaces whose files the
+    store's reader died on (dropped before the rewrite, which reads in this process)."""
+    if store.stamp([]) is None:  # a database on a server: its counts, as the engine checks them
+        return not repair and inconsistent(m, key) is None and _counts_ok(store, m), set()
+    if not repair and _unchanged_since_verified(store, key, m):
+        return True, set()
+    bad, unreadable = check(store, m, key, progress)
+    if not bad and not repair:
+        record_verified(store, key, m)
+    return not bad and not repair, unreadable
 
 
 def weights_digest(ckpt: Checkpoint) -> str:
@@ -205,15 +246,20 @@ def weights_digest(ckpt: Checkpoint) -> str:
 
 def verify_matrix(store: Store, ns: str, name: str, doc_ids: list[str], sha256: str, metric: str) -> str | None:
     """None if the stored documents of a matrix match their checksum, else what is wrong."""
+    try:
+        return _read_matrix(store, ns, name, doc_ids, sha256, metric)
+    except StoreError as e:
+        return str(e)
+
+
+def _read_matrix(store: Store, ns: str, name: str, doc_ids: list[str], sha256: str, metric: str) -> str | None:
+    """verify_matrix, where the store failing to read raises (its files are damaged)."""
     if ns not in store.namespaces(ns):
         return f"its namespace {ns} is missing (dropped)"
     n = store.count(ns, (("matrix", "=", name),))
     if n != len(doc_ids):
         return f"{n} documents stored, {len(doc_ids)} expected"
-    try:
-        docs = np.concatenate([store.fetch(ns, doc_ids[s:s + BATCH]) for s in range(0, len(doc_ids), BATCH)])
-    except StoreError as e:
-        return str(e)
+    docs = np.concatenate([store.fetch(ns, doc_ids[s:s + BATCH]) for s in range(0, len(doc_ids), BATCH)])
     if checksum(docs) != sha256:
         return "its documents do not match the checksum in the manifest (altered)"
     return verify_attributes(store, ns, name, doc_ids, row_norm2(docs, n_in_of(ns)), metric, docs.shape[1])
@@ -250,6 +296,166 @@ def verify_attributes(store: Store, ns: str, name: str, doc_ids: list[str], norm
     return None
 
 
+def _rows(c: GPT2Config, name: str) -> int:
+    """Documents of a stored matrix: one per output row (Conv1D bias length), 2 per layer norm."""
+    if name in ("wte", "wpe"):
+        return c.n_vocab if name == "wte" else c.n_ctx
+    for end, rows in ((".c_attn", 3 * c.n_embd), (".c_fc", 4 * c.n_embd), (".c_proj", c.n_embd)):
+        if name.endswith(end):
+            return rows
+    return 2
+
+
+def inconsistent(m: dict, key: str) -> str | None:
+    """What in a complete manifest disagrees with itself (its config, its matrices and its
+    counts), or None. Cheap: no document is read."""
+    try:
+        c = GPT2Config(**m["config"])
+        want = {name: [namespace(key, n_in), _rows(c, name)] for name, n_in in matrices(c)}
+        want |= {name: [namespace(key, c.n_embd), 2] for name in norms(c)}
+    except (TypeError, ValueError) as e:
+        return f"its config is not a GPT-2 configuration ({e})"
+    got = {n: [i.get("namespace"), i.get("rows")] if isinstance(i, dict) else None for n, i in m["matrices"].items()}
+    if set(got) != set(want):
+        gone, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        return f"its matrices are not those of its config (missing {gone[:3]}, extra {extra[:3]})"
+    for name, w in want.items():
+        if got[name] != w or not isinstance(m["matrices"][name].get("sha256"), str):
+            return f"it lists matrix {name} as {got[name]}, its config gives {w} (and a sha256)"
+    counts = Counter()
+    for ns, rows in want.values():
+        counts[ns] += rows
+    if m["namespaces"] != dict(counts):
+        return f"its namespace counts {m['namespaces']} are not its matrices' rows {dict(counts)}"
+    if m["documents"] != counts.total():
+        return f"it says {m['documents']} documents, its matrices hold {counts.total():,}"
+    return None
+
+
+def _verify_lines(store: Store, payload: dict) -> Iterator[dict]:
+    """Run by ``read_isolated`` (where the database may abort): for each namespace an "open"
+    line, then its count; for each matrix a "start" line, then what is wrong with it."""
+    m = payload["manifest"]
+    by_ns: dict[str, list[str]] = {}
+    for name in payload["names"]:
+        by_ns.setdefault(m["matrices"][name]["namespace"], []).append(name)
+    for ns, names in by_ns.items():
+        yield {"open": ns}
+        try:
+            yield {"ns": ns, "count": store.count(ns) if ns in store.namespaces(ns) else None}
+        except StoreError as e:  # its shard can't be opened: one problem for all its matrices
+            yield {"ns": ns, "count": None, "problem": str(e)}
+            yield from ({"name": name, "problem": None} for name in names)
+            continue
+        for name in names:
+            yield {"start": name}
+            info = m["matrices"][name]
+            try:
+                yield {"name": name, "problem": _read_matrix(store, ns, name, ids(name, info["rows"]), info["sha256"], m["metric"])}
+            except StoreError as e:  # the database can't read it: rewritten with its namespace
+                yield {"name": name, "problem": str(e), "unreadable": ns}
+
+
+def check(store: Store, m: dict, key: str | None = None, progress: bool = False) -> tuple[dict[str, str], set[str]]:
+    """Read every document back against the manifest: (what is wrong, by matrix or
+    namespace; the namespaces whose files the store's reader died on). Never raises on
+    damage: a reader that dies is damage too, and the rest is read by a new one."""
+    from tqdm import tqdm
+
+    key = key or m.get("key") or next(iter(m["namespaces"])).rsplit(".", 1)[0]
+    if (why := inconsistent(m, key)) is not None:
+        return {"manifest": why}, set()
+    bad: dict[str, str] = {}
+    unreadable: set[str] = set()
+    todo = list(m["matrices"])
+    with tqdm(total=m["documents"], unit="doc", desc=f"verify {key}", disable=not progress) as bar:
+        while todo:
+            opening = current = None
+            try:
+                for msg in store.read_isolated("puffergpt.loading:_verify_lines", {"manifest": m, "names": todo},
+                                               list(m["namespaces"])):
+                    if "open" in msg:
+                        opening = msg["open"]
+                    elif "ns" in msg:
+                        if msg.get("problem"):
+                            unreadable.add(msg["ns"])
+                        _count_problem(bad, m, msg)
+                    elif "start" in msg:
+                        current = msg["start"]
+                    elif "name" in msg:
+                        unreadable.add(msg.get("unreadable"))
+                        todo.remove(msg["name"])
+                        bar.update(m["matrices"][msg["name"]]["rows"])
+                        if msg["problem"]:
+                            bad[msg["name"]] = msg["problem"]
+                todo = []
+            except ReaderDied as e:  # the namespace it was reading is left out of the next reader's
+                unreadable.add(opening)
+                where = f" (reading {current})" if current else " (opening it)" if opening else ""
+                bad[f"namespace {opening}" if opening else "store"] = f"its files are damaged{where}: {e}"
+                for name in [n for n in todo if opening is None or m["matrices"][n]["namespace"] == opening]:
+                    todo.remove(name)
+                    bar.update(m["matrices"][name]["rows"])
+    unreadable.discard(None)
+    return bad, unreadable
+
+
+def _count_problem(bad: dict, m: dict, msg: dict) -> None:
+    ns, n, want = msg["ns"], msg["count"], m["namespaces"][msg["ns"]]
+    if msg.get("problem"):
+        bad[f"namespace {ns}"] = msg["problem"]
+    elif n is not None and n != want:
+        bad[f"namespace {ns}"] = f"it holds {n:,} documents, the manifest says {want:,}"
+
+
+def _digest(m: dict) -> str:
+    return hashlib.sha256(json.dumps(m, sort_keys=True).encode()).hexdigest()
+
+
+def _unchanged_since_verified(store: Store, key: str, m: dict) -> bool:
+    """Whether the store's files and the manifest are those last found to match."""
+    try:
+        known = store.get_meta(VERIFIED + key)
+    except ValueError:
+        return False
+    if not isinstance(known, dict) or known.get("manifest") != _digest(m) or not isinstance(known.get("files"), dict):
+        return False
+    now = store.stamp(list(m["namespaces"]), known["files"])
+
+    def content(files):  # size and digest: Qdrant rewrites some files (same bytes) at every open
+        return {p: (v[0], v[2]) for p, v in files.items()} if isinstance(files, dict) else None
+
+    return now is not None and content(now) == content(known["files"])
+
+
+def record_verified(store: Store, key: str, m: dict) -> None:
+    """Remember that the store's files match the manifest ``m`` (stores that can stamp them)."""
+    files = store.stamp(list(m["namespaces"]))
+    if files is not None:
+        store.put_meta(VERIFIED + key, {"manifest": _digest(m), "files": files})
+
+
+def damage_message(model: str, store: Store, bad: dict[str, str], shown: int = 12) -> str:
+    """What `puffergpt verify` says of a damaged store, and what serve/generate refuse with."""
+    lines = [f"  {name}: {why}" for name, why in list(bad.items())[:shown]]
+    if len(bad) > shown:
+        lines.append(f"  ... and {len(bad) - shown} more")
+    return (f"the stored model {model!r} does not match its manifest ({len(bad)} problems):\n" + "\n".join(lines) +
+            f"\nrun `puffergpt load --model {model} {store.cli_args()} --repair` to rewrite it")
+
+
+def check_on_open(store: Store, key: str, model: str, m: dict, progress: bool = False, force: bool = False) -> None:
+    """StoreDamaged unless the stored documents match the manifest ``m``. They are read in
+    full (``force``: always) unless the store's files are those last verified; a store that
+    can't stamp its files (a server's database) is read in full only when ``force``d."""
+    if not force and (store.stamp([]) is None or _unchanged_since_verified(store, key, m)):
+        return
+    bad, _ = check(store, m, key, progress)
+    if bad:
+        raise StoreDamaged(damage_message(model, store, bad))
+    record_verified(store, key, m)
+
+
 def _counts_ok(store: Store, manifest: dict) -> bool:
     try:
         return all(store.count(ns) == n for ns, n in manifest["namespaces"].items())
@@ -283,9 +489,9 @@ def _broken(m) -> str | None:
     return None
 
 
-def manifest(store: Store, key: str, model: str) -> dict:
-    """The manifest of a complete, current load, or NotLoaded saying which command fixes
-    it: a store error never reaches the user raw."""
+def read_manifest(store: Store, key: str, model: str) -> dict:
+    """The manifest of a complete, current load, as stored (no document read), or NotLoaded
+    (StoreDamaged where it disagrees with itself) saying which command fixes it."""
     fix = f"run `puffergpt load --model {model} {store.cli_args()}`"
     repair = f"run `puffergpt load --model {model} {store.cli_args()} --repair`"
     try:
@@ -300,15 +506,29 @@ def manifest(store: Store, key: str, model: str) -> dict:
         raise NotLoaded(f"model {model!r} was stored with encoding version {m.get('version')}, this puffergpt reads version {ENCODING_VERSION}: {fix} to rewrite it")
     if not m.get("complete"):
         raise NotLoaded(f"the load of model {model!r} did not finish: {fix} to complete it")
+    if (why := inconsistent(m, key)) is not None:
+        raise StoreDamaged(damage_message(model, store, {"manifest": why}))
+    return m
+
+
+def manifest(store: Store, key: str, model: str, verify: bool = False, progress: bool = False) -> dict:
+    """The manifest of a complete, current load, or NotLoaded saying which command fixes
+    it: a store error never reaches the user raw. ``verify``: StoreDamaged unless the
+    documents match it (``check_on_open``: read in full unless unchanged since verified)."""
+    fix = f"run `puffergpt load --model {model} {store.cli_args()}`"
+    m = read_manifest(store, key, model)
     try:
-        for ns, n in m["namespaces"].items():
+        for ns, n in m["namespaces"].items():  # before any is opened: a load writes a missing one
             if ns not in store.namespaces(ns):
                 raise NotLoaded(f"namespace {ns} is missing (dropped; the manifest says it holds {n} documents): "
                                 f"{fix} to write it again")
+        if verify:
+            check_on_open(store, key, model, m, progress)
+        for ns, n in m["namespaces"].items():
             got = store.count(ns)
             if got != n:
                 raise NotLoaded(f"namespace {ns} holds {got} documents, the manifest says {n}: {fix} to repair it, or `puffergpt verify` to see which matrix")
-    except NotLoaded:
+    except (NotLoaded, StoreDamaged):
         raise
     except StoreError as e:  # a table or shard gone under us, mid-check
         raise NotLoaded(f"the stored model {model!r} could not be read ({e}): {fix} to repair it, "
@@ -322,11 +542,6 @@ def stored_bytes(m: dict) -> int:
     return sum(n * enc.dim(int(ns.rsplit(".", 1)[1])) * 4 for ns, n in m["namespaces"].items())
 
 
-def verify(store: Store, m: dict) -> dict[str, str]:
-    """Every matrix that does not match the manifest, with what is wrong."""
-    bad = {}
-    for name, info in m["matrices"].items():
-        problem = verify_matrix(store, info["namespace"], name, ids(name, info["rows"]), info["sha256"], m["metric"])
-        if problem:
-            bad[name] = problem
-    return bad
+def verify(store: Store, m: dict, progress: bool = False) -> dict[str, str]:
+    """Every matrix (or namespace, or the manifest) that does not match the manifest, with what is wrong."""
+    return check(store, m, progress=progress)[0]

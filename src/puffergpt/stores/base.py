@@ -16,10 +16,11 @@ op is one of ``=``, ``<``, ``<=``, ``>``, ``>=``, ``in``.
 
 from __future__ import annotations
 
+import importlib
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -39,6 +40,16 @@ class StoreHeld(StoreError):
     def __init__(self, message: str, data_dir=None, holder: str | None = None):
         super().__init__(message)
         self.data_dir, self.holder = data_dir, holder
+
+
+class ReaderDied(StoreError):
+    """The process reading the store died (the database aborted on damaged files)."""
+
+
+def resolve(target: str) -> Callable:
+    """``module:function`` -> the function (what a reader child is asked to run)."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 @dataclass(frozen=True)
@@ -158,6 +169,23 @@ class Store(ABC):
             raise StoreError(f"{len(queries)} queries in one request; the {self.name} store takes at most {self.max_queries}")
         for q in queries:
             check_filter(q.filter, schema)
+
+    def stamp(self, namespaces: Sequence[str], known: dict | None = None) -> dict | None:
+        """What identifies the stored bytes of these namespaces (so that a verified store is
+        not read again until they change), or None where the store can't say: a database on
+        a server, whose files are its own (those are checked by count on open, and read in full
+        by `puffergpt verify`)."""
+        return None
+
+    def release(self, namespaces: Sequence[str]) -> None:
+        """Close what this process holds open of these namespaces (before another reads them)."""
+
+    def read_isolated(self, target: str, payload: dict, namespaces: Sequence[str] = ()) -> Iterator[dict]:
+        """Run ``target`` (``module:function``, called as f(store, payload) and yielding JSON-able
+        dicts) where the database aborting cannot take this process down, and yield its dicts;
+        ReaderDied if it died first. Here: in this process, since a server's database crashes
+        in its own (the embedded store runs it in a child)."""
+        yield from resolve(target)(self, payload)
 
     def cli_args(self) -> str:
         """The CLI options that reach this same store, for messages that name a command."""

@@ -27,9 +27,12 @@ payload dicts in the binding cost ~4 ms for 3,072 hits, the ids and scores 0.3 m
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import uuid
 from collections import Counter
@@ -39,7 +42,8 @@ from pathlib import Path
 import numpy as np
 import qdrant_edge as qe
 
-from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, StoreHeld, check_filter, check_name, check_schema, check_upsert
+from puffergpt.stores.base import (Filter, Hits, Query, ReaderDied, Store, StoreError, StoreHeld, check_filter, check_name,
+                                   check_schema, check_upsert, resolve)
 
 _INDEX = {"int": qe.IntegerIndexParams(lookup=True, range=True), "float": qe.PayloadSchemaType.Float,
           "str": qe.PayloadSchemaType.Keyword}
@@ -134,8 +138,11 @@ class EmbeddedStore(Store):
     metrics = ("inner_product", "cosine_distance", "euclidean_squared")
     max_queries = 16384  # 12 heads x 1,024 positions: a whole prefill's attention in one request
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, borrowed: bool = False):
+        """``borrowed``: opened by a reader child (``read_isolated``) while its parent holds the
+        directory's lock and waits: no lock of its own, and the parent's leftovers are kept."""
         self.root = Path(data_dir)
+        self.borrowed = borrowed
         self.path = self.root  # what the CLI names and measures
         if (self.root / OLD_DB_FILE).exists():
             old = self.root / OLD_DB_FILE
@@ -145,11 +152,11 @@ class EmbeddedStore(Store):
                 f"`puffergpt load --model MODEL --data {self.root}` for each model it held (e.g. --model gpt2)")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            self._lock_file = self._hold(self.root / LOCK_FILE)
+            self._lock_file = open(os.devnull) if borrowed else self._hold(self.root / LOCK_FILE)
             for d in ("edge", "tmp"):
                 (self.root / d).mkdir(exist_ok=True)
             # Leftovers of a process that died: half-made namespaces, dropped ones, ephemeral shards.
-            for p in [*(self.root / "edge").glob(".*"), *(self.root / "tmp").iterdir()]:
+            for p in [] if borrowed else [*(self.root / "edge").glob(".*"), *(self.root / "tmp").iterdir()]:
                 shutil.rmtree(p, ignore_errors=True)
         except OSError as e:
             raise StoreError(f"can't open the data directory {data_dir}: {e}. Choose another with --data DIR.") from None
@@ -316,7 +323,10 @@ class EmbeddedStore(Store):
             recs = n.shard.retrieve(slots, with_payload=False, with_vector=[n.fetch_vector])
         except Exception as e:
             raise _error(f"read from {ns!r}", e) from None
-        got = {r.id: r.vector[n.fetch_vector] for r in recs}
+        got = {r.id: r.vector.get(n.fetch_vector) for r in recs}
+        if None in got.values():  # its vector flagged deleted while the point lives: damaged files
+            raise StoreError(f"namespace {ns!r} has lost the vectors of {sum(v is None for v in got.values())} documents; "
+                             f"the store is damaged: run `puffergpt load --repair`")
         if len(got) != len(set(slots)):
             raise StoreError(f"namespace {ns!r} lost documents its payload lists; the store is damaged: run `puffergpt load --repair`")
         return np.array([got[s] for s in slots], np.float32).reshape(len(slots), n.dim)
@@ -438,6 +448,71 @@ class EmbeddedStore(Store):
                 n.shard.flush()
                 n.dirty = False
 
+    # --- checks the database may abort on ---
+    def stamp(self, namespaces, known=None):
+        """{file: [size, mtime_ns, sha256]} of every file of these namespaces. Qdrant rewrites
+        some files (same bytes, new mtime) each time it opens a shard, so a file is told by its
+        content; like git's index, a file whose size and mtime_ns are those of ``known`` keeps
+        its known digest unread."""
+        known = known or {}
+        out = {}
+        for ns in namespaces:
+            d = self.root / "edge" / check_name(ns)
+            for p in sorted(d.rglob("*")) if d.is_dir() else []:
+                st = p.stat()
+                if not p.is_file():
+                    continue
+                rel = str(p.relative_to(self.root))
+                k = known.get(rel)
+                if k and k[:2] == [st.st_size, st.st_mtime_ns]:
+                    out[rel] = k
+                    continue
+                with open(p, "rb") as f:
+                    out[rel] = [st.st_size, st.st_mtime_ns, hashlib.file_digest(f, "sha256").hexdigest()]
+        return out
+
+    def release(self, namespaces) -> None:
+        """Write out and close these namespaces' shards (reopened on next use): a reader
+        child opens them, and a shard is never open in two processes."""
+        with self.lock:
+            self._flush()
+            for ns in namespaces:
+                if ns not in self._ephemeral and (n := self._ns.pop(ns, None)) is not None and n.shard is not None:
+                    with n.lock:
+                        n.shard.close()
+
+    def read_isolated(self, target, payload, namespaces=()):
+        """Run ``target`` on this store in a child process: Qdrant aborts the process on some
+        damaged files (an allocation of 100 GB from a flipped id map), which no try can catch.
+        Yields the target's lines as they come; ReaderDied if the child died before the end."""
+        self.release(namespaces)
+        import puffergpt
+
+        env = {**os.environ, "RUST_BACKTRACE": "0",
+               "PYTHONPATH": os.pathsep.join([str(Path(puffergpt.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+        req = json.dumps({"root": str(self.root), "target": target, "payload": payload})
+        with subprocess.Popen([sys.executable, "-c", "from puffergpt.stores.embedded import _child; _child()"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as p:
+            err = []
+            reader = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)  # a full pipe would stall it
+            reader.start()
+            p.stdin.write(req.encode())
+            p.stdin.close()
+            done = False
+            for line in p.stdout:
+                msg = json.loads(line)
+                if msg == {"end": True}:
+                    done = True
+                    break
+                yield msg
+            rc = p.wait()
+            reader.join(5)
+        if not done or rc != 0:
+            text = [x.decode(errors="replace").strip() for x in err if x.strip()]
+            last = next((t for t in reversed(text) if not t.startswith(("note:", "stack backtrace"))), "")
+            how = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
+            raise ReaderDied(f"the embedded store's reader died ({how}{': ' + last if last else ''})")
+
     def disk_bytes(self) -> int:
         """Bytes of the data directory's files (shards, metadata)."""
         return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
@@ -449,7 +524,8 @@ class EmbeddedStore(Store):
         with self.lock:
             if self._lock_file is None:
                 return
-            self._flush()
+            if not self.borrowed:
+                self._flush()
             for ns in list(self._ephemeral):
                 self.drop_namespace(ns)
             for n in self._ns.values():
@@ -458,6 +534,21 @@ class EmbeddedStore(Store):
             self._ns.clear()
             self._lock_file.close()  # releases the lock
             self._lock_file = None
+
+
+def _child() -> None:
+    """A reader child (``read_isolated``): the request on stdin, one JSON line a result on
+    stdout, then {"end": true}. Only a complete run ends with that line."""
+    req = json.loads(sys.stdin.read())
+    store = EmbeddedStore(Path(req["root"]), borrowed=True)
+    try:
+        for msg in resolve(req["target"])(store, req["payload"]):
+            sys.stdout.write(json.dumps(msg) + "\n")
+            sys.stdout.flush()
+    finally:
+        store.close()
+    sys.stdout.write(json.dumps({"end": True}) + "\n")
+    sys.stdout.flush()
 
 
 def _fsync_dir(d: Path) -> None:
