@@ -120,13 +120,12 @@ def test_damage_is_named_refused_and_repaired(tmp_path, clean, tiny_dir, tiny, k
     damage(data)
     model, where = str(tiny_dir), ["--data", str(data)]
 
-    said = error(cli("verify", "--model", model, *where))
+    said = error(cli("generate", PROMPT, "--model", model, *where, "-n", "4", "--temperature", "0"))
     assert re.search(named, said), said
     fix = f"run `puffergpt load --model {model} --backend embedded --data {data} --repair` to rewrite it"
     assert said.startswith(f"Error: the stored model {model!r} does not match its manifest") and said.endswith(fix), said
-
-    assert error(cli("generate", PROMPT, "--model", model, *where, "-n", "4", "--temperature", "0")) == said
     assert error(cli("serve", "--model", model, *where, "--port", "0", timeout=120)) == said
+    assert error(cli("verify", "--model", model, *where)) == said  # the message verify gives
 
     r = cli("load", "--model", model, *where, "--repair")
     assert r.returncode == 0, r.stderr[-3000:]

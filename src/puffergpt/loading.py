@@ -367,6 +367,7 @@ def check(store: Store, m: dict, key: str | None = None, progress: bool = False)
         return {"manifest": why}, set()
     bad: dict[str, str] = {}
     unreadable: set[str] = set()
+    counts: dict[str, str] = {}  # namespace -> its count, where it is not the manifest's
     todo = list(m["matrices"])
     with tqdm(total=m["documents"], unit="doc", desc=f"verify {key}", disable=not progress) as bar:
         while todo:
@@ -379,7 +380,7 @@ def check(store: Store, m: dict, key: str | None = None, progress: bool = False)
                     elif "ns" in msg:
                         if msg.get("problem"):
                             unreadable.add(msg["ns"])
-                        _count_problem(bad, m, msg)
+                        _count_problem(bad, counts, m, msg)
                     elif "start" in msg:
                         current = msg["start"]
                     elif "name" in msg:
@@ -397,15 +398,18 @@ def check(store: Store, m: dict, key: str | None = None, progress: bool = False)
                     todo.remove(name)
                     bar.update(m["matrices"][name]["rows"])
     unreadable.discard(None)
+    for ns, why in counts.items():  # a count no matrix accounts for: documents that belong to none
+        if not any(m["matrices"][n]["namespace"] == ns for n in bad if n in m["matrices"]):
+            bad[f"namespace {ns}"] = why
     return bad, unreadable
 
 
-def _count_problem(bad: dict, m: dict, msg: dict) -> None:
+def _count_problem(bad: dict, counts: dict, m: dict, msg: dict) -> None:
     ns, n, want = msg["ns"], msg["count"], m["namespaces"][msg["ns"]]
     if msg.get("problem"):
         bad[f"namespace {ns}"] = msg["problem"]
     elif n is not None and n != want:
-        bad[f"namespace {ns}"] = f"it holds {n:,} documents, the manifest says {want:,}"
+        counts[ns] = f"it holds {n:,} documents, the manifest says {want:,}"
 
 
 def _digest(m: dict) -> str:
