@@ -214,10 +214,11 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
     # when it next opens it (same documents, other bytes): reopened first, so that the stamp
     # is that of the files the next start finds.
     names = list(manifest["namespaces"])
-    store.release(names)
-    for ns in names:
-        store.count(ns)
-    store.release(names)
+    if store.stamp([]) is not None:
+        store.release(names)
+        for ns in names:
+            store.count(ns)
+        store.release(names)
     record_verified(store, key, manifest)
     return manifest
 
@@ -392,8 +393,9 @@ def check(store: Store, m: dict, key: str | None = None, progress: bool = False)
                 todo = []
             except ReaderDied as e:  # the namespace it was reading is left out of the next reader's
                 unreadable.add(opening)
-                where = f" (reading {current})" if current else " (opening it)" if opening else ""
-                bad[f"namespace {opening}" if opening else "store"] = f"its files are damaged{where}: {e}"
+                where = f" (reading {current})" if current else " (opening it)"
+                bad[f"namespace {opening}" if opening else "store"] = \
+                    f"its files are damaged{where}: {e}" if opening else f"it could not be read: {e}"
                 for name in [n for n in todo if opening is None or m["matrices"][n]["namespace"] == opening]:
                     todo.remove(name)
                     bar.update(m["matrices"][name]["rows"])

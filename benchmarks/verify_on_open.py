@@ -1,0 +1,52 @@
+"""What serve and generate spend checking the embedded store when they open it (issue 19).
+
+    python benchmarks/verify_on_open.py --model demo --data /tmp/verify-demo
+    puffergpt make-model /tmp/gpt2-shapes --preset gpt2     # GPT-2 small's shapes, random weights
+    python benchmarks/verify_on_open.py --model /tmp/gpt2-shapes --data /tmp/verify-gpt2
+
+Loads the model if the data directory lacks it, then times: the full check (every document
+read back in a child process, as on a first start or after any file changed), the stamp
+check of an unchanged store, and the stamp check after a start that opened the shards
+(Qdrant rewrites ~30 files with the same bytes; those are hashed again)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from puffergpt import checkpoints, loading
+from puffergpt.engine import Engine
+from puffergpt.stores import open_store
+
+
+def timed(f) -> tuple[float, object]:
+    t = time.perf_counter()
+    out = f()
+    return time.perf_counter() - t, out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="demo")
+    ap.add_argument("--data", required=True)
+    a = ap.parse_args()
+    key = loading.model_key(a.model)
+    store = open_store("embedded", a.data)
+    try:
+        loading.load(store, checkpoints.load(a.model), key)
+        m = loading.read_manifest(store, key, a.model)
+        full, _ = timed(lambda: loading.check_on_open(store, key, a.model, m, force=True))
+        stamped, same = timed(lambda: loading._unchanged_since_verified(store, key, m))
+        Engine(store, a.model).open().close()  # a start: the shards opened and closed
+        store.release(list(m["namespaces"]))
+        after, same2 = timed(lambda: loading._unchanged_since_verified(store, key, m))
+        files = store.stamp(list(m["namespaces"]))
+    finally:
+        store.close()
+    print(f"{a.model}: {m['documents']:,} documents, {len(files)} files ({sum(v[0] for v in files.values()) / 1e6:,.0f} MB): "
+          f"full check {full:.1f} s; stamp check {stamped * 1e3:.0f} ms (unchanged: {same}), "
+          f"after a start {after * 1e3:.0f} ms (unchanged: {same2})")
+
+
+if __name__ == "__main__":
+    main()
