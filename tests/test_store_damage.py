@@ -32,7 +32,7 @@ PROMPT = "Hello world, this is"
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "PUFFERGPT_DATA"}
     return subprocess.run([sys.executable, "-c", "from puffergpt.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+                          check=False, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="module")
