@@ -1,10 +1,17 @@
-"""Train the tiny GPT-2-architecture "demo" model that ships with puffergpt.
+"""Train the small GPT-2-architecture "demo" model that ships with puffergpt.
 
-The offline playground needs *some* GPT-2-shaped checkpoint that writes readable
-English without a download. This trains one in ~20 minutes on 2 CPU cores, on
-the only English corpus every Python ships: ``pydoc_data.topics``.
+The offline playground (and every test) needs a GPT-2-shaped checkpoint that
+writes English, copies what it has seen (an induction head the attention view can
+show) and has token rows worth comparing, without a download. This trains one in
+about an hour on 2 CPU cores from English text that Debian packages ship:
 
-    python scripts/train_demo.py            # writes src/puffergpt/models/demo/
+    apt-get install -y wordnet-base fortunes fortunes-min   # the corpora, read from /usr/share
+    python scripts/train_demo.py                             # writes src/puffergpt/models/demo/
+
+plus Python's own documentation (``pydoc_data``) and a small share of synthetic
+sequences that repeat themselves (random token spans; lines like ``a = 7``), which
+teach copying. Checkpoints go to ``--work`` every few minutes; a stopped run can be
+finished from the last one with ``--finish``.
 
 Output is in the layout of ``openai-community/gpt2`` on the hub
 (``model.safetensors`` without the ``transformer.`` prefix, fp16, tied
@@ -14,88 +21,221 @@ Output is in the layout of ``openai-community/gpt2`` on the hub
 from __future__ import annotations
 
 import argparse
+import glob
+import hashlib
 import json
 import math
 import os
 import platform
-import shlex
+import pydoc_data.topics
+import random
 import sys
+import tempfile
 import time
 
-import pydoc_data.topics
 import torch
 from safetensors.torch import save_file
-from tqdm import tqdm
 from transformers import GPT2Config, GPT2LMHeadModel
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
-from puffergpt.tokenizer import EOT, decode, encode  # noqa: E402
+from puffergpt.tokenizer import EOT, decode, encode
 
 BLOCK = 256  # context length = n_positions
-PROMPTS = ["The list", "A function", "The class"]
+VOCAB = 50257
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+HELD_OUT = os.path.join(ROOT, "tests", "data", "english.txt")  # never trained on: the perplexity test's text
+
+WORDNET = "/usr/share/wordnet"
+FORTUNES = "/usr/share/games/fortunes"
+# Fortune files left out: pictures rather than prose, non-English, or jokes at groups of people.
+FORTUNES_SKIP = {"ascii-art", "translate-me", "ethnic", "men-women"}
+SOURCES = {  # name -> (apt package, licence), recorded in the model card
+    "wordnet": ("wordnet-base", ("WordNet 3.0 licence (Princeton; permissive, keep the notice): "
+                "/usr/share/doc/wordnet-base/copyright")),
+    "fortunes": ("fortunes fortunes-min", ("BSD (fortune-mod, from 4.4BSD; the quotations are short "
+                 "excerpts from their named authors): /usr/share/doc/fortunes/copyright")),
+    "pydoc": ("(ships with Python)", "PSF License: Python's documentation topics, pydoc_data.topics"),
+}
+POS = {"noun": "noun", "verb": "verb", "adj": "adjective", "adv": "adverb"}
 
 
-def load_data(val_frac: float) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Token ids of train and validation text, split by whole documents.
+def need(path: str, package: str) -> str:
+    if not os.path.exists(path):
+        sys.exit(f"{path} is missing: install it with `apt-get install -y {package}` (Debian/Ubuntu)")
+    return path
 
-    Documents are joined in sorted key order with <|endoftext|> between them; the
-    last documents (about ``val_frac`` of all tokens) are held out, so validation
-    text is never seen, not even in part.
+
+def sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def wordnet_docs(inputs: dict[str, str]) -> list[str]:
+    """One short document per WordNet synset: its words, part of speech, gloss and examples.
+
+    A line of data.noun reads ``offset lexfile n 02 king 0 male_monarch 0 ... | gloss; "example"``;
+    it becomes ``king, male monarch (noun): gloss. "example"``. The licence header lines start
+    with two spaces and are skipped.
     """
-    docs = [encode(pydoc_data.topics.topics[k]) + [EOT] for k in sorted(pydoc_data.topics.topics)]
-    total = sum(map(len, docs))
-    n_val_docs, n_val = 0, 0
-    while n_val < val_frac * total:
-        n_val_docs += 1
-        n_val += len(docs[-n_val_docs])
-    flat = lambda ds: torch.tensor([t for d in ds for t in d], dtype=torch.long)  # noqa: E731
-    return flat(docs[:-n_val_docs]), flat(docs[-n_val_docs:]), n_val_docs
+    docs = []
+    for pos, name in POS.items():
+        path = need(os.path.join(WORDNET, f"data.{pos}"), "wordnet-base")
+        inputs[path] = sha256(path)
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("  ") or "|" not in line:
+                    continue
+                head, gloss = line.split("|", 1)
+                fields = head.split()
+                n_words = int(fields[3], 16)
+                words = [fields[4 + 2 * i].split("(")[0].replace("_", " ") for i in range(n_words)]
+                docs.append(f"{', '.join(words)} ({name}): {gloss.strip()}")
+    return docs
 
 
-def batch(data: torch.Tensor, batch_size: int, gen: torch.Generator) -> torch.Tensor:
-    """(batch_size, BLOCK + 1) random windows: BLOCK inputs, each with its next token."""
-    starts = torch.randint(0, len(data) - BLOCK - 1, (batch_size,), generator=gen)
-    return torch.stack([data[s : s + BLOCK + 1] for s in starts])
+def fortune_docs(inputs: dict[str, str]) -> list[str]:
+    """Every fortune (the files separate them with lines holding only ``%``)."""
+    need(FORTUNES, "fortunes fortunes-min")
+    docs = []
+    for path in sorted(glob.glob(os.path.join(FORTUNES, "*"))):
+        name = os.path.basename(path)
+        if "." in name or name in FORTUNES_SKIP or not os.path.isfile(path):
+            continue  # .dat indexes, .u8 links
+        inputs[path] = sha256(path)
+        with open(path, encoding="utf-8", errors="replace") as f:
+            docs += [d.strip("\n") for d in f.read().split("\n%\n") if d.strip()]
+    return docs
 
 
-def loss_fn(model: GPT2LMHeadModel, ids: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
-    """Summed next-token loss of (b, T) ids; over the ``keep`` rows of the vocab only, if given.
+def pydoc_docs(inputs: dict[str, str]) -> list[str]:
+    inputs[pydoc_data.topics.__file__] = sha256(pydoc_data.topics.__file__)
+    return [pydoc_data.topics.topics[k] for k in sorted(pydoc_data.topics.topics)]
 
-    The 50257-way softmax is ~80 % of a training step on 2 CPU cores, but the
-    training text uses only ~5k distinct tokens, so training scores just those
+
+def load_data(val_frac: float, seed: int) -> tuple[dict, dict]:
+    """Token ids per source, split into train and validation by whole documents.
+
+    Each source's documents are shuffled with ``seed`` (so validation is spread over the
+    source, not its last letters) and joined with <|endoftext|> between them; the last
+    ``val_frac`` of documents are held out. Documents holding any line of the held-out
+    English text are dropped, so the perplexity test's text is never seen.
+    """
+    inputs: dict[str, str] = {}
+    with open(HELD_OUT, encoding="utf-8") as f:
+        held_lines = {line.strip() for line in f if len(line.strip()) > 20}
+    inputs[HELD_OUT] = sha256(HELD_OUT)
+    data, stats = {}, {}
+    for name, fn in (("wordnet", wordnet_docs), ("fortunes", fortune_docs), ("pydoc", pydoc_docs)):
+        docs = [d for d in fn(inputs) if not any(h in d for h in held_lines)]
+        random.Random(seed).shuffle(docs)
+        n_val = max(1, int(len(docs) * val_frac))
+        flat = lambda ds: torch.tensor([t for d in ds for t in encode(d) + [EOT]], dtype=torch.long)
+        data[name] = (flat(docs[:-n_val]), flat(docs[-n_val:]))
+        stats[name] = {"docs": len(docs), "val_docs": n_val,
+                       "train_tokens": len(data[name][0]), "val_tokens": len(data[name][1])}
+    return data, {"sources": stats, "inputs": inputs}
+
+
+# --- synthetic copying -----------------------------------------------------------
+# A model learns to copy (an induction head: "find the earlier token like this one,
+# predict what came after it") fastest from text that repeats itself. Only the
+# repeats are scored; the first copy of a random span cannot be predicted.
+
+def copy_spans(rng: random.Random, common: list[int]) -> tuple[list[int], list[int]]:
+    """(ids, scored) for one window: a random span of common tokens, repeated until BLOCK + 1."""
+    span = [rng.choice(common) for _ in range(rng.randint(8, 48))]
+    ids = (span * (BLOCK // len(span) + 2))[: BLOCK + 1]
+    return ids, [0] * len(span) + [1] * (BLOCK + 1 - len(span))
+
+
+def copy_lines(rng: random.Random) -> tuple[list[int], list[int]]:
+    """(ids, scored): blocks of ``name = value`` lines, each block written twice or three times."""
+    ids, scored = [], []
+    names = "abcdefghijkmnpqrstuvwxyz"
+    while len(ids) < BLOCK + 1:
+        k = rng.randint(2, 6)
+        lines = [f"{v} = {rng.randint(0, 99) if rng.random() < 0.5 else rng.randint(0, 9)}"
+                 for v in rng.sample(names if rng.random() < 0.7 else
+                                     ["x", "y", "z", "n", "total", "count", "size", "age", "width", "height",
+                                      "price", "score", "left", "right", "top", "speed"], k)]
+        first = encode("\n".join(lines) + "\n")
+        again = encode("\n".join(lines * rng.randint(1, 2)) + "\n\n")
+        ids += first + again
+        scored += [0] * len(first) + [1] * len(again)
+    return ids[: BLOCK + 1], scored[: BLOCK + 1]
+
+
+def batch(train: dict, weights: dict, batch_size: int, copy_frac: float, common: list[int],
+          rng: random.Random, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (b, BLOCK) inputs and y (b, BLOCK) targets (-100 where not scored).
+
+    Rows are random windows of a source picked by ``weights``, or (a ``copy_frac`` share)
+    synthetic repeats.
+    """
+    xs, ys = [], []
+    names = list(weights)
+    for i in range(batch_size):
+        if rng.random() < copy_frac:
+            ids, scored = copy_spans(rng, common) if rng.random() < 0.5 else copy_lines(rng)
+            ids = torch.tensor(ids)
+            y = ids[1:].clone()
+            y[torch.tensor(scored[1:]) == 0] = -100
+        else:
+            src = train[rng.choices(names, [weights[n] for n in names])[0]]
+            s = int(torch.randint(0, len(src) - BLOCK - 1, (1,), generator=gen))
+            ids = src[s: s + BLOCK + 1]
+            y = ids[1:].clone()
+        xs.append(ids[:-1])
+        ys.append(y)
+    return torch.stack(xs), torch.stack(ys)
+
+
+def loss_fn(model: GPT2LMHeadModel, x: torch.Tensor, y: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    """Summed next-token loss of (b, T) inputs x and targets y (-100: not scored);
+    over the ``keep`` rows of the vocab only, if given.
+
+    The 50257-way softmax is most of a training step on 2 CPU cores, but the
+    training text uses fewer distinct tokens, so training scores just those
     (targets outside ``keep`` are ignored). ``keep=None`` is the real, full model.
     """
-    h = model.transformer(ids[:, :-1]).last_hidden_state  # (b, T-1, 128)
-    wte = model.transformer.wte.weight  # (50257, 128), tied lm_head
-    tgt = ids[:, 1:]  # (b, T-1)
+    h = model.transformer(x).last_hidden_state  # (b, T, C)
+    wte = model.transformer.wte.weight  # (50257, C), tied lm_head
+    tgt = y
     if keep is not None:
-        wte, tgt = wte[keep], remap(keep)[tgt]  # (n_keep, 128); ids -> row in keep, -100 if absent
-    logits = h @ wte.T  # (b, T-1, n_keep or 50257)
+        wte = wte[keep]  # (n_keep, C)
+        tgt = torch.where(y >= 0, remap(keep)[y.clamp(min=0)], -100)  # ids -> row in keep, -100 if absent
+    logits = h @ wte.T  # (b, T, n_keep or 50257)
     return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), tgt.flatten(), reduction="sum")
 
 
+_REMAP: dict[int, torch.Tensor] = {}
+
+
 def remap(keep: torch.Tensor) -> torch.Tensor:
-    m = torch.full((50257,), -100, dtype=torch.long)
-    m[keep] = torch.arange(len(keep))
-    return m
+    k = id(keep)
+    if k not in _REMAP:
+        m = torch.full((VOCAB,), -100, dtype=torch.long)
+        m[keep] = torch.arange(len(keep))
+        _REMAP[k] = m
+    return _REMAP[k]
 
 
 @torch.no_grad()
-def val_loss(model: GPT2LMHeadModel, val: torch.Tensor, keep: torch.Tensor | None = None) -> float:
+def val_loss(model: GPT2LMHeadModel, val: torch.Tensor, keep: torch.Tensor | None = None,
+             max_tokens: int = 1 << 30) -> float:
     """Mean next-token loss over the validation tokens, in disjoint BLOCK windows."""
     was_training = model.training
     model.eval()
-    n = (len(val) - 1) // BLOCK * BLOCK + 1
+    n = min((len(val) - 1) // BLOCK, max(1, max_tokens // BLOCK)) * BLOCK + 1
     x = val[:n]  # whole windows only
-    losses, counts = [], []
+    total, count = 0.0, 0
     for i in range(0, n - 1, BLOCK * 8):  # 8 windows per forward pass
-        chunk = x[i : min(i + BLOCK * 8, n - 1) + 1]
-        # (b, BLOCK + 1) windows overlapping by one token, so every token is a target once
-        ids = chunk.unfold(0, BLOCK + 1, BLOCK)
-        losses.append(loss_fn(model, ids, keep))
-        counts.append(ids[:, 1:].numel() if keep is None else int((remap(keep)[ids[:, 1:]] >= 0).sum()))
+        chunk = x[i: min(i + BLOCK * 8, n - 1) + 1]
+        ids = chunk.unfold(0, BLOCK + 1, BLOCK)  # (b, BLOCK + 1), overlapping by one token
+        total += loss_fn(model, ids[:, :-1], ids[:, 1:], keep).item()
+        count += ids[:, 1:].numel() if keep is None else int((remap(keep)[ids[:, 1:]] >= 0).sum())
     model.train(was_training)  # leave dropout as the caller had it
-    return (sum(losses) / sum(counts)).item()
+    return total / count
 
 
 @torch.no_grad()
@@ -108,38 +248,109 @@ def greedy(model: GPT2LMHeadModel, prompt: str, n: int = 40) -> str:
     return decode(ids[0].tolist())
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--steps", type=int, default=1200)
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--warmup", type=int, default=40)
-    ap.add_argument("--dropout", type=float, default=0.1)
-    ap.add_argument("--eval-every", type=int, default=100)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="src/puffergpt/models/demo")
-    args = ap.parse_args()
-
-    torch.set_num_threads(2)
-    torch.manual_seed(args.seed)
-    gen = torch.Generator().manual_seed(args.seed)
-
-    train, val, n_val_docs = load_data(val_frac=0.05)
-    n_docs = len(pydoc_data.topics.topics)
-    print(f"train {len(train):,} tokens, val {len(val):,} tokens ({n_val_docs} of {n_docs} documents)")
-
-    config = GPT2Config(
-        vocab_size=50257, n_positions=BLOCK, n_embd=128, n_layer=4, n_head=4, n_inner=None,
-        activation_function="gelu_new", layer_norm_epsilon=1e-5,
+def make_config(args: argparse.Namespace) -> GPT2Config:
+    return GPT2Config(
+        vocab_size=VOCAB, n_positions=BLOCK, n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head,
+        n_inner=None, activation_function="gelu_new", layer_norm_epsilon=1e-5,
         resid_pdrop=args.dropout, embd_pdrop=args.dropout, attn_pdrop=args.dropout,
         bos_token_id=EOT, eos_token_id=EOT,
     )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n-layer", type=int, default=4)
+    ap.add_argument("--n-embd", type=int, default=192)
+    ap.add_argument("--n-head", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=700)
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
+                    help="train with bfloat16 matmuls (torch.autocast)")
+    ap.add_argument("--minutes", type=float, default=0, help="stop training after this long (0: no limit); "
+                    "the learning rate schedule follows --steps, so pick --steps to fit")
+    ap.add_argument("--stop-after", type=int, default=0, help="end after this many steps, the schedule still "
+                    "that of --steps (0: at --steps)")
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--lr", type=float, default=2.5e-3)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--copy-frac", type=float, default=0.15, help="share of rows that are synthetic repeats")
+    ap.add_argument("--min-count", type=int, default=20, help="tokens seen fewer times are not trained")
+    ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--ckpt-every", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pilot", type=int, default=0, help="time this many steps, print tokens/s, write nothing")
+    ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "puffergpt-demo-train"),
+                    help="checkpoints go here")
+    ap.add_argument("--finish", default=None, help="skip training: finish from this checkpoint (.pt)")
+    ap.add_argument("--resume", default=None, help="start from this checkpoint's weights: a further phase "
+                    "of training with its own arguments (the card lists every phase)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "src", "puffergpt", "models", "demo"))
+    return ap.parse_args(argv)
+
+
+RUN_ONLY = ("pilot", "work", "finish", "out", "resume")  # arguments that do not change the model
+
+
+def training_command(trained: dict, steps_done: int) -> str:
+    """The command line that trains this phase again: the arguments that differ from the
+    defaults, with --stop-after in place of --minutes (which depends on the machine)."""
+    default = vars(parse_args([]))
+    trained = {**trained, "minutes": 0, "stop_after": steps_done if steps_done < trained["steps"] else 0}
+    flags = [f"--{k.replace('_', '-')} {trained[k]:g}" if isinstance(trained[k], float) else
+             (f"--{k.replace('_', '-')}" if trained[k] is True else f"--no-{k.replace('_', '-')}")
+             if isinstance(trained[k], bool) else f"--{k.replace('_', '-')} {trained[k]}"
+             for k in default if k not in RUN_ONLY and k in trained and trained[k] != default[k]]
+    return " ".join(["python scripts/train_demo.py", *flags])
+
+
+def main() -> None:
+    args = parse_args()
+    ckpt = None
+    if args.finish:  # train nothing: take the model and its training arguments from the checkpoint
+        ckpt = torch.load(args.finish, weights_only=False)
+        args = argparse.Namespace(**{**ckpt["args"], **{k: getattr(args, k) for k in RUN_ONLY}})
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    gen = torch.Generator().manual_seed(args.seed)
+    rng = random.Random(args.seed)
+
+    data, meta = load_data(val_frac=0.02, seed=args.seed)
+    for name, s in meta["sources"].items():
+        print(f"{name}: {s['docs']:,} documents, train {s['train_tokens']:,} tokens, val {s['val_tokens']:,}")
+    train = {n: d[0] for n, d in data.items()}
+    # Sample sources by size, but the fortunes (the most ordinary English) at 1.5 times
+    # and Python's docs (code-heavy) at half.
+    weights = {n: len(t) * {"fortunes": 1.5, "pydoc": 0.5}.get(n, 1.0) for n, t in train.items()}
+    counts = torch.bincount(torch.cat(list(train.values())), minlength=VOCAB)  # (50257,)
+    keep = torch.nonzero(counts >= args.min_count).flatten()
+    if EOT not in keep:
+        keep = torch.sort(torch.cat([keep, torch.tensor([EOT])])).values
+    common = torch.nonzero(counts >= 200).flatten().tolist()  # tokens of the random spans to copy
+    print(f"softmax over the {len(keep):,} token ids seen at least {args.min_count} times")
+
+    config = make_config(args)
     model = GPT2LMHeadModel(config)
     n_params = sum(p.numel() for p in model.parameters())  # tied: wte counted once
     print(f"{n_params:,} parameters")
-    keep = torch.unique(torch.cat([train, torch.tensor([EOT])]))  # (n_keep,) token ids the training text uses
-    print(f"softmax over the {len(keep):,} token ids in the training text")
+    if args.finish:
+        model.load_state_dict(ckpt["model"])
+        print(f"finishing from {args.finish} (step {ckpt['step']})")
+    else:
+        earlier = []
+        if args.resume:  # a further phase: the weights (not the optimizer state) of an earlier one
+            prev = torch.load(args.resume, weights_only=False)
+            model.load_state_dict(prev["model"])
+            earlier = prev.get("earlier", []) + [{k: v for k, v in prev.items() if k not in ("model", "earlier")}]
+            print(f"resuming from {args.resume} (step {prev['step']})")
+        ckpt = train_loop(model, args, train, weights, keep, common, data, rng, gen, earlier)
+        if ckpt is None:
+            return  # pilot
+    finish(model, config, args, ckpt, data, meta, keep, counts, n_params)
 
+
+def train_loop(model, args, train, weights, keep, common, data, rng, gen, earlier):
+    """Train; save a checkpoint to args.work every args.ckpt_every steps; return the last one's dict."""
     # Decay matrices only (not biases / LayerNorm gains), as GPT-2-style training does.
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
@@ -149,116 +360,382 @@ def main() -> None:
     def lr_at(step: int) -> float:  # linear warmup, then cosine down to 10 %
         if step < args.warmup:
             return args.lr * (step + 1) / args.warmup
-        t = (step - args.warmup) / max(1, args.steps - args.warmup)
+        t = min(1.0, (step - args.warmup) / max(1, args.steps - args.warmup))
         return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t)))
 
+    os.makedirs(args.work, exist_ok=True)
+    val_all = torch.cat([data[n][1] for n in ("wordnet", "fortunes")])
     model.train()
     t0 = time.time()
-    v = float("nan")
-    ema = None
-    bar = tqdm(range(args.steps), desc="train", dynamic_ncols=True)
-    for step in bar:
+    ema, history, step = None, [], 0
+    n_steps = args.pilot or min(args.steps, getattr(args, "stop_after", 0) or args.steps)
+    for step in range(n_steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        x = batch(train, args.batch_size, gen)  # (B, BLOCK + 1)
-        loss = loss_fn(model, x, keep) / (x.shape[0] * (x.shape[1] - 1))
+        x, y = batch(train, weights, args.batch_size, args.copy_frac, common, rng, gen)
+        # bfloat16 matmuls (weights and optimizer stay float32): 1.7x the tokens/s on AVX-512 CPUs
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
+            loss = loss_fn(model, x, y, keep) / max(1, int((y >= 0).sum()))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         ema = loss.item() if ema is None else 0.95 * ema + 0.05 * loss.item()
-        if (step + 1) % args.eval_every == 0 or step + 1 == args.steps:
-            v = val_loss(model, val, keep)  # over kept tokens: the other rows are untrained yet
-            tqdm.write(f"step {step + 1}: train {ema:.3f} val {v:.3f} ({time.time() - t0:.0f} s)")
-        bar.set_postfix(loss=f"{ema:.3f}", val=f"{v:.3f}", lr=f"{lr_at(step):.1e}")
-    wall = time.time() - t0
+        elapsed = time.time() - t0
+        if args.pilot:
+            if step == 2:
+                t_warm = time.time()
+            continue
+        last = step + 1 == n_steps or (args.minutes and elapsed > args.minutes * 60)
+        if (step + 1) % args.eval_every == 0 or last:
+            v = val_loss(model, val_all, keep, max_tokens=BLOCK * 32)
+            history.append({"step": step + 1, "train": round(ema, 4), "val": round(v, 4), "s": round(elapsed)})
+            print(f"step {step + 1}: train {ema:.3f} val(en, kept) {v:.3f} lr {lr_at(step):.1e} "
+                  f"({elapsed:.0f} s, {(step + 1) * args.batch_size * BLOCK / elapsed:.0f} tok/s)", flush=True)
+        if (step + 1) % args.ckpt_every == 0 or last:
+            ckpt = {"model": model.state_dict(), "step": step + 1, "history": history, "seconds": elapsed,
+                    "args": vars(args), "earlier": earlier}
+            torch.save(ckpt, os.path.join(args.work, "last.pt.tmp"))
+            os.replace(os.path.join(args.work, "last.pt.tmp"), os.path.join(args.work, "last.pt"))
+        if last:
+            break
+    if args.pilot:
+        dt = time.time() - t_warm
+        tps = (n_steps - 3) * args.batch_size * BLOCK / dt
+        print(f"PILOT L{args.n_layer} C{args.n_embd} H{args.n_head}: {dt / (n_steps - 3):.2f} s/step, "
+              f"{tps:.0f} tok/s, loss {ema:.3f}", flush=True)
+        return None
+    return ckpt
 
-    # Rows of wte for tokens the training text never uses got no training. Make each
-    # one the mean of the rarest trained tokens' rows (those seen once), so an unseen
-    # token scores like a rare token: never chosen greedily, but not -inf either.
-    counts = torch.bincount(train, minlength=50257)  # (50257,)
+
+# --- what the finished model can show (measured here, recorded in the card, asserted in
+# tests/test_demo_model.py) --------------------------------------------------------------
+
+COPY_PROMPT = "a = 7\nb = 3\nc = 9\na = 7\nb ="
+NEIGHBOUR_WORDS = [" king", " water", " house"]
+# Analogies a : b :: c : ? over common words, tried in this order; the card names those
+# whose nearest row to b - a + c (cosine, leaving out a, b and c) is the expected word.
+ANALOGIES = [
+    (" man", " king", " woman", " queen"), (" man", " woman", " boy", " girl"),
+    (" he", " she", " his", " her"), (" brother", " sister", " father", " mother"),
+    (" son", " daughter", " father", " mother"), (" boy", " girl", " brother", " sister"),
+    (" husband", " wife", " king", " queen"), (" dog", " dogs", " cat", " cats"),
+    (" tree", " trees", " bird", " birds"), (" car", " cars", " house", " houses"),
+    (" child", " children", " man", " men"), (" big", " bigger", " small", " smaller"),
+    (" good", " better", " bad", " worse"), (" long", " longer", " short", " shorter"),
+    (" walk", " walked", " jump", " jumped"), (" go", " went", " come", " came"),
+    (" see", " saw", " take", " took"), (" run", " running", " swim", " swimming"),
+    (" hot", " cold", " up", " down"), (" day", " night", " summer", " winter"),
+    (" France", " French", " Germany", " German"), (" England", " English", " Spain", " Spanish"),
+    (" one", " two", " three", " four"), (" first", " second", " third", " fourth"),
+    (" January", " February", " March", " April"), (" Monday", " Tuesday", " Wednesday", " Thursday"),
+    (" happy", " unhappy", " kind", " unkind"), (" quick", " quickly", " slow", " slowly"),
+]
+DEFAULT_NEIGHBOUR = " house"  # the embedding panel defaults the card recommends
+DEFAULT_MAP = [" one", " two", " three", " four", " he", " she", " his", " her", " up", " down", " hot", " cold"]
+SAMPLE_PROMPTS = ["king, monarch (noun):", "water (noun):", "The meaning of life is",
+                  "A friend is", COPY_PROMPT]
+
+
+def one_id(word: str) -> int | None:
+    ids = encode(word)
+    return ids[0] if len(ids) == 1 else None
+
+
+def neighbours(wte: torch.Tensor, word: str, k: int = 5) -> list[tuple[str, float]]:
+    """The k rows nearest to ``word``'s by cosine, leaving out its own: [(token, cosine)]."""
+    unit = torch.nn.functional.normalize(wte.float(), dim=1)  # (V, C)
+    i = one_id(word)
+    cos = unit @ unit[i]  # (V,)
+    cos[i] = -2
+    top = torch.topk(cos, k)
+    return [(decode([int(t)]), round(float(c), 4)) for t, c in zip(top.indices, top.values)]
+
+
+def analogies(wte: torch.Tensor, untrained: torch.Tensor) -> list[dict]:
+    """Each ANALOGIES entry whose words are single trained tokens: its top-3 answers."""
+    unit = torch.nn.functional.normalize(wte.float(), dim=1)  # (V, C)
+    out = []
+    for a, b, c, want in ANALOGIES:
+        ids = [one_id(w) for w in (a, b, c, want)]
+        if None in ids or untrained[ids].any():
+            continue
+        q = torch.nn.functional.normalize(unit[ids[1]] - unit[ids[0]] + unit[ids[2]], dim=0)
+        cos = unit @ q  # (V,)
+        cos[ids[:3]] = -2
+        cos[untrained] = -2  # one shared row: no answer
+        top = torch.topk(cos, 3).indices.tolist()
+        out.append({"a": a, "b": b, "c": c, "want": want, "top3": [decode([t]) for t in top],
+                    "ok": top[0] == ids[3]})
+    return out
+
+
+@torch.no_grad()
+def copy_head(model: GPT2LMHeadModel) -> dict:
+    """Greedy answer to COPY_PROMPT, and the head whose last-token attention puts most weight
+    on the token to copy (the " 3" after the first "b ="): an induction head."""
+    ids = encode(COPY_PROMPT)
+    target = ids.index(encode(" 3")[0])  # position of the token to copy
+    out = model(torch.tensor([ids]), output_attentions=True)
+    answer = decode([int(out.logits[0, -1].argmax())])
+    w = torch.stack([a[0, :, -1, target] for a in out.attentions])  # (n_layer, n_head)
+    layer, head = divmod(int(w.argmax()), w.shape[1])
+    return {"answer": answer, "layer": layer, "head": head, "weight": round(float(w.max()), 4),
+            "position": target, "weights": [[round(float(x), 3) for x in row] for row in w]}
+
+
+@torch.no_grad()
+def held_out_perplexity(model: GPT2LMHeadModel) -> float:
+    """exp(mean next-token loss) over tests/data/english.txt, each paragraph scored on its own
+    (the first token of each is not predicted), full 50257-way softmax."""
+    total, n = 0.0, 0
+    with open(HELD_OUT, encoding="utf-8") as f:
+        text = f.read()
+    for para in text.split("\n\n"):
+        ids = torch.tensor([encode(para.strip())[:BLOCK]])
+        logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)  # (T-1, V)
+        total -= float(logp.gather(1, ids[0, 1:, None]).sum())
+        n += ids.shape[1] - 1
+    return math.exp(total / n)
+
+
+def set_untrained_rows(model: GPT2LMHeadModel, keep: torch.Tensor, counts: torch.Tensor, min_count: int) -> int:
+    """Give every row of wte that training never scored ONE shared vector: the mean row of the
+    rarest trained tokens (seen min_count .. 2 min_count - 1 times), so an untrained token
+    scores like a rare one, and the views can tell untrained rows by their being exact
+    duplicates. Returns how many rows were set."""
+    untrained = torch.ones(VOCAB, dtype=torch.bool)
+    untrained[keep] = False
+    rare = ~untrained & (counts < 2 * min_count)
     with torch.no_grad():
         wte = model.transformer.wte.weight
-        unseen = counts == 0
-        unseen[EOT] = False
-        wte[unseen] = wte[counts == 1].mean(0)
-    model.eval()
-    train_loss = val_loss(model, train[: len(val)])  # full vocab, same windows as val, fixed slice
-    final_val = val_loss(model, val)
-    final_val_kept = val_loss(model, val, keep)
-    print(f"full-vocab loss: train {train_loss:.4f} val {final_val:.4f} (val over kept tokens {final_val_kept:.4f})")
+        wte[untrained] = wte[rare].mean(0)
+    return int(untrained.sum())
 
-    # --- save in openai-community/gpt2's layout ---------------------------------
-    os.makedirs(args.out, exist_ok=True)
+
+def save(model: GPT2LMHeadModel, config: GPT2Config, out: str) -> int:
+    """Write openai-community/gpt2's layout to out; return model.safetensors' size in bytes."""
+    os.makedirs(out, exist_ok=True)
     # The transformer's own state dict has no "transformer." prefix and no lm_head
     # (tied to wte). Drop the causal-mask buffers older transformers keep there.
     tensors = {k: t.detach().to(torch.float16).contiguous().clone()
                for k, t in model.transformer.state_dict().items()
                if not k.endswith((".attn.bias", ".attn.masked_bias"))}
-    path = os.path.join(args.out, "model.safetensors")
+    path = os.path.join(out, "model.safetensors")
     save_file(tensors, path, metadata={"format": "pt"})
     cfg = config.to_dict()
     cfg.pop("dtype", None)
     cfg.update(architectures=["GPT2LMHeadModel"], torch_dtype="float16")
-    with open(os.path.join(args.out, "config.json"), "w") as f:
+    with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2, sort_keys=True)
         f.write("\n")
-    size = os.path.getsize(path)
+    return os.path.getsize(path)
 
-    # --- verify: reload from disk as users will -----------------------------------
-    loaded, info = GPT2LMHeadModel.from_pretrained(args.out, output_loading_info=True)
+
+def finish(model, config, args, ckpt, data, meta, keep, counts, n_params):
+    """Set the untrained rows, save, reload as users will, measure, write the model card."""
+    n_untrained = set_untrained_rows(model, keep, counts, args.min_count)
+    model.eval()
+    size = save(model, config, args.out)
+    loaded, info = GPT2LMHeadModel.from_pretrained(args.out, output_loading_info=True, attn_implementation="eager")
     loaded = loaded.float().eval()
     bad = {k: v for k, v in info.items() if v}
     assert not bad, f"loading problems: {bad}"
-    reloaded_val = val_loss(loaded, val)
-    print(f"val loss: trained {final_val:.4f}, reloaded fp16 {reloaded_val:.4f}")
-    assert abs(reloaded_val - final_val) < 0.02, "reloaded model does not match"
-    samples = {p: greedy(loaded, p) for p in PROMPTS}
-    for p, s in samples.items():
+    cap = BLOCK * 16  # tokens per loss: enough for 2 decimals, quick on 2 cores
+    losses = {n: {"train": val_loss(loaded, data[n][0][: max(len(data[n][1]), BLOCK + 1)], max_tokens=cap),
+                  "val": val_loss(loaded, data[n][1], max_tokens=cap)} for n in data if len(data[n][1]) > BLOCK}
+    for n, l in losses.items():
+        print(f"{n}: full-vocab loss train {l['train']:.4f} val {l['val']:.4f}")
+    wte = loaded.transformer.wte.weight.detach()
+    untrained = torch.ones(VOCAB, dtype=torch.bool)
+    untrained[keep] = False
+    proof = {"perplexity": held_out_perplexity(loaded), "copy": copy_head(loaded),
+             "neighbours": {w: neighbours(wte, w) for w in NEIGHBOUR_WORDS},
+             "analogies": analogies(wte, untrained), "n_untrained": n_untrained, "size": size,
+             "samples": {p: greedy(loaded, p) for p in SAMPLE_PROMPTS}}
+    print(json.dumps({k: v for k, v in proof.items() if k != "samples"}, indent=1))
+    for p, s in proof["samples"].items():
         print(f"--- {p!r}\n{s}\n")
+    with open(os.path.join(args.out, "README.md"), "w") as f:
+        f.write(card(args, config, ckpt, meta, keep, n_params, losses, proof))
+    with open(os.path.join(args.work, "proof.json"), "w") as f:
+        json.dump(proof, f, indent=1)
+    print(f"wrote {args.out}: {size:,} bytes, held-out English perplexity {proof['perplexity']:.1f}")
 
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    command = "python scripts/train_demo.py" + "".join(" " + shlex.quote(a) for a in sys.argv[1:])
-    sample_md = "\n\n".join(f"Prompt `{p}`:\n\n```\n{s}\n```" for p, s in samples.items())
-    card = f"""# puffergpt demo model
 
-A **toy** model with GPT-2's architecture and GPT-2's tokenizer (vocabulary 50257),
-trained from scratch so puffergpt's offline playground has something to run.
-It is **not** GPT-2 and knows nothing beyond the Python docs it was trained on.
+def phase_md(i: int, phase: dict, cpu: str, n: int) -> str:
+    """One training phase in words, for the card."""
+    a = argparse.Namespace(**phase["args"])
+    return (f"- {'Phase ' + str(i + 1) + ': ' if n > 1 else ''}{phase['step']} steps of batch {a.batch_size} x {BLOCK} "
+            f"tokens (a {a.copy_frac:.0%} share synthetic), AdamW (betas 0.9/0.95, weight decay 0.1 on matrices), "
+            f"peak lr {a.lr:g}, {a.warmup} warmup steps, cosine to 10 % over {a.steps} steps"
+            f"{' (stopped there)' if phase['step'] < a.steps else ''}, dropout {a.dropout}, grad clip 1.0, "
+            f"seed {a.seed}, bfloat16 matmuls (torch.autocast; weights float32); {phase['seconds'] / 60:.1f} minutes "
+            f"on {a.threads} threads of {cpu} (torch {torch.__version__}), shared with other work.")
+
+
+def card(args, config, ckpt, meta, keep, n_params, losses, proof) -> str:
+    """The model card (README.md beside the weights): data and licences, training, figures."""
+    cpu = platform.processor()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    a = argparse.Namespace(**ckpt["args"])  # the last training phase's own arguments
+    phases = [*ckpt.get("earlier", []), ckpt]
+    phases_md = "\n".join(phase_md(i, p, cpu, len(phases)) for i, p in enumerate(phases))
+    commands = "\n".join(training_command(p["args"], p["step"]) + ("" if i == 0 else f" --resume WORK/phase{i}.pt")
+                         + ("" if i + 1 == len(phases) else f"\ncp WORK/last.pt WORK/phase{i + 1}.pt")
+                         for i, p in enumerate(phases))
+    done, hist_rows = 0, []
+    for p in phases:
+        hist_rows += [f"| {done + h['step']} | {h['train']:.3f} | {h['val']:.3f} | {h['s'] / 60:.1f} |" for h in p["history"]]
+        done += p["step"]
+    hist = "\n".join(hist_rows)
+    # The train/validation split is shuffled with --seed, so phases with different seeds split
+    # differently: say so rather than call such a validation set unseen.
+    seeds = sorted({p["args"]["seed"] for p in phases})
+    split_note = ("" if len(seeds) == 1 else
+                  f". The phases ran with seeds {', '.join(map(str, seeds))}, and the split follows the seed: "
+                  f"these validation documents (seed {a.seed}'s) were partly trained on in another phase, so the "
+                  f"val column is optimistic. The held-out English below is clean")
+    src = meta["sources"]
+    data_rows = "\n".join(
+        f"| {n} | `apt-get install -y {SOURCES[n][0]}` | {s['docs']:,} | {s['train_tokens']:,} | "
+        f"{s['val_tokens']:,} | {SOURCES[n][1]} |" if n != "pydoc" else
+        f"| {n} | {SOURCES[n][0]} | {s['docs']:,} | {s['train_tokens']:,} | {s['val_tokens']:,} | {SOURCES[n][1]} |"
+        for n, s in src.items())
+    inputs = "\n".join(f"- `{os.path.relpath(p, ROOT) if p.startswith(ROOT) else p}` sha256 `{h}`"
+                        for p, h in sorted(meta["inputs"].items()))
+    loss_rows = "\n".join(f"| {n} | {l['train']:.3f} | {l['val']:.3f} |" for n, l in losses.items())
+    cp = proof["copy"]
+    heads = "\n".join(f"| {i} | " + " | ".join(f"{w:.2f}" for w in row) + " |" for i, row in enumerate(cp["weights"]))
+    nb = "\n".join(f"- `{w!r}`: " + ", ".join(f"`{t!r}` {c:.3f}" for t, c in v) for w, v in proof["neighbours"].items())
+    an = "\n".join(f"- `{x['a']!r} : {x['b']!r} :: {x['c']!r} : ?` -> " + ", ".join(f"`{t!r}`" for t in x["top3"])
+                    + (" (right)" if x["ok"] else f" (wanted `{x['want']!r}`)") for x in proof["analogies"])
+    good = [x for x in proof["analogies"] if x["ok"]]
+    if cp["weight"] >= 0.5:
+        copy_words = (f"The head that does it is **layer {cp['layer']}, head {cp['head']}** (0-based): its last-token "
+                      f"attention puts {cp['weight']:.2f} of its weight on the `' 3'` to copy (an induction head).")
+    else:  # say so plainly: the attention view will show no induction head
+        copy_words = (f"**No induction head formed** in this short run: the head with the most weight on the "
+                      f"`' 3'` to copy is layer {cp['layer']}, head {cp['head']} (0-based) with only {cp['weight']:.2f}, "
+                      f"so the attention view shows no head that copies and the right answer is no evidence of "
+                      f"one; a repeated span of random tokens is not copied (its repeat scores no better than "
+                      f"its first appearance).")
+    samples = "\n\n".join(f"Prompt `{p!r}`:\n\n```\n{s}\n```" for p, s in proof["samples"].items())
+    size = proof["size"]
+    return f"""# puffergpt demo model
+
+A **small** model with GPT-2's architecture and GPT-2's tokenizer (vocabulary 50257),
+trained from scratch on 2 CPU cores so puffergpt's offline playground (and every test)
+has something to run that shows what the views teach: English words with their own
+rows, an induction head that copies, and rows that were never trained.
+It is **not** GPT-2: it knows a dictionary's worth of definitions, some quotations and
+Python's docs, and writes definition-like English.
 The files follow `openai-community/gpt2`'s layout (`model.safetensors` in fp16
 without the `transformer.` prefix, `lm_head` tied to `wte`; `config.json`).
 
-- **Architecture**: n_layer 4, n_head 4, n_embd 128, n_positions {BLOCK}, gelu_new
+- **Architecture**: n_layer {config.n_layer}, n_head {config.n_head} (head size {config.n_embd // config.n_head}),
+  n_embd {config.n_embd}, n_positions {BLOCK}, gelu_new, vocabulary 50257 tied
 - **Size**: {n_params:,} parameters; `model.safetensors` {size:,} bytes ({size / 1e6:.1f} MB, float16)
-- **Data**: `pydoc_data.topics.topics` of Python {platform.python_version()} ({n_docs} documents,
-  joined in sorted key order with `<|endoftext|>` between them, GPT-2 BPE).
-  The last {n_val_docs} documents ({len(val):,} tokens, ~5 %) are held out for validation;
-  {len(train):,} tokens for training.
-- **Training**: {args.steps} steps, batch {args.batch_size} x {BLOCK} tokens, AdamW
-  (betas 0.9/0.95, weight decay 0.1 on matrices), peak lr {args.lr:g}, {args.warmup} warmup steps,
-  cosine to 10 %, dropout {args.dropout}, grad clip 1.0, seed {args.seed}, float32;
-  {wall / 60:.1f} minutes on {torch.get_num_threads()} threads of {cpu} (torch {torch.__version__}).
-  To save time the softmax in training ran over only the {len(keep):,} token ids the
-  training text uses; afterwards each never-seen token's row of `wte` was set to the
-  mean row of the tokens seen exactly once, so those tokens score like rare ones.
-- **Final loss** (nats/token, full 50257-way softmax): train {train_loss:.3f} (first
-  {len(val):,} training tokens), validation {final_val:.3f} (reloaded fp16 checkpoint:
-  {reloaded_val:.3f}; validation over the trained tokens only: {final_val_kept:.3f}).
+- **Never-trained rows**: {proof['n_untrained']:,} of the 50257 rows of `wte` belong to tokens
+  seen fewer than {a.min_count} times in the training text. Training never scored them, and
+  afterwards each was set to **one shared vector** (the mean row of the rarest trained
+  tokens, seen {a.min_count}-{2 * a.min_count - 1} times), so they are exact duplicates of each other
+  (the views report such rows as untrained) and score like a rare token.
 
-Made with:
+## Data and licences
+
+Each source's documents are shuffled (seed {a.seed}) and joined with `<|endoftext|>`;
+the last 2 % of documents are held out for validation. Documents holding a line of
+`tests/data/english.txt` (the held-out English of the perplexity test, written for
+this repository) would be dropped; none is in these sources.
+
+| source | install | documents | train tokens | val tokens | licence |
+|---|---|---|---|---|---|
+{data_rows}
+
+- **wordnet**: WordNet 3.0's `data.noun`, `data.verb`, `data.adj`, `data.adv`; each synset
+  becomes one line, `king, male monarch (noun): a male sovereign; ruler of a kingdom; "..."`
+  (its words, part of speech, gloss and examples). WordNet 3.0 Copyright 2006 by Princeton
+  University. All rights reserved. (licence text: `/usr/share/doc/wordnet-base/copyright`;
+  permission to use, copy, modify and distribute for any purpose without fee, keeping the notice.)
+- **fortunes**: every fortune file of `fortunes` and `fortunes-min` except
+  {", ".join(sorted(FORTUNES_SKIP))}. BSD licence (fortune-mod, Copyright (c) 1991 The Regents
+  of the University of California; `/usr/share/doc/fortunes/copyright`).
+- **pydoc**: `pydoc_data.topics.topics` of Python {platform.python_version()}, PSF License.
+- GCIDE (`dict-gcide`) was not used: it is GPL-2+.
+- **Synthetic copying** ({a.copy_frac:.0%} of rows): a random span of 8-48 common tokens
+  repeated to fill the window, or blocks of 2-6 lines like `a = 7` written two or three
+  times. Only the repeats are scored. They teach the induction head below.
+
+Inputs (sha256):
+
+{inputs}
+
+## Training
+
+{phases_md}
+
+The softmax in training ran over only the {len(keep):,} token ids seen at least {a.min_count}
+times (the rest are the never-trained rows). Made with (WORK is `--work`, default
+`/tmp/puffergpt-demo-train`, where the checkpoints go):
 
 ```
-{command}
+{commands}
 ```
+
+Loss during training (nats/token; train: moving average; val: English validation
+windows of wordnet and fortunes, over the trained tokens only; steps counted over all phases):
+
+| step | train | val | minutes into its phase |
+|---|---|---|---|
+{hist}
+
+Final loss, full 50257-way softmax, reloaded fp16 checkpoint (train: a slice of the
+training tokens as long as the validation set){split_note}:
+
+| source | train | val |
+|---|---|---|
+{loss_rows}
+
+## What it can do (measured by the script; asserted in `tests/test_demo_model.py`)
+
+- **English perplexity {proof['perplexity']:.1f}** on `tests/data/english.txt` (five paragraphs of
+  ordinary English never trained on, each scored on its own, full softmax). The previous
+  demo model (Python docs only): 29,563.
+- **Copying**: `{COPY_PROMPT!r}` answers `{cp['answer']!r}` at temperature 0. {copy_words}
+  Every head's last-token attention weight on position {cp['position']}, the `' 3'` to copy:
+
+| layer | """ + " | ".join(f"head {h}" for h in range(config.n_head)) + """ |
+|""" + "---|" * (config.n_head + 1) + f"""
+{heads}
+
+- **Nearest tokens** by cosine of `wte` rows (no ties; all below 0.999):
+{nb}
+- **Analogies** (`b - a + c`, nearest trained row by cosine, leaving out a, b, c):
+  {len(good)} of {len(proof['analogies'])} tried answer right:
+{an}
+
+## Embedding panel defaults for this model
+
+Words carry their leading space (GPT-2 tokens); all are trained rows of this model.
+
+- analogy: `{good[0]['a']!r}` : `{good[0]['b']!r}` :: `{good[0]['c']!r}` (answers `{good[0]['want']!r}`)
+- neighbours of: `{DEFAULT_NEIGHBOUR!r}` (its neighbours are other everyday nouns)
+- map words: {", ".join(f"`{w!r}`" for w in DEFAULT_MAP)}
+
+## What it cannot do
+
+It is tiny and was trained on about a million tokens: at temperature 0 it soon falls
+into a loop ("a person who is a person who ..."); it has no induction head (see
+Copying), cannot chat or follow instructions, and knows no facts. Most analogies and
+neighbours over everyday words are still noise; the ones named above are not.
 
 ## Greedy samples (40 tokens)
 
-{sample_md}
+{samples}
 """
-    with open(os.path.join(args.out, "README.md"), "w") as f:
-        f.write(card)
-    print(f"wrote {args.out}: {size:,} bytes, train {train_loss:.3f}, val {final_val:.3f}, {wall:.0f} s")
 
 
 if __name__ == "__main__":

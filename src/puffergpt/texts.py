@@ -152,10 +152,11 @@ STARTERS = {
     "gpt2": [{"kind": "Recall a fact", "prompt": "The capital of France is"},
              {"kind": "Copy a repetition", "prompt": "Mr and Mrs Dursley of number four, Privet Drive. Mr and Mrs Dursley of number"},
              {"kind": "Continue a count", "prompt": "1, 2, 3, 4, 5,"}],
-    # The demo model knows Python's documentation and little else: prompts from its own world.
-    "demo": [{"kind": "Python's docs", "prompt": "The return statement"},
-             {"kind": "Copy a repetition", "prompt": "x = 1\ny = 2\nx = 1\ny ="},
-             {"kind": "Continue a list", "prompt": "The built-in types are int, float,"}],
+    # The demo model learnt WordNet's glosses, fortunes and the copying drill it was given
+    # (its model card): prompts in those shapes. The copy prompt answers " 3" at temperature 0.
+    "demo": [{"kind": "Define a word", "prompt": "happy (adjective):"},
+             {"kind": "Copy a repetition", "prompt": "a = 7\nb = 3\nc = 9\na = 7\nb ="},
+             {"kind": "Continue a sentence", "prompt": "He said that she"}],
 }
 
 
@@ -168,8 +169,9 @@ def about(model: str, c) -> dict:
     if model == "demo":
         return {"name": "demo", "is_demo": True, "shape": shape,
                 "description": "the demo model that ships with puffergpt: GPT-2's architecture and tokenizer, "
-                               "4 layers trained for minutes on Python's documentation (it writes docs-like English "
-                               "and repeats itself at temperature 0)",
+                               "4 layers of width 192 trained for half an hour on 2 CPU cores on WordNet's glosses, "
+                               "fortunes and Python's docs (English perplexity about 800; it writes dictionary-like "
+                               "phrases, soon loops at temperature 0, and has no induction head; its model card says more)",
                 "how_to_get_gpt2": "run `puffergpt serve --model gpt2` (or `make run MODEL=gpt2`) on a machine that can "
                                    "reach the Hugging Face hub once, or `--model PATH` to a local copy in Hugging Face layout"}
     return {"name": model, "is_demo": False, "shape": shape, "description": f"{model}: {shape}", "how_to_get_gpt2": None}
