@@ -245,13 +245,13 @@ def test_decided_layer_is_where_the_final_top1_stays():
 
 
 def test_decided_layer_on_a_real_prompt_where_the_readings_differ(loaded, hf, demo):
-    """Demo model, "The return" -> next token: the lens's top-1 at layer 1 already is the final
-    top-1 (" a"), layer 3's is not, the last is again. Checked against transformers' lens,
+    """Demo model, "A dog" -> next token: the lens's top-1 at layer 2 already is the final
+    top-1 (","), layer 3's is not (" of"), the last is again. Checked against transformers' lens,
     through the search engine, the server's inspect JSON and the CLI's line."""
     from puffergpt.cli import step_line
     from puffergpt.server.app import inspect_json, step_inspect_json
 
-    ids = tokenizer.encode("The return")
+    ids = tokenizer.encode("A dog")
     _, want_lens = hf_inside(hf(demo), ids)
     tops = [int(np.argmax(v)) for v in want_lens]
     final = tops[-1]
@@ -304,7 +304,7 @@ def test_untrained_rows_are_recorded_at_load(twins, loaded, demo):
     demo_store, demo_key = loaded(demo)
     got = Engine(demo_store, demo.name, demo_key).untrained
     assert got == numpy_untrained(demo) and len(got) > 1000  # the demo model's unseen tokens
-    assert tokenizer.encode(" king")[0] in got and tokenizer.encode(" list")[0] not in got
+    assert tokenizer.encode(" niece")[0] in got and tokenizer.encode(" list")[0] not in got
 
 
 def test_views_never_answer_with_untrained_rows(twins):
