@@ -627,11 +627,11 @@ def card(args, config, ckpt, meta, keep, n_params, losses, proof) -> str:
     return f"""# puffergpt demo model
 
 A **small** model with GPT-2's architecture and GPT-2's tokenizer (vocabulary 50257),
-trained from scratch on 2 CPU cores so puffergpt's offline playground (and every test)
-has something to run that shows what the views teach: English words with their own
-rows, an induction head that copies, and rows that were never trained.
-It is **not** GPT-2: it knows a dictionary's worth of definitions, some quotations and
-Python's docs, and writes definition-like English.
+trained from scratch on 2 CPU cores so that puffergpt's offline playground (and every
+test) runs a model whose everyday English words have rows of their own, and whose
+never-trained rows are marked as such.
+It is **not** GPT-2: it saw about a million tokens of dictionary glosses, quotations,
+Python's docs and copying drills, and writes dictionary-like phrases that soon loop.
 The files follow `openai-community/gpt2`'s layout (`model.safetensors` in fp16
 without the `transformer.` prefix, `lm_head` tied to `wte`; `config.json`).
 
