@@ -148,3 +148,15 @@ def test_model_card_states_the_figures(demo):
     assert f"{N_UNTRAINED:,} of the 50257 rows" in card
     for a, b, c, _ in ANALOGIES:
         assert f"`{a!r} : {b!r} :: {c!r} : ?`" in card
+
+
+def test_the_pages_embedding_words_are_trained_rows(demo):
+    """The embedding panel's first words for the demo (texts.EMBEDDING_WORDS) are rows the
+    model trained, and its first analogy is one the card names as right."""
+    from puffergpt.texts import embedding_words
+
+    w = embedding_words("demo")
+    dup = set(untrained_ids(demo).tolist())
+    for word in [w["neighbours"], *w["analogy"], *w["map"]]:
+        assert one_id(word) not in dup, f"{word!r} is an untrained row"
+    assert tuple(w["analogy"]) in {a[:3] for a in ANALOGIES}

@@ -377,6 +377,11 @@ def test_first_run_teaches(page, server):
     starters = p.locator("#starters .starter")
     expect(starters).to_have_count(len(info["starters"]))
     assert starters.evaluate_all("bs => bs.map(b => b.dataset.prompt)") == [s["prompt"] for s in info["starters"]]
+    # The embedding panel starts from the server's words for this model.
+    words = info["embedding_words"]
+    assert p.locator("#nb-word").input_value() == words["neighbours"]
+    assert [p.locator(f"#an-{x}").input_value() for x in "abc"] == words["analogy"]
+    assert p.locator("#map-words").input_value().split("\n") == words["map"]
     # A token that is only spaces or a newline is visible; a split character shows its bytes.
     generate(p, "def f():\n\n    return 日本", n=2)
     tokens = p.locator("#tokens")

@@ -164,6 +164,20 @@ def starters(model: str) -> list[dict]:
     return STARTERS.get(model, STARTERS["gpt2"])
 
 
+# The embedding panel's first words: ones the model trained (an untrained row ties with
+# every other and would teach nothing). The demo's analogy is one its card names as right.
+EMBEDDING_WORDS = {
+    "gpt2": {"neighbours": " king", "analogy": [" man", " king", " woman"],
+             "map": [" king", " queen", " man", " woman", " Paris", " France", " London", " England"]},
+    "demo": {"neighbours": " house", "analogy": [" he", " she", " his"],
+             "map": [" one", " two", " three", " four", " he", " she", " his", " her", " up", " down", " hot", " cold"]},
+}
+
+
+def embedding_words(model: str) -> dict:
+    return EMBEDDING_WORDS.get(model, EMBEDDING_WORDS["gpt2"])
+
+
 def about(model: str, c) -> dict:
     shape = f"{c.n_layer} layers, width {c.n_embd}, {c.n_head} heads, context {c.n_ctx}, vocabulary {c.n_vocab:,}"
     if model == "demo":

@@ -370,6 +370,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
                 "storage_usd_per_month": costs.storage_cost_per_month(nbytes), "rates": costs.rates(),
                 "max_new_tokens": config.max_new_tokens, "max_open_texts": config.max_open_texts,
                 "about": app_layer.about(name, c), "starters": app_layer.starters(engine.model),
+                "embedding_words": app_layer.embedding_words(engine.model),
                 "fallback": config.fallback}
 
     @app.post("/api/texts", status_code=201)

@@ -48,18 +48,21 @@ function renderStarters(info) {
   }, h("span", { class: "starter-kind", text: s.kind }), h("span", { class: "starter-text", text: s.prompt }))));
 }
 
-// The demo model learnt only the words of Python's documentation (the others kept
-// near-identical vectors): its embedding panel starts from words of that world.
-function demoWords(info) {
-  if (!info.about || !info.about.is_demo) return;
+// The embedding panel starts from words this model trained (the server names them per
+// model: an untrained row ties with every other one and would teach nothing).
+function embeddingWords(info) {
+  const w = info.embedding_words;
+  if (!w) return;
   const set = (id, v) => { $(id).value = v; };
-  set("nb-word", " function");
-  set("an-a", " list"); set("an-b", " lists"); set("an-c", " string");
-  set("map-words", [" list", " tuple", " dict", " string", " integer", " float", " function", " method", " class", " module"].join("\n"));
+  if (typeof w.neighbours === "string") set("nb-word", w.neighbours);
+  if (Array.isArray(w.analogy) && w.analogy.length === 3) {
+    set("an-a", w.analogy[0]); set("an-b", w.analogy[1]); set("an-c", w.analogy[2]);
+  }
+  if (Array.isArray(w.map)) set("map-words", w.map.join("\n"));
 }
 
 export function renderInfo(info) {
-  demoWords(info);
+  embeddingWords(info);
   renderFigures(info);
   renderAbout(info);
   renderStarters(info);
