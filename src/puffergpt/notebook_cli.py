@@ -107,7 +107,7 @@ def candidates_for(engine: str, model: str, backend: str, data_dir: Path | None,
     checkpoints.check_model(model)
     store = open_store(backend, data_dir, dsn)
     try:
-        return nb.candidates_from_products(Engine(store, model).open), store.close
+        return nb.candidates_from_products(Engine(store, model, verify=True, progress=True).open), store.close  # never replay on a damaged store
     except BaseException:
         store.close()
         raise
