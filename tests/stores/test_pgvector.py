@@ -212,7 +212,10 @@ def test_the_cli_on_pgvector_gives_the_reference_tokens(pg_dsn):
     assert r.exit_code == 0, r.output
     lines = [json.loads(x) for x in r.output.strip().splitlines()]
     got = [x["token_id"] for x in lines[:-1]]
-    assert got == Reference(checkpoints.load("demo")).greedy(tokenizer.encode("The list"), 12)
+    want = Reference(checkpoints.load("demo")).greedy(tokenizer.encode("The list"), 12)
+    if tokenizer.EOT in want:  # generate ends a text at <|endoftext|>, which it writes
+        want = want[: want.index(tokenizer.EOT) + 1]
+    assert got == want
     assert lines[-1]["summary"]["backend"] == "pgvector"
 
 
