@@ -24,7 +24,7 @@ from puffergpt.engine import Engine
 from puffergpt.notebook import Notebook
 from puffergpt.reference import NumpyProducts
 from puffergpt.server import create_app
-from test_playground import ARTIFACTS, TIMEOUT_MS, Watched, browser, generate, generated, serve_app, shot  # noqa: F401  (browser: a fixture)
+from test_playground import ARTIFACTS, TIMEOUT_MS, Watched, browser, generate, generated, open_page, serve_app, shot  # noqa: F401  (browser: a fixture)
 
 # ../ to climb out of the notebook, HTML that would run if parsed, emoji, quotes, YAML's own syntax.
 HOSTILE = '../../../etc/passwd <img src=x onerror="alert(1)"> <b>bold</b> 🦀✨ ..\\..\\x: "q" #tag'
@@ -39,15 +39,6 @@ def served(loaded, demo, tmp_path_factory):
     app = create_app(Engine(store, demo.name, key), reference=lambda: NumpyProducts(demo), notebook=Notebook(book))
     with serve_app(app) as url:
         yield url, book, demo
-
-
-def open_page(browser, url, width=1440, height=1000, **kw):
-    ctx = browser.new_context(viewport={"width": width, "height": height}, **kw)
-    ctx.set_default_timeout(TIMEOUT_MS)
-    w = Watched(ctx.new_page())
-    w.page.goto(url + "/")
-    expect(w.page.locator("#info")).to_contain_text("requests/token")
-    return ctx, w
 
 
 @pytest.fixture

@@ -95,14 +95,19 @@ class Watched:
         d.dismiss()
 
 
+def open_page(browser, url, width=1440, height=1000, **kw):
+    """A new browser context on the playground at url, its model's figures shown: (ctx, Watched page)."""
+    ctx = browser.new_context(viewport={"width": width, "height": height}, **kw)
+    ctx.set_default_timeout(TIMEOUT_MS)
+    w = Watched(ctx.new_page())
+    w.page.goto(url + "/")
+    expect(w.page.locator("#info")).to_contain_text("requests/token")
+    return ctx, w
+
+
 @pytest.fixture
 def page(browser, server):
-    ctx = browser.new_context(viewport={"width": 1440, "height": 1000})
-    ctx.set_default_timeout(TIMEOUT_MS)
-    p = ctx.new_page()
-    w = Watched(p)
-    p.goto(server + "/")
-    expect(p.locator("#info")).to_contain_text("requests/token")
+    ctx, w = open_page(browser, server)
     yield w
     assert not w.errors, f"the page raised: {w.errors}"
     ctx.close()

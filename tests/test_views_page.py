@@ -23,6 +23,8 @@ from test_playground import (  # noqa: F401  (browser: a fixture)
     browser,
     generate,
     generated,
+    open_inside,
+    open_page,
     serve_app,
     text_id,
 )
@@ -42,18 +44,9 @@ def server(loaded, demo):
         yield url
 
 
-def open_page(browser, url, width=1400, height=1000, **kw):
-    ctx = browser.new_context(viewport={"width": width, "height": height}, **kw)
-    ctx.set_default_timeout(TIMEOUT_MS)
-    w = Watched(ctx.new_page())
-    w.page.goto(url + "/")
-    expect(w.page.locator("#info")).to_contain_text("requests/token")
-    return ctx, w
-
-
 @pytest.fixture
 def page(browser, server):
-    ctx, w = open_page(browser, server)
+    ctx, w = open_page(browser, server, width=1400)
     yield w
     assert not w.errors, f"the page raised: {w.errors}"
     ctx.close()
@@ -75,18 +68,6 @@ def shot(p: Page, name: str, locator=None) -> Path:
     else:
         locator.screenshot(path=str(path))
     return path
-
-
-def look_inside(p: Page, nth: int = 1) -> tuple[int, dict]:
-    """Select the nth generated token, look inside it; (its position, the JSON the page got)."""
-    tok = generated(p).nth(nth)
-    tok.click()
-    position = int(tok.get_attribute("data-position"))
-    with p.expect_response(lambda r: "/inspect" in r.url) as got:
-        p.click("#look-inside")
-    expect(p.locator("#inside .attn-cell").first).to_be_visible()
-    assert got.value.ok, got.value.text()
-    return position, got.value.json()
 
 
 def number(s: str) -> float:
@@ -228,7 +209,7 @@ def test_the_lens_highlights_the_decided_layer_where_first_match_differs(page):
         r.fulfill(json=v)
 
     p.route("**/inspect*", route)
-    look_inside(p, 1)
+    open_inside(p, 1)
     tops = [e["top"][0]["token_id"] for e in real["lens"]]
     assert len(tops) >= 5  # layers 0..4 at least: the demo model has 4 blocks or more
     expect(p.locator("#inside .lens-table tr.decided")).to_have_attribute("data-layer", "3")
@@ -252,7 +233,7 @@ def test_the_lens_highlights_the_decided_layer_where_first_match_differs(page):
 def test_what_each_part_adds_sums_to_the_logit_and_opens_its_heads(page):
     p = page.page
     generate(p, "one two three one two three one two", n=3)
-    _, v = look_inside(p, 1)
+    _, v = open_inside(p, 1)
     a = v["attribution"]
     L, H = len(v["attention"]), len(v["attention"][0])
     assert len(a["parts"]) == 1 + L * (H + 2) + 1
@@ -284,7 +265,7 @@ def test_what_each_part_adds_sums_to_the_logit_and_opens_its_heads(page):
 def test_the_mlp_as_a_memory_lists_neurons_their_tokens_and_searches(page):
     p = page.page
     generate(p, "The for statement is used to", n=3)
-    _, v = look_inside(p, 1)
+    _, v = open_inside(p, 1)
     layers = v["neurons"]
     assert len(layers) == len(v["attention"])
     blocks = p.locator("#neurons .neuron-layer")
@@ -315,7 +296,7 @@ def test_the_mlp_as_a_memory_lists_neurons_their_tokens_and_searches(page):
 def test_attention_strips_name_the_token_they_attend_to_with_a_linear_legend(page):
     p = page.page
     generate(p, "one two three one two three one two", n=3)
-    _, v = look_inside(p, 1)
+    _, v = open_inside(p, 1)
     tokens = v["tokens"]
     cells = p.locator("#inside .attn-cell")
     L, H = len(v["attention"]), len(v["attention"][0])
