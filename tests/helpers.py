@@ -94,3 +94,15 @@ def compare_with_reference(ckpt, text, prompt: str, n: int, metric: str = "inner
     finally:
         text.close()
     return worst, tokens
+
+
+def products_for(kind: str, loaded, ckpt):
+    """A products factory for ckpt: "search", the engine on a store it is loaded into
+    (``loaded``, the conftest fixture); anything else ("numpy", "reference"), numpy."""
+    from puffergpt.engine import Engine
+    from puffergpt.reference import NumpyProducts
+
+    if kind != "search":
+        return lambda: NumpyProducts(ckpt)
+    store, key = loaded(ckpt)
+    return Engine(store, ckpt.name, key).open

@@ -14,7 +14,7 @@ from puffergpt.reference import NumpyProducts
 from puffergpt.sampling import Sampling
 from puffergpt.text import Text
 
-from helpers import assert_close
+from helpers import assert_close, products_for
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")
 transformers = pytest.importorskip("transformers")
@@ -95,13 +95,6 @@ def check(name, m, ckpt, ids, got: dict) -> dict:
     for k, v in diffs.items():
         assert v <= TOL, f"{name}: {k} differs from transformers by {v:.3g}"
     return diffs
-
-
-def products_for(kind, loaded, ckpt):
-    if kind == "numpy":
-        return lambda: NumpyProducts(ckpt)
-    store, key_ = loaded(ckpt)
-    return Engine(store, ckpt.name, key_).open
 
 
 @pytest.mark.parametrize("kind", ["search", "numpy"])

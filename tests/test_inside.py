@@ -9,12 +9,12 @@ import pytest
 from puffergpt import checkpoints, inside, loading, tokenizer, texts
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.engine import Engine, round_trips_per_token
-from puffergpt.reference import NumpyProducts, Reference
+from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
 from puffergpt.stores import open_store
 from puffergpt.text import Text, TextError
 
-from helpers import assert_close
+from helpers import assert_close, products_for
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")
 transformers = pytest.importorskip("transformers")
@@ -30,13 +30,6 @@ def hf_inside(m, ids):
         hs = out.hidden_states  # embeddings, after block 0, ..., after block L-1 with ln_f applied
         lens = [m.lm_head(m.transformer.ln_f(h[0, -1])).numpy() for h in hs[:-1]] + [out.logits[0, -1].numpy()]
     return att, np.stack(lens)
-
-
-def products_for(kind, loaded, ckpt):
-    if kind == "reference":
-        return lambda: NumpyProducts(ckpt)
-    store, key = loaded(ckpt)
-    return Engine(store, ckpt.name, key).open
 
 
 @pytest.mark.parametrize("kind", ["search", "reference"])
