@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import functools
+from pathlib import Path
+
 import pytest
 
 from puffergpt import checkpoints, loading
@@ -61,3 +65,68 @@ def loaded(tmp_path_factory):
         store.close()
 
 
+
+
+# --- Tiers --------------------------------------------------------------------------------
+# Each test is marked by what it needs, by rule, so a new test lands in its tier without anyone
+# remembering to mark it (the markers are registered in pyproject.toml). `make test-fast` runs
+# `-m "not browser and not pgvector and not oracle"`: no Chromium, no PostgreSQL, no torch.
+#   browser   it uses the `browser` fixture (headless Chromium driven by Playwright; every page
+#             fixture asks for it).
+#   pgvector  it asks for the session's PostgreSQL (`pg`, and through it `pg_dsn`, `new_database`,
+#             `bare_server`), it is parametrized onto the "pgvector" backend (the store contract),
+#             or it lives in tests/stores/test_pg*.py (the backend's own modules, which also start
+#             a local server of their own).
+#   oracle    it compares against torch/transformers: it uses the `hf` fixture, its module imports
+#             torch or transformers (or importorskip's them) outside any function, or its own body
+#             does; plus the few that reach transformers through the code under test (ORACLE_VIA).
+ORACLE_LIBS = frozenset({"torch", "transformers"})
+ORACLE_VIA = {"tests/test_bench.py::test_bench_quick_json": "bench --quick runs transformers beside the engines"}
+
+
+def _needs_oracle_lib(node) -> bool:
+    """Whether this statement imports torch/transformers or importorskip's them."""
+    if isinstance(node, ast.Import):
+        return any(a.name.split(".")[0] in ORACLE_LIBS for a in node.names)
+    if isinstance(node, ast.ImportFrom):
+        return (node.module or "").split(".")[0] in ORACLE_LIBS
+    if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) == "importorskip":
+        return bool(node.args) and isinstance(node.args[0], ast.Constant) and node.args[0].value in ORACLE_LIBS
+    return False
+
+
+def _walk_outside_functions(node):
+    for child in ast.iter_child_nodes(node):
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield child
+            yield from _walk_outside_functions(child)
+
+
+@functools.cache
+def _oracle_scan(path: str) -> tuple[bool, frozenset[str]]:
+    """(whether the module needs torch/transformers at import, the functions whose bodies do)."""
+    tree = ast.parse(Path(path).read_text(), path)
+    at_import = any(_needs_oracle_lib(n) for n in _walk_outside_functions(tree))
+    bodies = frozenset(f.name for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                       and any(_needs_oracle_lib(n) for n in ast.walk(f)))
+    return at_import, bodies
+
+
+def _tiers(item) -> set[str]:
+    names, path = set(item.fixturenames), Path(str(item.path))
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    tiers = set()
+    if "browser" in names:
+        tiers.add("browser")
+    if "pg" in names or "pgvector" in params.values() or (path.parent.name == "stores" and path.name.startswith("test_pg")):
+        tiers.add("pgvector")
+    at_import, bodies = _oracle_scan(str(path))
+    if "hf" in names or at_import or item.originalname in bodies or item.nodeid in ORACLE_VIA:
+        tiers.add("oracle")
+    return tiers
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for tier in sorted(_tiers(item)):
+            item.add_marker(tier)
