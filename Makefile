@@ -1,4 +1,4 @@
-# The two commands a new user needs: `make run` and `make test`.
+# The two commands a new user needs: `make run` and `make test` (and `make test-fast` while working).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -11,7 +11,7 @@ PORT := 8000
 SERVE_STAMP := $(VENV)/.installed-serve
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: run test install install-serve browser clean
+.PHONY: run test test-fast lint install install-serve browser clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -43,8 +43,18 @@ browser:
 run: $(SERVE_STAMP)
 	$(BIN)/puffergpt serve $(if $(MODEL),--model '$(MODEL)' )--host $(HOST) --port $(PORT)
 
-test: install browser
+# The linter first: its findings take a second to read, a failing suite minutes.
+lint: install
+	$(BIN)/ruff check src tests scripts benchmarks
+
+# Everything, offline: the browser, PostgreSQL with pgvector and the torch oracle included.
+test: install lint browser
 	$(BIN)/python -m pytest -q
+
+# The fast tier: the tests that need no Chromium, no PostgreSQL and no torch (the markers are
+# applied in tests/conftest.py). Run `make test` before you commit.
+test-fast: install lint
+	$(BIN)/python -m pytest -q -m "not browser and not pgvector and not oracle"
 
 clean:
 	rm -rf $(VENV) .pytest_cache artifacts
