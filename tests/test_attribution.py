@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from puffergpt import attribution, inside, tokenizer, texts
+from puffergpt import attribution, completion, inside, tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import NumpyProducts
 from puffergpt.sampling import Sampling
@@ -105,7 +105,7 @@ def test_generate_explains_each_token_as_transformers(request, hf, loaded, kind,
     m = hf(ckpt)
     for prompt in PROMPTS:
         ids = tokenizer.encode(prompt)
-        steps = list(texts.complete(products_for(kind, loaded, ckpt), ids, 2, Sampling(0, 40), inspect=5, explain=True))
+        steps = list(completion.complete(products_for(kind, loaded, ckpt), ids, 2, Sampling(0, 40), inspect=5, explain=True))
         for i, step in enumerate(steps):
             upto = ids + [s.token_id for s in steps[:i]]
             assert step.inspect["attribution"]["token_id"] == step.token_id
@@ -153,7 +153,7 @@ def test_numpy_and_search_make_the_same_requests_and_numbers(loaded, tiny):
     ids = tokenizer.encode(PROMPTS[1])
     runs = {}
     for kind in ("numpy", "search"):
-        step = list(texts.complete(products_for(kind, loaded, tiny), ids, 1, Sampling(0, 40), inspect=5, explain=True))[0]
+        step = list(completion.complete(products_for(kind, loaded, tiny), ids, 1, Sampling(0, 40), inspect=5, explain=True))[0]
         runs[kind] = step.inspect
     a, b = runs["numpy"]["attribution"], runs["search"]["attribution"]
     assert_close("numpy vs search parts", [p["value"] for p in a["parts"]], [p["value"] for p in b["parts"]], 1e-4)

@@ -151,9 +151,9 @@ def test_model_card_states_the_figures(demo):
 
 
 def test_the_pages_embedding_words_are_trained_rows(demo):
-    """The embedding panel's first words for the demo (texts.EMBEDDING_WORDS) are rows the
+    """The embedding panel's first words for the demo (model_info.EMBEDDING_WORDS) are rows the
     model trained, and its first analogy is one the card names as right."""
-    from puffergpt.texts import embedding_words
+    from puffergpt.model_info import embedding_words
 
     w = embedding_words("demo")
     dup = set(untrained_ids(demo).tolist())

@@ -6,7 +6,7 @@ output_hidden_states) and numpy on the checkpoint."""
 import numpy as np
 import pytest
 
-from puffergpt import checkpoints, inside, loading, tokenizer, texts
+from puffergpt import checkpoints, completion, inside, loading, tokenizer, views
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.engine import Engine, round_trips_per_token
 from puffergpt.reference import Reference
@@ -40,7 +40,7 @@ def test_attention_and_lens_equal_transformers(request, hf, loaded, kind, model)
     for prompt in PROMPTS:
         ids = tokenizer.encode(prompt)
         want_att, want_lens = hf_inside(m, ids)
-        steps = list(texts.complete(products_for(kind, loaded, ckpt), ids, 2, Sampling(0, 40), inspect=k))
+        steps = list(completion.complete(products_for(kind, loaded, ckpt), ids, 2, Sampling(0, 40), inspect=k))
         for step, upto in ((steps[0], ids), (steps[1], ids + [steps[0].token_id])):
             if step is steps[1]:
                 want_att, want_lens = hf_inside(m, upto)
@@ -120,7 +120,7 @@ def test_analogy_and_neighbours_equal_numpy(request, loaded, model):
     products = Engine(store, ckpt.name, key).open()
     try:
         n0 = len(products.log)
-        got = texts.analogy(products, " man", " woman", " king", 10)
+        got = views.analogy(products, " man", " woman", " king", 10)
         assert [r.kind for r in products.log[n0:]] == ["wte.fetch", "wte.cosine"]  # a fetch and one search
         w = ckpt.params["wte.weight"].astype(np.float64)
         a, b, c = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
@@ -129,7 +129,7 @@ def test_analogy_and_neighbours_equal_numpy(request, loaded, model):
         want = [int(i) for i in np.argsort(-sims, kind="stable") if int(i) not in (a, b, c) and int(i) not in bad][:10]
         assert [r["token_id"] for r in got["results"]] == want
         assert_close(f"{model} analogy scores", [r["score"] for r in got["results"]], sims[want], 1e-4)
-        got = texts.neighbours(products, " list", 5)
+        got = views.neighbours(products, " list", 5)
         i = tokenizer.encode(" list")[0]
         sims = numpy_cosine(ckpt, w[i])
         want = [int(j) for j in np.argsort(-sims, kind="stable") if int(j) != i and int(j) not in bad][:5]
@@ -144,11 +144,11 @@ def test_a_word_of_several_tokens_is_a_clear_error(loaded, tiny):
     products = Engine(store, tiny.name, key).open()
     try:
         with pytest.raises(TextError, match=r"'queen' is 2 GPT-2 tokens \('que' \+ 'en'\).*leading space, ' queen' is one token"):
-            texts.analogy(products, " man", "queen", " king")
+            views.analogy(products, " man", "queen", " king")
         with pytest.raises(TextError, match="k must be"):
-            texts.neighbours(products, " man", 0)
+            views.neighbours(products, " man", 0)
         with pytest.raises(TextError, match="2 to 24 words"):
-            texts.embedding_map(products, [" man"])
+            views.embedding_map(products, [" man"])
     finally:
         products.close()
 
@@ -158,7 +158,7 @@ def test_map_is_stable_and_is_the_words_pca(loaded, tiny):
     products = Engine(store, tiny.name, key).open()
     words = [" man", " woman", " king", " queen", " list"]
     try:
-        one, two = texts.embedding_map(products, words), texts.embedding_map(products, words)
+        one, two = views.embedding_map(products, words), views.embedding_map(products, words)
         assert one["points"] == two["points"]
         rows = tiny.params["wte.weight"][[tokenizer.encode(w)[0] for w in words]].astype(np.float64)
         centred = rows - rows.mean(axis=0)
@@ -180,12 +180,12 @@ def test_kv_view_counts_keys_in_the_store(loaded, tiny):
         ids = tokenizer.encode(PROMPTS[0])
         t.append(ids)
         list(t.generate(3, Sampling(0, 40)))
-        v = texts.kv(t)
+        v = views.kv(t)
         assert v["per_layer"] == [c.n_head * t.read_upto] * c.n_layer
         assert v["writes"][0] == {**v["writes"][0], "phase": "prefill", "start": 0, "end": len(ids)}
         assert [w["phase"] for w in v["writes"][1:]] == ["decode", "decode"]
         t.step_back(len(ids) + 1)  # stepping back deletes nothing
-        assert texts.kv(t)["per_layer"] == v["per_layer"]
+        assert views.kv(t)["per_layer"] == v["per_layer"]
     finally:
         t.close()
 
@@ -217,7 +217,7 @@ def test_200_tokens_never_miss_a_key(loaded, demo):
     its count), and 200 greedy tokens equal the reference's."""
     store, key = loaded(demo)
     ids = tokenizer.encode("The")
-    got = [s.token_id for s in texts.complete(Engine(store, demo.name, key).open, ids, 200, Sampling(0, 40))]
+    got = [s.token_id for s in completion.complete(Engine(store, demo.name, key).open, ids, 200, Sampling(0, 40))]
     assert got == Reference(demo).greedy(ids, 200)
 
 
@@ -306,26 +306,26 @@ def test_views_never_answer_with_untrained_rows(twins):
     w = ckpt.params["wte.weight"].astype(np.float64)
     try:
         man, woman, king = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
-        got = texts.analogy(products, " man", " woman", " king", 5)
+        got = views.analogy(products, " man", " woman", " king", 5)
         sims = numpy_cosine(ckpt, w[woman] - w[man] + w[king])
         order = [int(i) for i in np.argsort(-sims, kind="stable") if int(i) not in (man, woman, king)]
         want = [i for i in order if i not in bad][:5]
         assert [r["token_id"] for r in got["results"]] == want
         assert got["untrained_skipped"] == len([i for i in order[: order.index(want[-1])] if i in bad]) >= 3
         assert got["untrained_inputs"] == [" king"] and "' king' was never trained" in got["note"]
-        got = texts.neighbours(products, " king", 5)
+        got = views.neighbours(products, " king", 5)
         assert not {r["token_id"] for r in got["results"]} & bad
         assert got["untrained_skipped"] == len(bad) - 1  # its twins are all at cosine 1: skipped
         assert got["untrained_inputs"] == [" king"]
-        got = texts.neighbours(products, " list", 5)
+        got = views.neighbours(products, " list", 5)
         assert got["untrained_inputs"] == []
         assert got["note"] is None or "skipped" in got["note"]
-        m = texts.embedding_map(products, [" king", " queen", " man", " woman", " list"])
+        m = views.embedding_map(products, [" king", " queen", " man", " woman", " list"])
         assert [p["untrained"] for p in m["points"]] == [True, True, False, False, False]
         assert m["degenerate"] and "same point" in m["note"] and "never trained" in m["note"]
-        m = texts.embedding_map(products, [" man", " woman", " list", " dict"])
+        m = views.embedding_map(products, [" man", " woman", " list", " dict"])
         assert not m["degenerate"] and m["note"] is None
-        m = texts.embedding_map(products, [" man", " woman"])  # two points: a line
+        m = views.embedding_map(products, [" man", " woman"])  # two points: a line
         assert m["degenerate"] and "second component" in m["note"]
     finally:
         products.close()
@@ -342,8 +342,8 @@ def test_a_store_from_an_older_version_says_untrained_rows_are_unknown(tmp_path,
         store.put_meta(f"manifest:{key}", m)
         products = Engine(store, tiny.name, key).views()
         try:
-            for got in (texts.analogy(products, " man", " woman", " king", 3), texts.neighbours(products, " man", 3),
-                        texts.embedding_map(products, [" man", " woman", " king"])):
+            for got in (views.analogy(products, " man", " woman", " king", 3), views.neighbours(products, " man", 3),
+                        views.embedding_map(products, [" man", " woman", " king"])):
                 assert "`puffergpt load`" in got["note"] and "older puffergpt" in got["note"]
             assert got["points"][0]["untrained"] is None
         finally:

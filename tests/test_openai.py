@@ -14,7 +14,7 @@ import openai
 import pytest
 import uvicorn
 
-from puffergpt import checkpoints, tokenizer
+from puffergpt import tokenizer
 from puffergpt.engine import Engine
 from puffergpt.server import ServerConfig, create_app
 

@@ -30,7 +30,7 @@ from puffergpt.engine import Engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
 from puffergpt.stores import open_store
-from puffergpt.texts import opened
+from puffergpt.text import opened
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import server
 

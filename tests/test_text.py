@@ -8,8 +8,7 @@ from puffergpt import tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
-from puffergpt.text import Text, TextError
-from puffergpt.texts import Texts
+from puffergpt.text import Text, TextError, Texts
 
 GREEDY = Sampling(0, 40)
 PROMPT = tokenizer.encode("The quick brown fox jumps over the lazy dog")

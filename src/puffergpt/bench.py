@@ -23,7 +23,7 @@ import numpy as np
 
 from puffergpt.reference import NumpyProducts
 from puffergpt.sampling import Sampling
-from puffergpt.texts import Usage, complete
+from puffergpt.completion import Usage, complete
 
 GREEDY = Sampling(0.0, 40)
 

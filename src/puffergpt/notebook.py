@@ -756,7 +756,7 @@ def candidates_from_products(open_products: Callable[[], "Products"]) -> Candida
     application layer's one generation path, as the playground reads a text:
     prompt_ids[:position] in one prefill, then the top-k for the token at position."""
     from puffergpt.sampling import Sampling
-    from puffergpt.texts import complete
+    from puffergpt.completion import complete
 
     def candidates_at(prompt_ids: Sequence[int], position: int, k: int):
         (step,) = list(complete(open_products, list(prompt_ids[:position]), 1, Sampling(1.0, k)))  # driven to its end

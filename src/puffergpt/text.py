@@ -1,4 +1,4 @@
-"""Texts: what a user works on. Type, generate, look at the candidates, step back,
+"""A text: what a user works on. Type, generate, look at the candidates, step back,
 take another candidate, cut.
 
 A text drives any ``Products`` (numpy or searches) through the one forward pass in
@@ -16,10 +16,15 @@ model has not read cost requests:
 - ``writes`` and ``written_by``: which read wrote each position's keys (the KV cache view).
 
 Reading is batched: all unread tokens go through each matrix in one request (prefill).
+
+Texts are opened two ways: ``Texts``, the open texts of one engine (the server's: a bound
+on how many, expiry when idle, closing drops their keys), and ``opened``, a text of its
+own closed on any exit (a completion's, a test's).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -399,3 +404,89 @@ class Text:
         close = getattr(self.products, "close", None)
         if close:
             close()
+
+
+# --- the open texts of one engine: open, find, close ---------------------------------
+
+class Texts:
+    """The open texts of one engine: a bound on how many, and expiry when idle."""
+
+    def __init__(self, open_products: Callable[[], Products], max_open: int = 32, idle_s: float = 1800):
+        self.open_products = open_products
+        self.max_open = max_open
+        self.idle_s = idle_s
+        self._texts: dict[str, Text | None] = {}
+        self._lock = threading.Lock()
+
+    def create(self, ids: list[int]) -> Text:
+        self.expire()
+        with self._lock:
+            if len(self._texts) >= self.max_open:
+                raise TextError(f"{self.max_open} texts are open already: close one first")
+            self._texts[placeholder := f"opening-{uuid.uuid4().hex}"] = None  # holds the place while it opens
+        try:
+            text = Text(self.open_products())  # store I/O: outside the registry's lock
+        finally:
+            with self._lock:
+                self._texts.pop(placeholder, None)
+        with self._lock:
+            self._texts[text.id] = text
+        try:
+            text.append(ids)
+        except TextError:
+            self.close(text.id)
+            raise
+        return text
+
+    def get(self, text_id: str) -> Text:
+        with self._lock:
+            text = self._texts.get(text_id) if not text_id.startswith("opening-") else None
+        if text is None:
+            raise KeyError(f"no open text {text_id!r} (closed, expired, or never opened)")
+        text.last_used = time.monotonic()
+        return text
+
+    def close(self, text_id: str) -> None:
+        with self._lock:
+            text = self._texts.get(text_id)
+        if text is None:
+            raise KeyError(f"no open text {text_id!r} (closed, expired, or never opened)")
+        with text.lock:
+            text.close()  # if dropping its namespace fails, the text stays listed, to close again
+        with self._lock:
+            self._texts.pop(text_id, None)
+
+    def expire(self, now: float | None = None) -> list[str]:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            old = [i for i, t in self._texts.items() if t is not None and not t.generating and now - t.last_used > self.idle_s]
+        closed = []
+        for i in old:
+            try:
+                self.close(i)
+                closed.append(i)
+            except Exception as e:  # one text that can't close must not keep the others open
+                log.warning("could not close idle text %s: %s", i, e)
+        return closed
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def close_all(self) -> None:
+        for i in [i for i, t in list(self._texts.items()) if t is not None]:
+            try:
+                self.close(i)
+            except Exception as e:
+                log.warning("could not close text %s: %s", i, e)
+
+
+@contextlib.contextmanager
+def opened(open_products: Callable[[], Products], ids: list[int] = ()) -> Iterator[Text]:
+    """A text of its own, closed (and its namespace of keys dropped) however the block ends."""
+    text = Text(open_products())
+    try:
+        if ids:
+            text.append(list(ids))
+        yield text
+    finally:
+        text.close()

@@ -188,7 +188,7 @@ def test_the_learning_views_on_every_backend(store, tiny):
     equal numpy's (which tests/test_inside.py holds to transformers)."""
     from helpers import assert_close
 
-    from puffergpt import loading, texts, tokenizer
+    from puffergpt import completion, loading, tokenizer, views
     from puffergpt.engine import Engine
     from puffergpt.reference import NumpyProducts
     from puffergpt.sampling import Sampling
@@ -196,8 +196,8 @@ def test_the_learning_views_on_every_backend(store, tiny):
     loading.load(store, tiny, "tiny", progress=False)
     engine = Engine(store, tiny.name, "tiny")
     ids = tokenizer.encode("one two three one two")
-    got = list(texts.complete(engine.open, ids, 2, Sampling(0, 40), inspect=10))
-    want = list(texts.complete(lambda: NumpyProducts(tiny), ids, 2, Sampling(0, 40), inspect=10))
+    got = list(completion.complete(engine.open, ids, 2, Sampling(0, 40), inspect=10))
+    want = list(completion.complete(lambda: NumpyProducts(tiny), ids, 2, Sampling(0, 40), inspect=10))
     for a, b in zip(got, want, strict=True):
         assert_close(f"{store.name} attention at {a.position}", a.inspect["weights"], b.inspect["weights"], 1e-4)
         for la, lb in zip(a.inspect["lens"], b.inspect["lens"], strict=True):
@@ -205,7 +205,7 @@ def test_the_learning_views_on_every_backend(store, tiny):
             assert_close(f"{store.name} lens layer {la['layer']}", la["logits"], lb["logits"], 1e-3)
     products = engine.open()
     try:
-        g = texts.analogy(products, " man", " woman", " king", 5)["results"]
+        g = views.analogy(products, " man", " woman", " king", 5)["results"]
     finally:
         products.close()
     w = tiny.params["wte.weight"].astype(np.float64)

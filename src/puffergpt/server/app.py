@@ -4,13 +4,10 @@ and the static page. Thin: it parses, calls a text or the engine, and renders.""
 from __future__ import annotations
 
 import asyncio
-import codecs
 import contextlib
 import json
-import math
 import threading
 import time
-import uuid
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -21,17 +18,16 @@ from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from puffergpt import costs, inside, loading, texts as app_layer, tokenizer
+from puffergpt import completion, costs, inside, loading, model_info, tokenizer, views
 from puffergpt.checkpoints import CheckpointError
 from puffergpt.engine import Engine, requests_per_token, round_trips_per_token
 from puffergpt.sampling import Sampling
-from puffergpt.server.openai import OpenAIError, model_name
+from puffergpt.server.openai import OpenAIError
 from puffergpt.server.streaming import Generations, stream
 from puffergpt.server.bodies import (MAX_NEW_TOKENS, AnalogyBody, AppendBody, BodyError, BranchBody, CompareBody, CreateBody,
                                      MapBody, NeighboursBody, PositionBody, SamplingBodyInspect, parse_json)
 from puffergpt.stores.base import StoreError
-from puffergpt.text import Step, Text, TextBusy, TextError, check_generation, log
-from puffergpt.texts import Texts, Usage
+from puffergpt.text import Step, Text, TextBusy, TextError, Texts, check_generation, log
 
 MAX_BODY = 64 * 1024  # bytes of a request body
 STATIC = Path(str(resources.files("puffergpt") / "static"))
@@ -169,7 +165,7 @@ def request_json(r) -> dict:
     return d
 
 
-token_json = app_layer.token_dict  # a token as text, with bytes_hex for a byte piece
+token_json = views.token_dict  # a token as text, with bytes_hex for a byte piece
 
 
 def part_label(part: dict) -> str:
@@ -362,15 +358,15 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
     def info() -> dict:
         m, c = engine.manifest, engine.config
         nbytes = loading.stored_bytes(m)
-        name = model_name(engine.model)  # a local checkpoint by its directory's name, as /v1 shows it
+        name = model_info.model_name(engine.model)  # a local checkpoint by its directory's name, as /v1 shows it
         return {"model": name, "backend": engine.store.name, "metric": m["metric"],
                 "config": m["config"], "documents": m["documents"], "namespaces": m["namespaces"],
                 "megabytes": round(nbytes / 1e6, 1), "requests_per_token": requests_per_token(c),
                 "round_trips_per_token": round_trips_per_token(c),
                 "storage_usd_per_month": costs.storage_cost_per_month(nbytes), "rates": costs.rates(),
                 "max_new_tokens": config.max_new_tokens, "max_open_texts": config.max_open_texts,
-                "about": app_layer.about(name, c), "starters": app_layer.starters(engine.model),
-                "embedding_words": app_layer.embedding_words(engine.model),
+                "about": model_info.about(name, c), "starters": model_info.starters(engine.model),
+                "embedding_words": model_info.embedding_words(engine.model),
                 "fallback": config.fallback}
 
     @app.post("/api/texts", status_code=201)
@@ -461,29 +457,10 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
         if not comparing.acquire(blocking=False):  # each comparison reads the checkpoint: one at a time
             raise HTTPException(503, "a comparison is running: try again when it ends")
         try:
-            return run_compare(body)
+            return completion.compare(engine.open, reference, tokenizer.encode(body.prompt), body.top_k,
+                                      engine.config.n_ctx)
         finally:
             comparing.release()
-
-    def run_compare(body: CompareBody) -> dict:
-        ids = tokenizer.encode(body.prompt)
-        if len(ids) > engine.config.n_ctx:
-            raise TextError(f"the prompt has {len(ids)} tokens, the context is {engine.config.n_ctx}")
-        rows = {}
-        for name, open_products in (("search", engine.open), ("reference", reference)):
-            products = open_products()  # the checkpoint's load is not the comparison's time
-            steps = list(app_layer.complete(lambda: products, ids, 1, Sampling(1.0, body.top_k)))
-            step = steps[0]
-            rows[name] = {"ids": [int(i) for i in step.ids], "logits": [float(v) for v in step.logits],
-                          "requests": len(step.requests), "ms": round(step.ms, 1)}
-        ref = dict(zip(rows["reference"]["ids"], rows["reference"]["logits"]))
-        table = [{"rank": i, **token_json(tid), "search": lg, "reference": ref.get(tid)}
-                 for i, (tid, lg) in enumerate(zip(rows["search"]["ids"], rows["search"]["logits"]))]
-        diffs = [abs(r["search"] - r["reference"]) for r in table if r["reference"] is not None]
-        return {"prompt_tokens": len(ids), "rows": table, "same_ids": rows["search"]["ids"] == rows["reference"]["ids"],
-                "max_abs_diff": max(diffs) if diffs else None,
-                "search": {k: v for k, v in rows["search"].items() if k in ("requests", "ms")},
-                "reference": {k: v for k, v in rows["reference"].items() if k in ("requests", "ms")}}
 
     # --- inside the transformer: each view is searches, counted ---
     @app.get("/api/texts/{text_id}/steps/{position}/inspect")
@@ -502,7 +479,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
             if t.generating:
                 raise TextBusy("this text is generating: look at its keys when it ends")
             log0 = len(t.products.log)
-            d = app_layer.kv(t)
+            d = views.kv(t)
             d["requests"] = [request_json(r) for r in t.products.log[log0:]]
             return d
 
@@ -520,11 +497,11 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
     @app.post("/api/analogy")
     def analogy(body: AnalogyBody) -> dict:
         """"a is to b as c is to ?": the tokens nearest by cosine to wte[b] - wte[a] + wte[c]."""
-        return view(lambda p: app_layer.analogy(p, body.a, body.b, body.c, body.k))
+        return view(lambda p: views.analogy(p, body.a, body.b, body.c, body.k))
 
     @app.post("/api/neighbours")
     def neighbours(body: NeighboursBody) -> dict:
-        return view(lambda p: app_layer.neighbours(p, body.word, body.k))
+        return view(lambda p: views.neighbours(p, body.word, body.k))
 
     @app.post("/api/map")
     def embedding_map(body: MapBody) -> dict:
@@ -536,7 +513,7 @@ def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference:
                 raise TextError("map: give the position whose path to draw with the text")
             got, _, _ = t.inspect(body.position, 5, explain=False)
             residual = got["residual"]
-        return view(lambda p: app_layer.embedding_map(p, list(body.words), residual))
+        return view(lambda p: views.embedding_map(p, list(body.words), residual))
 
     from puffergpt.server.openai import openai_router
 

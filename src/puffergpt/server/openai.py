@@ -1,14 +1,14 @@
 """OpenAI-compatible routes for the clients people already use: ``/v1/models``,
 ``/v1/completions`` and ``/v1/chat/completions``, over the one completion path
-(``texts.complete``).
+(``completion.complete``).
 
 - Log-probabilities are exact: the model's log-softmax over the whole vocabulary at
   temperature 1, from one search over every wte row a token (``wte.all`` in the request
   log). Sampling with ``top_p``, or at a temperature above 0 without ``top_k``, draws
   from that whole distribution too; ``top_k`` (as llama.cpp and vLLM take it) samples
   from a top-k search instead, which returns k rows, not 50,257.
-- One choice is driven in one place, ``choice_pieces``: it reads the steps of
-  ``texts.complete`` and yields the text a client may see (UTF-8 whole across tokens,
+- One choice is driven in one place, ``completion.choice_pieces``: it reads the steps of
+  ``completion.complete`` and yields the text a client may see (UTF-8 whole across tokens,
   stop strings held back while they may be starting, and never returned) with each
   token's offset and log-probabilities. Streamed or not, the routes only render it.
 - GPT-2 is not a chat model: ``/v1/chat/completions`` writes the messages as a plain-text
@@ -19,13 +19,10 @@
 
 from __future__ import annotations
 
-import codecs
 import json
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable, Iterator, Literal
 
 from fastapi import APIRouter, Request
@@ -33,7 +30,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.concurrency import run_in_threadpool
 
-from puffergpt import texts as app_layer, tokenizer
+from puffergpt import tokenizer
+from puffergpt.completion import Piece, Usage, choice_pieces
+from puffergpt.model_info import model_name
 from puffergpt.sampling import Sampling
 from puffergpt.server.bodies import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, BodyError, parse_json
 from puffergpt.stores.base import StoreError
@@ -44,7 +43,6 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat (a step keeps 100 candidates)
 MAX_N = 8  # choices a prompt
 MAX_CHOICES = 16  # choices a request, over all its prompts
 MAX_STOPS = 4
-LOWEST = -1e9  # JSON has no -inf
 
 # --- the chat template: GPT-2 is a base model, so a chat is a transcript it continues ---
 ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
@@ -153,73 +151,6 @@ def chat_prompt(messages: list[Message]) -> str:
     return "".join(f"{ROLES[m.role]}: {m.text()}\n" for m in messages) + "Assistant:"
 
 
-# --- one choice, driven in one place ---
-
-@dataclass
-class Piece:
-    """Text a client may see now, the tokens it comes from (with offsets and
-    log-probabilities), the steps behind them, and at the end why the choice ended."""
-
-    text: str
-    tokens: list[dict] = field(default_factory=list)  # {"token_id", "token", "offset", "logprob", "top"}
-    steps: list[Step] = field(default_factory=list)
-    finish: str | None = None
-
-
-def _entry(step: Step, offset: int, k: int | None) -> dict:
-    scored = step.logz is not None
-    return {"token_id": step.token_id, "token": step.text, "offset": offset,
-            "logprob": max(step.logprob, LOWEST) if scored else None,
-            "top": [(i, max(lp, LOWEST)) for i, lp in step.logprobs(k)] if scored and k is not None else None}
-
-
-def _held(out: str, stops: list[str]) -> int:
-    """How many characters at the end of out could begin a stop string."""
-    return max([n for s in stops for n in range(1, len(s)) if out.endswith(s[:n])], default=0)
-
-
-def choice_pieces(engine, ids: list[int], max_tokens: int, s: Sampling, stops: list[str], full: bool,
-                  echo: bool, k: int | None, should_stop: Callable[[], bool] | None = None) -> Iterator[Piece]:
-    """One choice: the prompt (with ``echo``, scored when ``k`` is set), then the new text
-    as it becomes safe to show. Offsets count characters from the prompt's start."""
-    prompt = tokenizer.decode(ids)
-    steps = app_layer.complete(engine.open, ids, max_tokens, s, should_stop, full=full or k is not None,
-                               echo=echo and k is not None)
-    try:
-        if echo and k is None:
-            yield Piece(prompt)
-        utf8, offset = codecs.getincrementaldecoder("utf-8")(errors="replace"), 0
-        out, sent, queue, taken, finish = "", 0, [], [], "length"
-        base = len(prompt)  # the new text's offsets follow the prompt's, echoed or not
-        for step in steps:
-            if step.phase == "prompt":  # echo's scored prompt: no stop applies to it
-                t = utf8.decode(tokenizer.token_bytes(step.token_id), final=step.position == len(ids) - 1)
-                yield Piece(t, [_entry(step, offset, k)], [step])
-                offset += len(t)
-                continue
-            taken.append(step)
-            if step.token_id == tokenizer.EOT:
-                finish = "stop"
-                break
-            queue.append(_entry(step, base + len(out), k))
-            out += utf8.decode(tokenizer.token_bytes(step.token_id))
-            cut = min([i for i in (out.find(st, max(0, sent - len(st))) for st in stops) if i >= 0], default=None)
-            if cut is not None:
-                finish = "stop"
-                out = out[:cut]
-                break
-            safe = len(out) - _held(out, stops)
-            now = [e for e in queue if e["offset"] < base + safe]
-            if safe > sent or now:
-                yield Piece(out[sent:safe], now, taken)
-                queue, taken, sent = queue[len(now):], [], safe
-        if finish == "length":
-            out += utf8.decode(b"", final=True)
-        yield Piece(out[sent:], [e for e in queue if e["offset"] < base + len(out) or finish == "length"], taken, finish)
-    finally:
-        steps.close()  # here, in the thread that drove it: the text and its keys go now
-
-
 # --- rendering ---
 
 def _completion_logprobs(tokens: list[dict]) -> dict:
@@ -240,18 +171,12 @@ def _usage(prompt_tokens: int, steps: list[Step]) -> dict:
     """OpenAI's usage, and beside it (a key of ours, which clients ignore) what the
     searches behind the answer cost: ``{"usage": ..., "puffergpt": ...}``."""
     generated = sum(1 for st in steps if st.phase != "prompt")
-    use = app_layer.Usage.of(steps)
+    use = Usage.of(steps)
     return {"usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
                       "total_tokens": prompt_tokens + generated},
             "puffergpt": {"requests": use.requests, "round_trips": use.round_trips, "bytes": use.bytes,
                           "cost_usd": use.cost_usd,
                           "all_vocabulary_searches": sum(r.kind == "wte.all" for st in steps for r in st.requests)}}
-
-
-def model_name(model: str) -> str:
-    """The name the server shows for its model (/api/info, /v1): a local checkpoint by its
-    directory's name, as its full path is the server's business."""
-    return Path(model).name if "/" in model else model
 
 
 def _sse(d: dict) -> str:
@@ -371,7 +296,7 @@ def openai_router(engine, texts, config, generations=None) -> APIRouter:
         full = body.needs_full() or best_of > n
 
         def pieces(ids, j, should_stop=None):
-            return choice_pieces(engine, ids, max_tokens, body.sampling(engine.config.n_vocab, j), body.stop, full, body.echo,
+            return choice_pieces(engine.open, ids, max_tokens, body.sampling(engine.config.n_vocab, j), body.stop, full, body.echo,
                                  body.logprobs, should_stop)
 
         def chunk(choices: list[dict], **extra) -> dict:
@@ -427,7 +352,7 @@ def openai_router(engine, texts, config, generations=None) -> APIRouter:
         def pieces(j, should_stop=None) -> Iterator[Piece]:
             """The assistant's text without the space after its prefix."""
             started = False
-            for pc in choice_pieces(engine, ids, max_tokens, body.sampling(engine.config.n_vocab, j), stops, body.needs_full(), False, k,
+            for pc in choice_pieces(engine.open, ids, max_tokens, body.sampling(engine.config.n_vocab, j), stops, body.needs_full(), False, k,
                                     should_stop):
                 if not started:
                     pc.text = pc.text.lstrip(" ")

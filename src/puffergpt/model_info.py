@@ -1,0 +1,57 @@
+"""The model described for a newcomer: its name as the server shows it, what it is
+(``about``), prompts to start from (``starters``) and the embedding panel's first words
+(``embedding_words``), per model; GPT-2 small's for any other."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def model_name(model: str) -> str:
+    """The name the server shows for its model (/api/info, /v1): a local checkpoint by its
+    directory's name, as its full path is the server's business."""
+    return Path(model).name if "/" in model else model
+
+
+STARTERS = {
+    # GPT-2 small: recall, copying a repetition (the attention panel shows induction heads), counting.
+    "gpt2": [{"kind": "Recall a fact", "prompt": "The capital of France is"},
+             {"kind": "Copy a repetition", "prompt": "Mr and Mrs Dursley of number four, Privet Drive. Mr and Mrs Dursley of number"},
+             {"kind": "Continue a count", "prompt": "1, 2, 3, 4, 5,"}],
+    # The demo model learnt WordNet's glosses, fortunes and the copying drill it was given
+    # (its model card): prompts in those shapes. The copy prompt answers " 3" at temperature 0.
+    "demo": [{"kind": "Define a word", "prompt": "happy (adjective):"},
+             {"kind": "Copy a repetition", "prompt": "a = 7\nb = 3\nc = 9\na = 7\nb ="},
+             {"kind": "Continue a sentence", "prompt": "He said that she"}],
+}
+
+
+def starters(model: str) -> list[dict]:
+    return STARTERS.get(model, STARTERS["gpt2"])
+
+
+# The embedding panel's first words: ones the model trained (an untrained row ties with
+# every other and would teach nothing). The demo's analogy is one its card names as right.
+EMBEDDING_WORDS = {
+    "gpt2": {"neighbours": " king", "analogy": [" man", " king", " woman"],
+             "map": [" king", " queen", " man", " woman", " Paris", " France", " London", " England"]},
+    "demo": {"neighbours": " house", "analogy": [" he", " she", " his"],
+             "map": [" one", " two", " three", " four", " he", " she", " his", " her", " up", " down", " hot", " cold"]},
+}
+
+
+def embedding_words(model: str) -> dict:
+    return EMBEDDING_WORDS.get(model, EMBEDDING_WORDS["gpt2"])
+
+
+def about(model: str, c) -> dict:
+    shape = f"{c.n_layer} layers, width {c.n_embd}, {c.n_head} heads, context {c.n_ctx}, vocabulary {c.n_vocab:,}"
+    if model == "demo":
+        return {"name": "demo", "is_demo": True, "shape": shape,
+                "description": "the demo model that ships with puffergpt: GPT-2's architecture and tokenizer, "
+                               "4 layers of width 192 trained for half an hour on 2 CPU cores on WordNet's glosses, "
+                               "fortunes and Python's docs (English perplexity about 800; it writes dictionary-like "
+                               "phrases, soon loops at temperature 0, and has no induction head; its model card says more)",
+                "how_to_get_gpt2": "run `puffergpt serve --model gpt2` (or `make run MODEL=gpt2`) on a machine that can "
+                                   "reach the Hugging Face hub once, or `--model PATH` to a local copy in Hugging Face layout"}
+    return {"name": model, "is_demo": False, "shape": shape, "description": f"{model}: {shape}", "how_to_get_gpt2": None}
