@@ -118,7 +118,8 @@ def _tiers(item) -> set[str]:
     tiers = set()
     if "browser" in names:
         tiers.add("browser")
-    if "pg" in names or "pgvector" in params.values() or (path.parent.name == "stores" and path.name.startswith("test_pg")):
+    pg_module = path.parent.name == "stores" and path.name.startswith("test_pg")
+    if "pg" in names or "pgvector" in params.values() or pg_module:
         tiers.add("pgvector")
     at_import, bodies = _oracle_scan(str(path))
     if "hf" in names or at_import or item.originalname in bodies or item.nodeid in ORACLE_VIA:

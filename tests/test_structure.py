@@ -1,0 +1,223 @@
+"""The shape of the house: no import circles, short functions, a README read in one sitting,
+links that lead somewhere. Each failure names the place to fix (module, file:line, link).
+
+Every import counts toward a circle: at module level, inside a function, under `if TYPE_CHECKING:`.
+An import moved into a function (or behind TYPE_CHECKING) only hides a circle from the
+interpreter; the two modules still each need the other to be read, tested or replaced. Importing
+`puffergpt.stores.base` does not count as importing `puffergpt.stores` (the package's
+`__init__`): Python runs it, but a package that re-exports its modules is not a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "puffergpt"
+MAX_FUNCTION_LINES = 100
+MAX_README_LINES = 250
+
+
+# --- import circles ------------------------------------------------------------------------
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+@dataclass(frozen=True)
+class Edge:
+    target: str
+    line: int
+
+
+def imported(name: str, path: Path, known: dict[str, Path]) -> list[Edge]:
+    """The package's modules that `name` imports, anywhere in it, with the line of each import."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    edges = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # from . import x, from ..stores import y
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            # `from puffergpt import text` imports the module puffergpt.text; `from puffergpt.text
+            # import Text` imports puffergpt.text.
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in known:  # `import puffergpt.stores.pgvector as p` -> that module
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                edges.append(Edge(t, node.lineno))
+    return edges
+
+
+def circles(graph: dict[str, list[Edge]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each as a list of names."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for e in graph[v]:
+            if e.target not in index:
+                visit(e.target)
+                low[v] = min(low[v], low[e.target])
+            elif e.target in on_stack:
+                low[v] = min(low[v], index[e.target])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def one_cycle(graph: dict[str, list[Edge]], comp: list[str]) -> list[tuple[str, Edge]]:
+    """A shortest path from comp's first module back to itself inside comp: [(module, edge to next)]."""
+    inside, start = set(comp), comp[0]
+    prev: dict[str, tuple[str, Edge]] = {}
+    frontier = [start]
+    while frontier:
+        nxt = []
+        for v in frontier:
+            for e in graph[v]:
+                if e.target in inside and e.target not in prev:
+                    prev[e.target] = (v, e)
+                    nxt.append(e.target)
+        if start in prev:
+            break
+        frontier = nxt
+    path, v = [], start
+    while True:
+        u, e = prev[v]
+        path.append((u, e))
+        v = u
+        if v == start:
+            return path[::-1]
+
+
+def test_no_import_circles_among_the_package_modules():
+    known = modules()
+    graph = {name: imported(name, path, known) for name, path in known.items()}
+    assert "puffergpt.reference" in graph and graph["puffergpt.engine"], "the import graph came out empty"
+    described = []
+    for comp in circles(graph):
+        steps = [f"{u} ({known[u].relative_to(ROOT)}:{e.line}) imports {e.target}" for u, e in one_cycle(graph, comp)]
+        described.append(f"{' <-> '.join(comp)}: " + "; ".join(steps))
+    assert not described, "import circles:\n" + "\n".join(described)
+
+
+def test_the_circle_finder_finds_one_through_a_function_level_import(tmp_path):
+    """The finder itself, on a made-up graph: a -> b at module level, b -> a inside a function."""
+    graph = {"a": [Edge("b", 1)], "b": [Edge("c", 2), Edge("a", 9)], "c": [], "d": [Edge("a", 3)]}
+    assert circles(graph) == [["a", "b"]]
+    assert [(u, e.target) for u, e in one_cycle(graph, ["a", "b"])] == [("a", "b"), ("b", "a")]
+    src = tmp_path / "puffergpt"
+    src.mkdir()
+    (src / "b.py").write_text("import os\n\ndef f():\n    from puffergpt import a  # hidden in a function\n")
+    edges = imported("puffergpt.b", src / "b.py", {"puffergpt.a": src / "a.py", "puffergpt.b": src / "b.py"})
+    assert edges == [Edge("puffergpt.a", 4)]
+
+
+# --- function length -----------------------------------------------------------------------
+
+def test_no_function_over_100_lines_in_src():
+    """Every def, methods and nested functions included, from its `def` line to its last line."""
+    long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    long.append((n, f"{path.relative_to(ROOT)}:{node.lineno} {node.name}: {n} lines"))
+    worst_first = [s for _, s in sorted(long, reverse=True)]
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(worst_first)
+
+
+# --- the README and docs/ ------------------------------------------------------------------
+
+def test_the_readme_is_read_in_one_sitting():
+    n = len((ROOT / "README.md").read_text().splitlines())
+    assert n <= MAX_README_LINES, f"README.md has {n} lines (at most {MAX_README_LINES}): move reference to docs/"
+
+
+def markdown_files() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+CODE = re.compile(r"`[^`\n]*`")
+INLINE_LINK = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+REFERENCE_LINK = re.compile(r"^\s*\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+.*)?$", re.M)
+
+
+def links(text: str) -> list[str]:
+    """The targets of a Markdown file's links, outside code blocks and code spans."""
+    prose = CODE.sub("", FENCE.sub("", text))
+    return INLINE_LINK.findall(prose) + REFERENCE_LINK.findall(prose)
+
+
+def anchors(text: str) -> set[str]:
+    """GitHub's ids for a file's headings: lower case, punctuation dropped, spaces to hyphens."""
+    ids, seen = set(), {}
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*\s*$", FENCE.sub("", text), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        ids.add(slug if n == 0 else f"{slug}-{n}")
+    return ids
+
+
+def test_links_in_the_readme_and_docs_lead_somewhere():
+    """Every relative link in README.md and docs/*.md names a file (or folder) that exists, and a
+    #section of a Markdown file names one of its headings."""
+    broken, seen = [], 0
+    for md in markdown_files():
+        for target in links(md.read_text()):
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target, re.I):  # https:, mailto:: not ours to check
+                continue
+            seen += 1
+            file, _, section = target.partition("#")
+            dest = (md.parent / file).resolve() if file else md
+            where = f"{md.relative_to(ROOT)}: ({target})"
+            if not dest.exists():
+                broken.append(f"{where}: no such file")
+            elif section and dest.suffix == ".md" and section not in anchors(dest.read_text()):
+                broken.append(f"{where}: {dest.name} has no heading #{section}")
+    assert seen > 0, "no relative links found: the link parser is broken"
+    assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_every_page_under_docs_is_linked_from_the_readme_or_another_page():
+    linked = {(md.parent / t.partition("#")[0]).resolve() for md in markdown_files() for t in links(md.read_text())}
+    orphans = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "docs").glob("*.md")) if p.resolve() not in linked]
+    assert not orphans, f"docs pages no one links to (add them to README.md's 'Where to read on'): {orphans}"
+
+
+def test_the_link_parser_skips_code_and_finds_reference_links():
+    text = "See [a](docs/a.md#x) and `[b](no.md)`.\n```\n[c](no.md)\n```\n[d]: docs/d.md\n"
+    assert links(text) == ["docs/a.md#x", "docs/d.md"]
+    assert anchors("# How a `matrix` multiply becomes a search\n## Tests\n## Tests\n") == {
+        "how-a-matrix-multiply-becomes-a-search", "tests", "tests-1"}
