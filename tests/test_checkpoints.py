@@ -19,16 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from puffergpt import checkpoints
-from puffergpt.checkpoints import (
-    HUB_MODELS,
-    PRESETS,
-    CheckpointError,
-    GPT2Config,
-    HubModel,
-    expected_shapes,
-    fetch_verified,
-)
+from puffergpt import checkpoints, hub
+from puffergpt.checkpoints import PRESETS, CheckpointError, GPT2Config, expected_shapes
+from puffergpt.hub import HUB_MODELS, HubModel, fetch_verified
 
 TINY = PRESETS["tiny"]
 
@@ -406,7 +399,7 @@ def test_download_offline_names_the_alternatives(tmp_path, monkeypatch):
         raise OSError("network unreachable")
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
-    for f in (lambda: checkpoints.download(HUB_MODELS["gpt2"], tmp_path), lambda: checkpoints.load("gpt2", cache_dir=tmp_path)):
+    for f in (lambda: hub.download(HUB_MODELS["gpt2"], tmp_path), lambda: checkpoints.load("gpt2", cache_dir=tmp_path)):
         with pytest.raises(CheckpointError) as e:
             f()
         msg = str(e.value)
@@ -441,7 +434,7 @@ def test_download_verifies_and_caches(tmp_path, monkeypatch, tiny_ckpt_dir, tiny
     st = (tiny_ckpt_dir / "model.safetensors").read_bytes()
     m = HubModel("someone/tiny", "0123456789abcdef", hashlib.sha256(st).hexdigest(), len(st))
     calls = fake_hub(monkeypatch, tiny_ckpt_dir)
-    out = checkpoints.download(m, tmp_path / "cache")
+    out = hub.download(m, tmp_path / "cache")
     assert out == tmp_path / "cache" / "someone--tiny" / "0123456789abcdef"
     assert sorted(calls) == ["config.json", "model.safetensors"]
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "model.safetensors.verified"]
@@ -449,7 +442,7 @@ def test_download_verifies_and_caches(tmp_path, monkeypatch, tiny_ckpt_dir, tiny
     np.testing.assert_array_equal(got.params["wte.weight"], tiny_ckpt.params["wte.weight"])
     # A second call finds the cache and does not fetch.
     calls.clear()
-    assert checkpoints.download(m, tmp_path / "cache") == out
+    assert hub.download(m, tmp_path / "cache") == out
     assert calls == []
 
 
@@ -460,7 +453,7 @@ def test_download_of_the_wrong_file_leaves_nothing(tmp_path, monkeypatch, tiny_c
     tampered[-1] ^= 1
     fake_hub(monkeypatch, tiny_ckpt_dir, {"model.safetensors": bytes(tampered)})
     with pytest.raises(CheckpointError, match="sha256"):
-        checkpoints.download(m, tmp_path / "cache")
+        hub.download(m, tmp_path / "cache")
     assert files_under(tmp_path / "cache") == []
 
 
@@ -511,7 +504,7 @@ def pinned_tiny(monkeypatch, tiny_ckpt_dir) -> HubModel:
 
 def timed_default_model(cache: Path, **kw) -> tuple[str, str | None, float]:
     t0 = time.monotonic()
-    name, note = checkpoints.default_model(progress=False, cache_dir=cache, **kw)
+    name, note = hub.default_model(progress=False, cache_dir=cache, **kw)
     return name, note, time.monotonic() - t0
 
 
@@ -564,7 +557,7 @@ def test_environment_in_a_real_process(tmp_path, env, words):
     env = {k: v.format(port=port) for k, v in env.items()}
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "XDG_"))}
     clean |= {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")} | env
-    code = "import json; from puffergpt import checkpoints; print(json.dumps([checkpoints.default_model(progress=False), str(checkpoints.default_cache_dir())]))"
+    code = "import json; from puffergpt import hub; print(json.dumps([hub.default_model(progress=False), str(hub.default_cache_dir())]))"
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean, timeout=60)
     elapsed = time.monotonic() - t0
@@ -609,21 +602,21 @@ def test_partial_file_in_the_cache_is_ignored(tmp_path, monkeypatch, tiny_ckpt_d
 
 def test_cached_and_verified_needs_no_hub(tmp_path, monkeypatch, pinned_tiny, tiny_ckpt_dir, tiny_ckpt):
     calls = fake_hub(monkeypatch, tiny_ckpt_dir)
-    assert checkpoints.default_model(progress=False, cache_dir=tmp_path) == ("gpt2", None)
+    assert hub.default_model(progress=False, cache_dir=tmp_path) == ("gpt2", None)
     assert sorted(calls) == ["config.json", "model.safetensors"]
     # Now offline: the verified cache serves GPT-2 without asking the hub or hashing again.
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub, "get_hf_file_metadata", lambda *a, **kw: pytest.fail("asked the hub"))
-    monkeypatch.setattr(checkpoints, "sha256_file", lambda *a, **kw: pytest.fail("hashed again"))
-    assert checkpoints.default_model(progress=False, cache_dir=tmp_path) == ("gpt2", None)
+    monkeypatch.setattr(hub, "sha256_file", lambda *a, **kw: pytest.fail("hashed again"))
+    assert hub.default_model(progress=False, cache_dir=tmp_path) == ("gpt2", None)
     got = checkpoints.load("gpt2", cache_dir=tmp_path)
     np.testing.assert_array_equal(got.params["wte.weight"], tiny_ckpt.params["wte.weight"])
 
 
 def test_cached_file_changed_since_its_check_is_removed(tmp_path, monkeypatch, pinned_tiny, tiny_ckpt_dir):
     fake_hub(monkeypatch, tiny_ckpt_dir)
-    out = checkpoints.download(pinned_tiny, tmp_path)
+    out = hub.download(pinned_tiny, tmp_path)
     st = out / "model.safetensors"
     data = bytearray(st.read_bytes())
     data[-1] ^= 1  # same size, one bit flipped

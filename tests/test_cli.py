@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from puffergpt import checkpoints, tokenizer
+from puffergpt import checkpoints, hub, tokenizer
 from puffergpt.cli import main
 from puffergpt.reference import Reference
 
@@ -262,7 +262,7 @@ def test_gpt2_offline_names_the_alternatives(monkeypatch, tmp_path):
         raise OSError("network unreachable")
 
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", unreachable)
-    monkeypatch.setattr(checkpoints, "default_cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setattr(hub, "default_cache_dir", lambda: tmp_path / "cache")
     r = run("generate", "hi", "--model", "gpt2", "--engine", "reference")
     assert_clear_error(r, "could not download", "--model demo", "make-model")
 
