@@ -203,7 +203,7 @@ def search_engine(store, model: str):
 def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, seed, n_tokens, as_json, inspect, lens_k) -> None:
     """Continue PROMPT."""
     from puffergpt.text import TextError, check_generation
-    from puffergpt.texts import complete
+    from puffergpt.completion import complete
 
     if not prompt:
         fail("the prompt is empty: give some text to continue")
@@ -368,7 +368,7 @@ def _with_config(f, config):
 def run_generate(steps, prompt, ids, as_json, summary) -> None:
     """Render a completion: the text as it streams (or one JSON line a token), then the
     usage of the prefill and the decode."""
-    from puffergpt.texts import Usage
+    from puffergpt.completion import Usage
 
     t0, done = time.perf_counter(), []
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
@@ -397,7 +397,7 @@ def run_generate(steps, prompt, ids, as_json, summary) -> None:
 def step_line(step) -> dict:
     """The --json line of a token; with --inspect, its attention, lens, attribution and
     neurons (see the README)."""
-    from puffergpt import inside, texts
+    from puffergpt import inside, views
 
     d = step.to_json()
     if step.inspect is not None:
@@ -405,7 +405,7 @@ def step_line(step) -> dict:
         d["attention"] = [[[round(float(w), 6) for w in head[: step.position]] for head in layer] for layer in got["weights"]]
         d["lens"] = [[{"token_id": int(i), "logit": float(v)} for i, v in zip(e["ids"], e["logits"])] for e in got["lens"]]
         d["decided_layer"] = inside.decided_layer(got["lens"])
-        d["final_top1"] = texts.token_dict(inside.final_top1(got["lens"]))
+        d["final_top1"] = views.token_dict(inside.final_top1(got["lens"]))
         if "attribution" in got:
             d["attribution"], d["neurons"] = got["attribution"], got["neurons"]
     return d
@@ -424,7 +424,7 @@ def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
     """A is to B as C is to ?: the tokens nearest by cosine to wte[B] - wte[A] + wte[C], as one search.
 
     Words are GPT-2 tokens: a word inside a sentence carries its leading space (" man")."""
-    from puffergpt import texts
+    from puffergpt import views
     from puffergpt.text import TextError
 
     model, _ = resolve_model(model)
@@ -434,7 +434,7 @@ def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
         try:
             products = search_engine(store, model).views()
             try:
-                got = texts.analogy(products, a, b, c, k)
+                got = views.analogy(products, a, b, c, k)
             except TextError as e:
                 fail(str(e))
             finally:
