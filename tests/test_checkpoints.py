@@ -144,7 +144,8 @@ def test_bf16_mixed_with_fp32_tensors(tmp_path):
     params = checkpoints.random_params(c, 5)
     d = tmp_path / "mixed"
     d.mkdir()
-    t = {k: torch.from_numpy(v).to(torch.bfloat16) if k.startswith("h.0.") else torch.from_numpy(v) for k, v in params.items()}
+    t = {k: torch.from_numpy(v).to(torch.bfloat16) if k.startswith("h.0.") else torch.from_numpy(v)
+         for k, v in params.items()}
     save_file(t, str(d / "model.safetensors"))
     (d / "config.json").write_text(json.dumps(c.to_hf()))
     got = checkpoints.load_dir(d)
@@ -161,7 +162,8 @@ def test_transformer_prefixed_keys_load(tmp_path):
     d.mkdir()
     from safetensors.numpy import save_file
 
-    save_file({"transformer." + k: v for k, v in params.items()}, str(d / "model.safetensors"), metadata={"format": "pt"})
+    prefixed = {"transformer." + k: v for k, v in params.items()}
+    save_file(prefixed, str(d / "model.safetensors"), metadata={"format": "pt"})
     hf_cfg = c.to_hf() | {"transformers_version": "4.44.0", "attn_pdrop": 0.1, "summary_type": "cls_index"}
     (d / "config.json").write_text(json.dumps(hf_cfg))
     got = checkpoints.load_dir(d)
@@ -481,7 +483,8 @@ def hub_at(monkeypatch, endpoint: str) -> None:
     import huggingface_hub
 
     real = huggingface_hub.hf_hub_url
-    monkeypatch.setattr(huggingface_hub, "hf_hub_url", lambda repo, filename, **kw: real(repo, filename, endpoint=endpoint, **kw))
+    monkeypatch.setattr(huggingface_hub, "hf_hub_url",
+                        lambda repo, filename, **kw: real(repo, filename, endpoint=endpoint, **kw))
 
 
 @pytest.fixture
@@ -557,7 +560,8 @@ def test_environment_in_a_real_process(tmp_path, env, words):
     env = {k: v.format(port=port) for k, v in env.items()}
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "XDG_"))}
     clean |= {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")} | env
-    code = "import json; from puffergpt import hub; print(json.dumps([hub.default_model(progress=False), str(hub.default_cache_dir())]))"
+    code = ("import json; from puffergpt import hub; "
+            "print(json.dumps([hub.default_model(progress=False), str(hub.default_cache_dir())]))")
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean, timeout=60)
     elapsed = time.monotonic() - t0
@@ -594,7 +598,8 @@ def test_partial_file_in_the_cache_is_ignored(tmp_path, monkeypatch, tiny_ckpt_d
     hub_at(monkeypatch, f"http://127.0.0.1:{closed_port()}")
     name, note, elapsed = timed_default_model(tmp_path)
     assert name == "demo" and elapsed < 10
-    assert_fallback_note(note, "the cached model.safetensors was damaged (5,000 of 548,105,171 bytes)", "removed", "refused")
+    assert_fallback_note(note, "the cached model.safetensors was damaged (5,000 of 548,105,171 bytes)",
+                         "removed", "refused")
     assert not (out / "model.safetensors").exists()
     with pytest.raises(CheckpointError, match="could not download"):  # explicit gpt2 never loads the partial file
         checkpoints.load("gpt2", cache_dir=tmp_path)
@@ -638,7 +643,8 @@ def test_cached_file_changed_since_its_check_is_removed(tmp_path, monkeypatch, p
     (b"truncated", ["was incomplete (9 of"]),
     (None, ["did not match its pinned sha256"]),
 ])
-def test_damaged_download_is_discarded_and_demo_serves(tmp_path, monkeypatch, pinned_tiny, tiny_ckpt_dir, served, words):
+def test_damaged_download_is_discarded_and_demo_serves(tmp_path, monkeypatch, pinned_tiny, tiny_ckpt_dir, served,
+                                                       words):
     st = (tiny_ckpt_dir / "model.safetensors").read_bytes()
     tampered = served if served is not None else st[:-1] + bytes([st[-1] ^ 1])
     fake_hub(monkeypatch, tiny_ckpt_dir, {"model.safetensors": tampered})

@@ -36,7 +36,7 @@ class GPT2Config:
         return self.n_embd // self.n_head
 
     @classmethod
-    def from_hf(cls, cfg: dict) -> "GPT2Config":
+    def from_hf(cls, cfg: dict) -> GPT2Config:
         """From a Hugging Face ``config.json`` (GPT-2's field names)."""
         if not isinstance(cfg, dict):
             raise CheckpointError("config.json must hold a JSON object")
@@ -45,10 +45,12 @@ class GPT2Config:
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise CheckpointError(f"config.json: {k} must be a positive integer, got {v!r}")
         if cfg.get("model_type", "gpt2") != "gpt2":
-            raise CheckpointError(f"config.json has model_type {cfg.get('model_type')!r}; puffergpt runs GPT-2 checkpoints only")
+            raise CheckpointError(f"config.json has model_type {cfg.get('model_type')!r}; "
+                                  "puffergpt runs GPT-2 checkpoints only")
         act = cfg.get("activation_function", "gelu_new")
         if act not in ("gelu_new", "gelu_pytorch_tanh"):
-            raise CheckpointError(f"config.json has activation_function {act!r}; puffergpt implements GPT-2's tanh GELU (gelu_new) only")
+            raise CheckpointError(f"config.json has activation_function {act!r}; "
+                                  "puffergpt implements GPT-2's tanh GELU (gelu_new) only")
         if cfg.get("n_inner") not in (None, 4 * cfg.get("n_embd", 768)):
             raise CheckpointError("config.json sets n_inner; puffergpt expects GPT-2's 4 * n_embd")
         c = cls(
@@ -112,6 +114,8 @@ class Checkpoint:
 
 # --- which directory a model name means --------------------------------------------------
 
+NEEDS = "(it needs config.json and model.safetensors)"
+
 def demo_dir() -> Path:
     return Path(str(resources.files("puffergpt") / "models" / "demo"))
 
@@ -124,10 +128,10 @@ def check_model(model: str) -> None:
     if p.is_dir():
         missing = [f for f in ("config.json", "model.safetensors") if not (p / f).exists()]
         if missing:
-            raise CheckpointError(f"{model} is not a checkpoint: {' and '.join(missing)} missing (it needs config.json and model.safetensors)")
+            raise CheckpointError(f"{model} is not a checkpoint: {' and '.join(missing)} missing {NEEDS}")
         return
     if Path(model).expanduser().exists():
-        raise CheckpointError(f"{model} is a file, not a checkpoint directory (it needs config.json and model.safetensors)")
+        raise CheckpointError(f"{model} is a file, not a checkpoint directory {NEEDS}")
     known = ", ".join(["demo", *hub.HUB_MODELS])
     raise CheckpointError(f"unknown model {model!r}: use one of {known}, or the path of a checkpoint directory")
 
@@ -159,7 +163,7 @@ def load_dir(path: Path, name: str | None = None, source: dict | None = None) ->
     cfg_path, st_path = path / "config.json", path / "model.safetensors"
     for p in (cfg_path, st_path):
         if not p.exists():
-            raise CheckpointError(f"{path} is not a checkpoint: {p.name} is missing (it needs config.json and model.safetensors)")
+            raise CheckpointError(f"{path} is not a checkpoint: {p.name} is missing {NEEDS}")
     try:
         config = GPT2Config.from_hf(json.loads(cfg_path.read_text()))
     except json.JSONDecodeError as e:
@@ -173,7 +177,8 @@ def load_dir(path: Path, name: str | None = None, source: dict | None = None) ->
         if key not in raw:
             raise CheckpointError(f"{st_path}: tensor {key} is missing")
         if tuple(raw[key].shape) != shape:
-            raise CheckpointError(f"{st_path}: tensor {key} has shape {tuple(raw[key].shape)}, expected {shape} from config.json")
+            raise CheckpointError(f"{st_path}: tensor {key} has shape {tuple(raw[key].shape)}, "
+                                  f"expected {shape} from config.json")
         params[key] = np.ascontiguousarray(raw[key], dtype=np.float32)
     return Checkpoint(name or str(path), config, params, source or {"path": str(path)})
 
@@ -214,7 +219,8 @@ def save_dir(path: Path, config: GPT2Config, params: dict[str, np.ndarray], dtyp
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    save_file({k: np.ascontiguousarray(v, dtype=dtype) for k, v in params.items()}, str(path / "model.safetensors"), metadata={"format": "pt"})
+    tensors = {k: np.ascontiguousarray(v, dtype=dtype) for k, v in params.items()}
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
     (path / "config.json").write_text(json.dumps(config.to_hf(), indent=2) + "\n")
     return path
 
@@ -237,7 +243,8 @@ def random_params(c: GPT2Config, seed: int) -> dict[str, np.ndarray]:
     out = {}
     for k, shape in expected_shapes(c).items():
         if ".ln_" in k or k.startswith("ln_f"):
-            out[k] = (1.0 + 0.1 * rng.standard_normal(shape)) if k.endswith("weight") else 0.05 * rng.standard_normal(shape)
+            gain = k.endswith("weight")
+            out[k] = (1.0 + 0.1 * rng.standard_normal(shape)) if gain else 0.05 * rng.standard_normal(shape)
         else:
             std = 0.02 / np.sqrt(2 * c.n_layer) if k.endswith("c_proj.weight") else 0.02
             out[k] = std * rng.standard_normal(shape)

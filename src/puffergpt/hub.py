@@ -13,10 +13,10 @@ import os
 import socket
 import tempfile
 import threading
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 from urllib.parse import urlparse
 
 from puffergpt.errors import CheckpointError
@@ -79,12 +79,15 @@ def fetch_verified(fetch: Callable[[Path], Path], dest: Path, sha256: str | None
         got = Path(fetch(Path(tmp)))
         n = got.stat().st_size
         if size is not None and n != size:
-            raise DownloadFailed(f"{dest.name}: downloaded {n:,} bytes, expected {size:,}; the download is incomplete or not the pinned file. Run the command again.",
-                                 f"the download of {dest.name} was incomplete ({n:,} of {size:,} bytes) and was discarded")
+            raise DownloadFailed(f"{dest.name}: downloaded {n:,} bytes, expected {size:,}; the download is incomplete "
+                                 "or not the pinned file. Run the command again.",
+                                 f"the download of {dest.name} was incomplete ({n:,} of {size:,} bytes) "
+                                 "and was discarded")
         if sha256 is not None:
             digest = sha256_file(got, progress=progress)
             if digest != sha256:
-                raise DownloadFailed(f"{dest.name}: sha256 {digest} does not match the pinned {sha256}; the file was discarded. Run the command again, or use a local checkpoint.",
+                raise DownloadFailed(f"{dest.name}: sha256 {digest} does not match the pinned {sha256}; the file was "
+                                     "discarded. Run the command again, or use a local checkpoint.",
                                      f"the downloaded {dest.name} did not match its pinned sha256 and was discarded")
         os.replace(got, dest)
     return dest
@@ -140,9 +143,11 @@ def download(m: HubModel, cache_dir: Path | None = None, timeout: float = HUB_TI
         except DownloadFailed as e:
             if not damaged:
                 raise
-            raise DownloadFailed(f"{damaged}, so it was removed; {e}", f"{damaged}, so it was removed; {e.reason}") from None
+            raise DownloadFailed(f"{damaged}, so it was removed; {e}",
+                                 f"{damaged}, so it was removed; {e.reason}") from None
         except Exception as e:  # network errors come in many types across huggingface_hub versions
-            raise DownloadFailed(f"could not download {m.repo}@{m.revision[:12]} from the Hugging Face hub ({type(e).__name__}: {e}). {OFFLINE_HINT}",
+            raise DownloadFailed(f"could not download {m.repo}@{m.revision[:12]} from the Hugging Face hub "
+                                 f"({type(e).__name__}: {e}). {OFFLINE_HINT}",
                                  f"the download failed: {type(e).__name__}: {_one_line(e)}") from None
         if sha256 is not None:
             _stamp(dest).write_text(_mark(dest, sha256))
@@ -208,7 +213,8 @@ def probe_hub(m: HubModel, filename: str, timeout: float = HUB_TIMEOUT_S) -> Non
     if result and result[0] is None:
         return
     reason = _why_unreachable(result[0], host, timeout) if result else f"{host} did not answer within {timeout:g} s"
-    raise DownloadFailed(f"could not download {m.repo}@{m.revision[:12]} from the Hugging Face hub: {reason}. {OFFLINE_HINT}", reason)
+    raise DownloadFailed(f"could not download {m.repo}@{m.revision[:12]} from the Hugging Face hub: {reason}. "
+                         f"{OFFLINE_HINT}", reason)
 
 
 def _why_unreachable(e: BaseException, host: str, timeout: float) -> str:
@@ -242,7 +248,9 @@ def _hub_fetch(m: HubModel, filename: str, timeout: float) -> Callable[[Path], P
     def fetch(tmp: Path) -> Path:
         import huggingface_hub
 
-        return Path(huggingface_hub.hf_hub_download(m.repo, filename, revision=m.revision, local_dir=tmp, etag_timeout=timeout))
+        got = huggingface_hub.hf_hub_download(m.repo, filename, revision=m.revision, local_dir=tmp,
+                                              etag_timeout=timeout)
+        return Path(got)
     return fetch
 
 
