@@ -241,7 +241,7 @@ def test_decided_layer_on_a_real_prompt_where_the_readings_differ(loaded, hf, de
     """Demo model, "A dog" -> next token: the lens's top-1 at layer 2 already is the final
     top-1 (","), layer 3's is not (" of"), the last is again. Checked against transformers' lens,
     through the search engine, the server's inspect JSON and the CLI's line."""
-    from puffergpt.cli import step_line
+    from puffergpt.cli.ask import step_line
     from puffergpt.server.app import inspect_json, step_inspect_json
 
     ids = tokenizer.encode("A dog")

@@ -19,9 +19,9 @@ from fastapi.testclient import TestClient
 
 from puffergpt import notebook as nb
 from puffergpt import tokenizer
+from puffergpt.cli.notebook import notebook as notebook_cli
 from puffergpt.engine import Engine
 from puffergpt.notebook import GitError, InsightNotFound, InvalidInsight, Notebook, NotebookError
-from puffergpt.notebook_cli import notebook as notebook_cli
 from puffergpt.reference import NumpyProducts, Reference
 from puffergpt.sampling import Sampling
 from puffergpt.server.notebook import notebook_router

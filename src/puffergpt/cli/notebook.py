@@ -1,48 +1,21 @@
 """``puffergpt notebook list|show|replay|push``: the insight notebook from the command line.
 
-The group is attached to the main command in cli.py (``main.add_command(notebook)``).
 Parse, call the notebook, render; everything shown is text with control characters
 written out, so a file edited by hand can't drive the terminal."""
 
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 import click
 
 from puffergpt import notebook as nb
-from puffergpt.stores import BACKENDS
-
-
-def notebook_dir(notebook_path: Path | None, data_dir: Path | None) -> Path:
-    """--notebook, else <data dir>/notebook (the data dir as every command has it)."""
-    if notebook_path is not None:
-        return notebook_path
-    import platformdirs
-
-    return (data_dir or Path(platformdirs.user_data_dir("puffergpt"))) / "notebook"
+from puffergpt.cli.options import backend_option, clear_errors, data_option, notebook_dir, notebook_option, open_model
 
 
 def notebook_options(f):
-    f = click.option("--data", "data_dir", type=click.Path(path_type=Path), envvar="PUFFERGPT_DATA", default=None,
-                     help="the data directory [env PUFFERGPT_DATA; default: the user data dir]")(f)
-    return click.option("--notebook", "notebook_path", type=click.Path(path_type=Path), default=None,
-                        help="the notebook's git repository [default: DATA/notebook]")(f)
-
-
-@contextmanager
-def clear_errors():
-    """Known failures become one clear line and a non-zero exit, not a traceback."""
-    from puffergpt.checkpoints import CheckpointError
-    from puffergpt.stores import StoreError
-
-    try:
-        yield
-    except (nb.NotebookError, CheckpointError, StoreError, ValueError, OSError) as e:
-        raise click.ClickException(str(e)) from None
+    return notebook_option(data_option(f))
 
 
 def open_notebook(notebook_path: Path | None, data_dir: Path | None) -> nb.Notebook:
@@ -91,52 +64,27 @@ def show(insight_id, as_json, notebook_path, data_dir) -> None:
     click.echo(nb._shown("\n".join(head) + (ins.body + "\n\n" if ins.body else "") + nb.render_evidence(ins.evidence)))
 
 
-def candidates_for(engine: str, model: str, backend: str, data_dir: Path | None, dsn: str | None) -> tuple[nb.CandidatesAt, Callable[[], None]]:
-    """The candidates_at that replay runs, and how to release what it holds. ``reference``
-    is the numpy GPT-2 from the checkpoint; ``search`` the engine on a loaded store."""
-    from puffergpt import checkpoints
-
-    if engine == "reference":
-        from puffergpt.reference import NumpyProducts
-
-        ckpt = checkpoints.load(model)
-        return nb.candidates_from_products(lambda: NumpyProducts(ckpt)), lambda: None
-    from puffergpt.cli import open_store  # the store's settings, as every command reads them
-    from puffergpt.engine import Engine
-
-    checkpoints.check_model(model)
-    store = open_store(backend, data_dir, dsn)
-    try:
-        return nb.candidates_from_products(Engine(store, model, verify=True, progress=True).open), store.close  # never replay on a damaged store
-    except BaseException:
-        store.close()
-        raise
-
-
 @notebook.command()
 @click.argument("insight_id")
 @click.option("--model", default=None, help="the model to replay with [default: the insight's own]")
 @click.option("--engine", type=click.Choice(["reference", "search"]), default="reference", show_default=True,
               help="reference: the numpy GPT-2 from the checkpoint; search: the engine on the loaded store")
-@click.option("--backend", type=click.Choice(BACKENDS), default="embedded", show_default=True, help="for --engine search")
-@click.option("--dsn", envvar="PUFFERGPT_DSN", default=None, help="PostgreSQL connection string for --backend pgvector [env PUFFERGPT_DSN]")
+@backend_option
 @click.option("--json", "as_json", is_flag=True, help="the comparison as JSON")
 @notebook_options
 def replay(insight_id, model, engine, backend, dsn, as_json, notebook_path, data_dir) -> None:
     """Recompute an insight's candidates and check they still match (exit 1 if not)."""
     with clear_errors():
         ins = open_notebook(notebook_path, data_dir).get(insight_id)
-        at, release = candidates_for(engine, model or ins.model, backend, data_dir, dsn)
-        try:
-            r = nb.replay(ins, at)
-        finally:
-            release()
+        with open_model(engine, model or ins.model, backend, data_dir, dsn) as opened:
+            r = nb.replay(ins, nb.candidates_from_products(opened.products))
     if as_json:
         click.echo(json.dumps({"id": ins.id, "model": model or ins.model, "engine": engine, **r}))
     else:
         diff = "n/a" if r["max_abs_diff"] is None else f"{r['max_abs_diff']:.3g}"
+        verdict, same = "matches" if r["matches"] else "DIFFERS", "yes" if r["same_ids"] else "no"
         click.echo(f"{ins.id} at position {ins.evidence['position']} with {model or ins.model} ({engine}): "
-                   f"{'matches' if r['matches'] else 'DIFFERS'}: same ids in the same order: {'yes' if r['same_ids'] else 'no'}, "
+                   f"{verdict}: same ids in the same order: {same}, "
                    f"max |logit diff| {diff} (tolerance {r['tolerance']:g}) over {len(r['now'])} candidates")
         for d in r["first_differences"]:
             dd = "missing now" if d["diff"] is None else f"diff {d['diff']:.3g}"

@@ -1,0 +1,32 @@
+"""The command line, ``puffergpt COMMAND``: each command parses its options, calls the
+application layer and renders what comes back.
+
+    options.py    what every command shares: the options, the data directory, clear errors,
+                  open_store and open_model (the one way a command opens a model); the only
+                  reader of the environment
+    weights.py    make-model, load, verify: a checkpoint made, written into a store, read back
+    ask.py        generate and analogy, and how a completion is rendered
+    serving.py    serve: the playground and the HTTP API
+    benchmark.py  bench: the engines timed side by side
+    notebook.py   notebook list|show|replay|push
+"""
+
+from __future__ import annotations
+
+import click
+
+from puffergpt.cli import ask, benchmark, notebook, serving, weights
+from puffergpt.cli.serving import serve
+
+__all__ = ["main", "serve"]
+
+
+@click.group()
+@click.version_option(package_name="puffergpt")
+def main() -> None:
+    """puffergpt: GPT-2 where every matrix multiply is a vector search."""
+
+
+for command in (weights.make_model, weights.load, weights.verify, ask.generate, ask.analogy, serving.serve,
+                benchmark.bench, notebook.notebook):
+    main.add_command(command)

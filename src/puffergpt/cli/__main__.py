@@ -1,0 +1,5 @@
+"""``python -m puffergpt.cli``: the ``puffergpt`` command."""
+
+from puffergpt.cli import main
+
+main()

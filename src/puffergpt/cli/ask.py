@@ -1,0 +1,148 @@
+"""``puffergpt generate`` and ``analogy``: ask the model from the terminal, and render what
+it says (the text as it streams, or one JSON line a token, then the usage)."""
+
+from __future__ import annotations
+
+import codecs
+import json
+import time
+
+import click
+
+from puffergpt import tokenizer
+from puffergpt.cli.options import (
+    MODEL_HELP,
+    backend_option,
+    clear_errors,
+    data_option,
+    fail,
+    open_model,
+    resolve_model,
+)
+from puffergpt.sampling import Sampling
+
+
+@click.command()
+@click.argument("prompt")
+@click.option("--model", default=None,
+              help=MODEL_HELP + " [default: gpt2, or the demo model when GPT-2 small can't be had]")
+@click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
+              help="search: every product a vector search; reference: the numpy GPT-2")
+@backend_option
+@data_option
+@click.option("--temperature", type=float, default=1.0, show_default=True, help="0 is greedy")
+@click.option("--top-k", type=int, default=40, show_default=True)
+@click.option("--seed", type=int, default=None, help="makes sampling reproducible")
+@click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="tokens to generate")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object a token, then a summary line")
+@click.option("--inspect", is_flag=True,
+              help="with --json: each token's attention per layer and head, the logit lens, what each part "
+                   "adds to its logit (attribution) and each layer's most active MLP neurons")
+@click.option("--lens-k", type=click.IntRange(5, 100), default=10, show_default=True,
+              help="tokens per layer in the lens")
+def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, seed, n_tokens, as_json, inspect,
+             lens_k) -> None:
+    """Continue PROMPT."""
+    from puffergpt.completion import complete
+    from puffergpt.text import TextError, check_generation
+
+    if not prompt:
+        fail("the prompt is empty: give some text to continue")
+    if n_tokens < 0:
+        fail(f"-n must be >= 0, got {n_tokens}")
+    if inspect and not as_json:
+        fail("--inspect adds attention and the lens to the --json output: give --json too")
+    model, _ = resolve_model(model)
+    ids = tokenizer.encode(prompt)
+    s = Sampling(temperature, top_k, seed)
+    with clear_errors(), open_model(engine, model, backend, data_dir, dsn) as opened:
+        try:
+            check_generation(opened.config, s, len(ids), n_tokens)
+        except TextError as e:
+            fail(str(e))
+        steps = complete(opened.products, ids, n_tokens, s, inspect=lens_k if inspect else 0, explain=inspect)
+        run_generate(steps, prompt, ids, as_json,
+                     {"model": model, "engine": engine, "backend": backend if engine == "search" else None})
+
+
+def run_generate(steps, prompt, ids, as_json, summary) -> None:
+    """Render a completion: the text as it streams (or one JSON line a token), then the
+    usage of the prefill and the decode."""
+    from puffergpt.completion import Usage
+
+    t0, done = time.perf_counter(), []
+    utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
+    if not as_json:
+        click.echo(prompt, nl=False)
+    for step in steps:
+        done.append(step)
+        if as_json:
+            click.echo(json.dumps(step_line(step)))
+        else:
+            click.echo(utf8.decode(tokenizer.token_bytes(step.token_id)), nl=False)
+    if not as_json:
+        click.echo(utf8.decode(b"", final=True), nl=False)
+    phases = {k: u.to_json() for k, u in Usage.phases(done, len(ids)).items()}
+    summary |= {"prompt_tokens": len(ids), "new_tokens": len(done),
+                "ms": round((time.perf_counter() - t0) * 1e3, 1), **phases}
+    if as_json:
+        click.echo(json.dumps({"summary": summary}))
+        return
+    click.echo()
+    p, d = summary["prefill"], summary["decode"]
+    click.echo(f"[prefill: {p['tokens']} tokens, {p['requests']} requests, {p['round_trips']} round trips, "
+               f"{p['ms']:.0f} ms | decode: {d['tokens']} tokens, {d['requests']} requests, "
+               f"{d['round_trips']} round trips, {d['ms']:.0f} ms | "
+               f"${p['cost_usd'] + d['cost_usd']:.6f} at turbopuffer's rates]", err=True)
+
+
+def step_line(step) -> dict:
+    """The --json line of a token; with --inspect, its attention, lens, attribution and
+    neurons (see docs/cli.md)."""
+    from puffergpt import inside, views
+
+    d = step.to_json()
+    if step.inspect is not None:
+        got = step.inspect
+        d["attention"] = [[[round(float(w), 6) for w in head[: step.position]] for head in layer]
+                          for layer in got["weights"]]
+        d["lens"] = [[{"token_id": int(i), "logit": float(v)} for i, v in zip(e["ids"], e["logits"], strict=True)]
+                     for e in got["lens"]]
+        d["decided_layer"] = inside.decided_layer(got["lens"])
+        d["final_top1"] = views.token_dict(inside.final_top1(got["lens"]))
+        if "attribution" in got:
+            d["attribution"], d["neurons"] = got["attribution"], got["neurons"]
+    return d
+
+
+@click.command()
+@click.argument("a")
+@click.argument("b")
+@click.argument("c")
+@click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
+@backend_option
+@data_option
+@click.option("-k", "k", type=click.IntRange(1, 100), default=10, show_default=True, help="answers to show")
+@click.option("--json", "as_json", is_flag=True, help='{"results": [{"token_id", "text", "score"}, ...]}')
+def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
+    """A is to B as C is to ?: the tokens nearest by cosine to wte[B] - wte[A] + wte[C], as one search.
+
+    Words are GPT-2 tokens: a word inside a sentence carries its leading space (" man")."""
+    from puffergpt import views
+    from puffergpt.text import TextError
+
+    model, _ = resolve_model(model)
+    with clear_errors(), open_model("search", model, backend, data_dir, dsn) as opened:
+        products = opened.engine.views()
+        try:
+            got = views.analogy(products, a, b, c, k)
+        except TextError as e:
+            fail(str(e))
+        finally:
+            products.close()
+    if as_json:
+        click.echo(json.dumps({"results": got["results"]}))
+        return
+    click.echo(f"{a!r} is to {b!r} as {c!r} is to:")
+    for r in got["results"]:
+        click.echo(f"  {r['score']:.4f}  {r['text']!r}  (token {r['token_id']})")

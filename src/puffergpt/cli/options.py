@@ -1,0 +1,177 @@
+"""What every command shares: the options, the data directory, one way to open a store and one
+to open a model on it, and clear errors. The project's environment is read here and nowhere
+else: PUFFERGPT_DATA and PUFFERGPT_DSN through the options, TURBOPUFFER_API_KEY,
+TURBOPUFFER_REGION and TURBOPUFFER_BASE_URL in ``open_store``."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
+
+import click
+
+from puffergpt import checkpoints, hub
+from puffergpt.stores import BACKENDS
+
+if TYPE_CHECKING:
+    from puffergpt.engine import Engine
+    from puffergpt.stores import Store
+
+MODEL_HELP = "gpt2 (downloaded once), demo (ships with puffergpt), another GPT-2 family name, or a checkpoint directory"
+SERVING = "serving.json"  # written by serve in its data directory: where it listens, for the other commands
+
+
+def fail(msg: str) -> NoReturn:
+    raise click.ClickException(msg)
+
+
+# --- options ------------------------------------------------------------------------------
+
+def data_option(f):
+    return click.option("--data", "data_dir", type=click.Path(path_type=Path), envvar="PUFFERGPT_DATA", default=None,
+                        help="where the embedded store keeps its files, pgvector's local server and the notebook "
+                             "[env PUFFERGPT_DATA; default: the user data dir]")(f)
+
+
+def dsn_option(f):
+    return click.option("--dsn", envvar="PUFFERGPT_DSN", default=None,
+                        help="PostgreSQL connection string for --backend pgvector; without one, a local server "
+                             "under --data [env PUFFERGPT_DSN]")(f)
+
+
+def backend_option(f):
+    f = dsn_option(f)
+    return click.option("--backend", type=click.Choice(list(BACKENDS)), default="embedded", show_default=True,
+                        help="the vector database that holds the weights")(f)
+
+
+def notebook_option(f):
+    return click.option("--notebook", "notebook_path", type=click.Path(path_type=Path), default=None,
+                        help="the insight notebook, a git repository [default: DATA/notebook]")(f)
+
+
+def default_data(data_dir: Path | None) -> Path:
+    """--data, else the user data directory (~/.local/share/puffergpt on Linux)."""
+    import platformdirs
+
+    return data_dir or Path(platformdirs.user_data_dir("puffergpt"))
+
+
+def notebook_dir(notebook_path: Path | None, data_dir: Path | None) -> Path:
+    """--notebook, else <data dir>/notebook."""
+    return notebook_path if notebook_path is not None else default_data(data_dir) / "notebook"
+
+
+# --- errors -------------------------------------------------------------------------------
+
+@contextmanager
+def clear_errors() -> Iterator[None]:
+    """Known failures become one clear line and a non-zero exit, not a traceback."""
+    from puffergpt.notebook import NotebookError
+    from puffergpt.stores.base import StoreError, StoreHeld
+
+    try:
+        yield
+    except StoreHeld as e:
+        fail(f"{e}{serving_hint(e)}")
+    except (checkpoints.CheckpointError, StoreError, NotebookError, ValueError, OSError) as e:
+        fail(str(e))
+
+
+def serving_hint(e) -> str:
+    """When `puffergpt serve` holds the data directory: how to ask it instead."""
+    try:
+        s = json.loads((Path(e.data_dir) / SERVING).read_text())
+    except (OSError, ValueError, TypeError):
+        return ""
+    if str(s.get("pid")) != str(e.holder):
+        return ""
+    return (f". It is `puffergpt serve` ({s.get('model')}) at {s['url']}: open that page, or ask it from here: "
+            f"curl -sN {s['url']}v1/completions -H 'Content-Type: application/json' "
+            f"-d '{{\"prompt\": \"Hello\", \"max_tokens\": 32, \"stream\": true}}'")
+
+
+# --- a store, and a model on it -----------------------------------------------------------
+
+def open_store(backend: str, data_dir: Path | None, dsn: str | None = None) -> Store:
+    """The store, with its settings from the options and, for turbopuffer, the environment."""
+    from puffergpt.stores import open_store as _open
+
+    return _open(backend, default_data(data_dir), dsn=dsn,
+                 api_key=os.environ.get("TURBOPUFFER_API_KEY"), region=os.environ.get("TURBOPUFFER_REGION"),
+                 base_url=os.environ.get("TURBOPUFFER_BASE_URL"))
+
+
+def resolve_model(model: str | None) -> tuple[str, str | None]:
+    """--model, or what serve, generate and analogy default to: GPT-2 small when it can be had,
+    else the demo model, with a one-line note saying why."""
+    if model is not None:
+        return model, None
+    model, note = hub.default_model()
+    if note:
+        click.echo(f"puffergpt: using the demo model. {note}", err=True)
+    return model, note
+
+
+@dataclass
+class Opened:
+    """A model ready to compute, and what holds it. ``products()`` opens the products of one
+    text: numpy's on the checkpoint (then ``engine`` and ``store`` are None) or the engine's
+    searches on the store. Close it (or use it in ``with``) to close the store."""
+
+    products: Callable[[], object]
+    config: checkpoints.GPT2Config
+    engine: Engine | None = None
+    store: Store | None = None
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
+    def __enter__(self) -> Opened:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn: str | None) -> Opened:
+    """The one way a command opens a model: ``engine`` "reference" is the numpy GPT-2 on the
+    checkpoint; "search" the engine on the store, verified, the model loaded on first use."""
+    if engine == "reference":
+        from puffergpt.reference import NumpyProducts
+
+        ckpt = checkpoints.load(model)
+        return Opened(lambda: NumpyProducts(ckpt), ckpt.config)
+    checkpoints.check_model(model)  # a bad name or path says so before the store is opened
+    store = open_store(backend, data_dir, dsn)
+    try:
+        e = search_engine(store, model)
+    except BaseException:
+        store.close()
+        raise
+    return Opened(e.open, e.config, e, store)
+
+
+def search_engine(store, model: str) -> Engine:
+    """The model's engine on a store, loading it into the store on first use."""
+    from puffergpt import loading
+    from puffergpt.engine import Engine
+
+    try:
+        return Engine(store, model, verify=True, progress=True)  # never serve a damaged store
+    except loading.NotLoaded as e:
+        click.echo(f"{e.args[0].split(':')[0]}; loading it now", err=True)
+        try:
+            ckpt = checkpoints.load(model)
+        except checkpoints.CheckpointError as ce:
+            hint = " Or serve the demo model: `puffergpt serve --model demo`." if model in hub.HUB_MODELS else ""
+            fail(f"{ce}{hint}")
+        loading.load(store, ckpt, loading.model_key(model))
+        del ckpt  # the weights leave the server's memory once they are documents
+        return Engine(store, model, verify=True, progress=True)

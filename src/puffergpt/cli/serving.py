@@ -1,0 +1,82 @@
+"""``puffergpt serve``: the playground and the HTTP API on one model, loaded first if needed."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import click
+
+from puffergpt import checkpoints
+from puffergpt.cli.options import (
+    MODEL_HELP,
+    SERVING,
+    backend_option,
+    clear_errors,
+    data_option,
+    default_data,
+    fail,
+    notebook_dir,
+    notebook_option,
+    open_model,
+    resolve_model,
+)
+
+
+@click.command()
+@click.option("--model", default=None,
+              help=MODEL_HELP + " [default: gpt2, or the demo model when GPT-2 small can't be downloaded]")
+@backend_option
+@data_option
+@notebook_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="the address to listen on")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--max-texts", type=click.IntRange(1, 1000), default=32, show_default=True, help="texts open at once")
+@click.option("--idle-minutes", type=click.FloatRange(0.1, 10080), default=30.0, show_default=True,
+              help="an idle text is closed after this long")
+def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, idle_minutes) -> None:
+    """Serve the playground and the HTTP API; load the model first if needed."""
+    from puffergpt import notebook as nb
+    from puffergpt.reference import NumpyProducts
+    from puffergpt.server import ServerConfig, create_app
+    from puffergpt.server.app import run as run_server
+
+    model, fallback = resolve_model(model)
+    with clear_errors():
+        opened = open_model("search", model, backend, data_dir, dsn)
+        try:
+            notebook = nb.Notebook(notebook_dir(notebook_path, data_dir))
+        except nb.NotebookError as e:
+            opened.close()
+            fail(f"{e} (choose another with --notebook DIR)")
+
+    def reference():  # Compare reads the checkpoint only while it compares
+        return NumpyProducts(checkpoints.load(model))
+
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    trusted = ("127.0.0.1", "localhost", "[::1]") if loopback else None  # no DNS rebinding onto a local server
+    config = ServerConfig(max_open_texts=max_texts, idle_s=idle_minutes * 60, trusted_hosts=trusted, fallback=fallback)
+    app = create_app(opened.engine, config, reference=reference, notebook=notebook)
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
+    url = f"http://{shown}:{port}/"
+    click.echo(f"puffergpt: {model} on {backend}, {opened.engine.manifest['documents']:,} documents. Open {url}")
+    serving = default_data(data_dir) / SERVING if backend == "embedded" else None
+    with announced(serving, {"url": url, "pid": os.getpid(), "model": model}):
+        run_server(app, host, port)  # its shutdown stops running generations first
+
+
+@contextmanager
+def announced(path: Path | None, what: dict) -> Iterator[None]:
+    """While the server runs, ``serving.json`` in its data directory says where it listens, so
+    that a command that finds the directory held can say where to go (None: no file)."""
+    if path is None:
+        yield
+        return
+    path.write_text(json.dumps(what))
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
