@@ -242,7 +242,7 @@ def test_decided_layer_on_a_real_prompt_where_the_readings_differ(loaded, hf, de
     top-1 (","), layer 3's is not (" of"), the last is again. Checked against transformers' lens,
     through the search engine, the server's inspect JSON and the CLI's line."""
     from puffergpt.cli.ask import step_line
-    from puffergpt.server.app import inspect_json, step_inspect_json
+    from puffergpt.server.render import inspect_json, step_inspect_json
 
     ids = tokenizer.encode("A dog")
     _, want_lens = hf_inside(hf(demo), ids)

@@ -11,7 +11,7 @@ from puffergpt.cli import serve
 from puffergpt.engine import Engine
 from puffergpt.reference import NumpyProducts, Reference
 from puffergpt.server import ServerConfig, create_app
-from puffergpt.server.app import MAX_BODY
+from puffergpt.server.body_limit import MAX_BODY
 
 PROMPT = "The quick brown fox"
 

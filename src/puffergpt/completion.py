@@ -19,7 +19,7 @@ from typing import Callable, Iterator
 from puffergpt import tokenizer
 from puffergpt.reference import Products
 from puffergpt.sampling import Sampling
-from puffergpt.text import Step, TextError, check_generation, opened
+from puffergpt.text import Step, check_generation, opened
 from puffergpt.views import token_dict
 
 LOWEST = -1e9  # JSON has no -inf: a log-probability below this is sent as this
@@ -37,9 +37,8 @@ def complete(open_products: Callable[[], Products], ids: list[int], n: int, s: S
     an unfinished one to the garbage collector, whose finaliser would take the store's
     lock from whatever thread it runs in."""
     with opened(open_products) as text:
-        text.check_tokens(list(ids))
+        text.append(list(ids))  # checks the ids and that they fit the context
         check_generation(text.config, s, len(ids), n)
-        text.append(list(ids))
         if echo:
             yield from text.score_prompt()
         yield from text.generate(n, s, should_stop=should_stop, inspect=inspect, full=full, explain=explain)
@@ -115,12 +114,10 @@ def choice_pieces(open_products: Callable[[], Products], ids: list[int], max_tok
 
 # --- Compare: the engine's candidates beside the reference's ----------------------------
 
-def compare(search: Callable[[], Products], reference: Callable[[], Products], ids: list[int], top_k: int,
-            n_ctx: int) -> dict:
+def compare(search: Callable[[], Products], reference: Callable[[], Products], ids: list[int], top_k: int) -> dict:
     """The prompt through the engine and through the numpy reference: the engine's top-k
-    beside the reference's logit for each, and the largest difference."""
-    if len(ids) > n_ctx:
-        raise TextError(f"the prompt has {len(ids)} tokens, the context is {n_ctx}")
+    beside the reference's logit for each, and the largest difference. The search runs
+    first: a prompt it refuses (the context) never opens the reference."""
     rows = {}
     for name, open_products in (("search", search), ("reference", reference)):
         products = open_products()  # the checkpoint's load is not the comparison's time

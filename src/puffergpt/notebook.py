@@ -57,7 +57,7 @@ import numpy as np
 import yaml
 
 from puffergpt import tokenizer
-from puffergpt.text import KEEP_CANDIDATES
+from puffergpt.text import KEEP_CANDIDATES, MAX_PROMPT_IDS
 
 if TYPE_CHECKING:
     from puffergpt.reference import Products
@@ -75,7 +75,6 @@ MAX_BODY_CHARS = 20_000
 MAX_TAGS = 16
 MAX_TAG_CHARS = 32
 MAX_MODEL_CHARS = 500
-MAX_PROMPT_IDS = 4096
 MAX_CANDIDATES = KEEP_CANDIDATES  # what a text's step keeps, so what replay can recompute
 MAX_EVIDENCE_BYTES = 48 * 1024  # of the evidence as compact JSON
 MAX_QUERY_CHARS = 200

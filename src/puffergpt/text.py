@@ -25,6 +25,7 @@ own closed on any exit (a completion's, a test's).
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -44,6 +45,7 @@ from puffergpt.sampling import Sampling, distribution, log_softmax, pick, probab
 log = logging.getLogger("puffergpt")
 KEEP_CANDIDATES = 100  # a step keeps this many candidates, whatever top_k was (the page shows 40)
 KEEP_INSPECTED = 32  # positions whose attention and lens a text keeps
+MAX_PROMPT_IDS = 4096  # token ids a text may be given at once: more than any GPT-2's context
 
 
 class TextError(ValueError):
@@ -54,10 +56,20 @@ class TextBusy(TextError):
     """The text is generating; it takes no other generation or edit until that ends."""
 
 
-def check_generation(c: GPT2Config, s: Sampling, length: int, n) -> Sampling:
-    """The one check of a generation request: n new tokens, sampling, the context."""
+def check_token_ids(ids, n_vocab: int) -> None:
+    """The one check of token ids from outside: integers in the vocabulary."""
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < n_vocab:
+            raise TextError(f"token id {t!r} is outside the vocabulary (0..{n_vocab - 1})")
+
+
+def check_generation(c: GPT2Config, s: Sampling, length: int, n, limit: int | None = None) -> Sampling:
+    """The one check of a generation request: n new tokens (at most ``limit``, a
+    server's bound), sampling, the context."""
     if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
         raise TextError(f"the number of new tokens must be an integer >= 0, got {n!r}")
+    if limit is not None and n > limit:
+        raise TextError(f"{n} new tokens is over this server's limit of {limit} a request: ask for fewer")
     try:
         s.check(c.n_vocab)
     except ValueError as e:
@@ -65,6 +77,17 @@ def check_generation(c: GPT2Config, s: Sampling, length: int, n) -> Sampling:
     if length + n > c.n_ctx:
         raise TextError(f"{length + n} tokens ({length} read, {n} new) would not fit the model's context of {c.n_ctx} tokens")
     return s
+
+
+def edit(method: Callable) -> Callable:
+    """An edit of a text: made under its lock, and refused while it generates (``begin``)."""
+    @functools.wraps(method)
+    def run(self: "Text", *args, **kwargs):
+        with self.lock:
+            if self.generating:
+                raise TextBusy("this text is generating: stop it before you edit it")
+            return method(self, *args, **kwargs)
+    return run
 
 
 @dataclass
@@ -122,6 +145,7 @@ class Text:
         self.written_by: dict[int, dict] = {}  # position -> {"phase", "step", "batch"}
         self.lock = threading.RLock()
         self.generating = False  # claimed by begin(), for callers that generate from another thread
+        self.stopping = threading.Event()  # a user's Stop: the generation ends at its next token
         self.last_used = time.monotonic()
 
     # --- what it costs ---
@@ -134,9 +158,7 @@ class Text:
 
     # --- checks: every operation validates before it changes anything ---
     def check_tokens(self, ids: list[int], extra: int = 0, at: int | None = None) -> None:
-        for t in ids:
-            if isinstance(t, bool) or not isinstance(t, (int, np.integer)) or not 0 <= t < self.config.n_vocab:
-                raise TextError(f"token id {t!r} is outside the vocabulary (0..{self.config.n_vocab - 1})")
+        check_token_ids(ids, self.config.n_vocab)
         n = (self.length if at is None else at) + len(ids) + extra
         if n > self.config.n_ctx:
             raise TextError(f"{n} tokens would not fit the model's context of {self.config.n_ctx} tokens")
@@ -177,24 +199,29 @@ class Text:
         else:
             self._replace_from(p, [tok])
 
+    @edit
     def append(self, ids: list[int]) -> None:
         """Add the user's tokens at the end of the text (they are read when needed)."""
         self.check_tokens(ids)
         self._replace_from(self.length, list(map(int, ids)))
 
+    @edit
     def step_back(self, p: int) -> None:
         """Make the text tokens[:p]; later tokens stay known, and nothing is deleted."""
         self.length = self._position(p, 1, self.length, "step back")
 
+    @edit
     def step_forward(self, p: int) -> None:
         """Return to a longer text after a step back; costs nothing the model has read."""
         self.length = self._position(p, self.length, len(self.tokens), "step forward")
 
+    @edit
     def cut(self, p: int) -> None:
         """Drop every token from position p on."""
         p = self._position(p, 1, self.length, "cut")
         self._replace_from(p, [])
 
+    @edit
     def branch(self, p: int, token_id: int | None = None, rank: int | None = None) -> None:
         """Put another token at position p: a token id, or the candidate of that rank at p."""
         p = self._position(p, 1, self.length, "branch")
@@ -210,12 +237,20 @@ class Text:
         self.check_tokens([token_id], at=p)
         self._set(p, int(token_id))
 
-    def begin(self) -> None:
-        """Claim the text for one generation (the server does, before it streams)."""
+    def begin(self) -> threading.Event:
+        """Claim the text for one generation (the server does, before it streams); no edit
+        or other generation until ``end``. -> the event a Stop sets (``stop``), cleared:
+        the generation checks it between tokens."""
         with self.lock:
             if self.generating:
                 raise TextBusy("this text is generating: stop it or wait for it to end")
             self.generating = True
+            self.stopping.clear()
+            return self.stopping
+
+    def stop(self) -> None:
+        """Ask the running generation, if any, to end at its next token."""
+        self.stopping.set()
 
     def end(self) -> None:
         self.generating = False

@@ -14,7 +14,7 @@ import numpy as np
 
 from puffergpt import inside, tokenizer
 from puffergpt.reference import layer_norm
-from puffergpt.text import Text, TextError
+from puffergpt.text import Text, TextBusy, TextError
 
 MAX_MAP_WORDS = 24  # words an embedding map may place
 
@@ -175,9 +175,12 @@ def _degenerate(ids: list[int], xy: np.ndarray, explained: list[float], bad: fro
 
 def kv(text: Text) -> dict:
     """The text's key namespace as it is: which positions hold keys, which read wrote them
-    (a prefill's batch, a decode step's one token), counted in the store."""
+    (a prefill's batch, a decode step's one token), counted in the store. Not while the
+    text generates (its keys change under the count)."""
     c = text.config
     with text.lock:
+        if text.generating:
+            raise TextBusy("this text is generating: look at its keys when it ends")
         counts = text.products.key_counts() if hasattr(text.products, "key_counts") else None
         return {"namespace": getattr(text.products, "keys_ns", None), "layers": c.n_layer, "heads": c.n_head,
                 "length": text.length, "read_upto": text.read_upto, "known": len(text.tokens),

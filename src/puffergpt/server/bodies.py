@@ -14,9 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from puffergpt import tokenizer
 from puffergpt.inside import MAX_VIEW_K
+from puffergpt.text import MAX_PROMPT_IDS
+from puffergpt.views import MAX_MAP_WORDS
 
 MAX_PROMPT_CHARS = 16 * 1024
-MAX_PROMPT_IDS = 4096  # token ids of a text: more than any GPT-2's context
 MAX_NEW_TOKENS = 512
 MAX_WORD_CHARS = 64
 MAX_DEPTH = 32  # nesting of a body's JSON: the deepest field (an insight's evidence) needs 5
@@ -162,18 +163,6 @@ class CompareBody(Strict):
     top_k: int = Field(40, ge=1, le=tokenizer.VOCAB_SIZE)
 
 
-class CompletionBody(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)  # OpenAI clients send fields we don't use
-    model: str | None = None
-    prompt: str = Field(..., min_length=1, max_length=MAX_PROMPT_CHARS)
-    max_tokens: int = Field(16, ge=0, le=MAX_NEW_TOKENS)
-    temperature: float = Field(1.0, ge=0, le=100)
-    top_k: int = Field(40, ge=1, le=tokenizer.VOCAB_SIZE)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    logprobs: int | None = Field(None, ge=0, le=40)
-    stream: bool = False
-
-
 class SamplingBodyInspect(SamplingBody):
     inspect: bool = False  # each token event also carries its attention and lens
     lens_k: int = Field(10, ge=1, le=MAX_VIEW_K)
@@ -192,6 +181,6 @@ class NeighboursBody(Strict):
 
 
 class MapBody(Strict):
-    words: list[str] = Field(..., min_length=2, max_length=24)
+    words: list[str] = Field(..., min_length=2, max_length=MAX_MAP_WORDS)
     text_id: str | None = Field(None, max_length=64)
     position: int | None = None

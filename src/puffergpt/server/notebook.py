@@ -1,15 +1,15 @@
 """The notebook's HTTP routes: save an insight with its evidence, list, read, replay.
 
 ``notebook_router(notebook, candidates_at)`` is included by the app; ``candidates_at`` is
-the engine's (see ``puffergpt.notebook.CandidatesAt``). Thin: it parses, calls the
-notebook, and renders; the notebook checks everything it stores."""
+the engine's (see ``puffergpt.notebook.CandidatesAt``). Thin: it parses, calls the notebook, and
+renders; the notebook checks everything it stores."""
 
 from __future__ import annotations
 
 import contextlib
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import Field, StringConstraints
 
 from puffergpt import notebook as nb
@@ -46,46 +46,73 @@ def http_errors():
         raise HTTPException(409, str(e)) from None
 
 
+class Book:
+    """The app's notebook, and how it recomputes candidates to replay an insight: the
+    engine's ``candidates_at`` (see ``puffergpt.notebook.CandidatesAt``), running
+    ``model``: replaying an insight saved from another model is a 400 that names both."""
+
+    def __init__(self, notebook: Notebook, candidates_at: CandidatesAt, model: str | None = None):
+        self.notebook, self.candidates_at, self.model = notebook, candidates_at, model
+
+
+def book(request: Request) -> Book:
+    return request.state.book  # set by the router ``notebook_router`` made
+
+
+BookDep = Annotated[Book, Depends(book)]
+router = APIRouter(prefix="/api/insights", tags=["notebook"])
+
+
+@router.post("", status_code=201)
+def save(body: InsightBody, b: BookDep) -> dict:
+    with http_errors():
+        ins = b.notebook.save(body.title, body.body, body.tags, body.evidence)
+    return ins.summary()
+
+
+@router.get("")
+def list_insights(b: BookDep, q: Annotated[str | None, Query(max_length=nb.MAX_QUERY_CHARS)] = None,
+                  tag: Annotated[str | None, Query(max_length=nb.MAX_TAG_CHARS)] = None) -> dict:
+    with http_errors():
+        return {"insights": [i.summary() for i in b.notebook.list(query=q, tag=tag)]}
+
+
+@router.post("/push")
+def push(b: BookDep) -> dict:
+    """Push the notebook to its remote (the user's git setup); 409 without a remote,
+    503 with git's reason when the push fails (the commits stay)."""
+    with http_errors():
+        return b.notebook.push()
+
+
+@router.get("/{insight_id}")
+def show(insight_id: str, b: BookDep) -> dict:
+    with http_errors():
+        return b.notebook.get(insight_id).to_json()
+
+
+@router.post("/{insight_id}/replay")
+def replay(insight_id: str, b: BookDep) -> dict:
+    """The stored candidates recomputed now, and whether they still match."""
+    with http_errors():
+        ins = b.notebook.get(insight_id)
+        try:
+            result = nb.replay(ins, b.candidates_at, model=b.model)
+        except nb.InvalidInsight:
+            raise
+        except ValueError as e:  # the engine refused the prompt (context, vocabulary)
+            raise nb.InvalidInsight(f"the model could not replay this insight: {e}") from None
+    return {"id": ins.id, "model": ins.model, "position": ins.evidence["position"], **result}
+
+
 def notebook_router(notebook: Notebook, candidates_at: CandidatesAt, model: str | None = None) -> APIRouter:
-    """The routes over one notebook. ``model``, when given, is the model candidates_at
-    runs: replaying an insight saved from another model is a 400 that names both."""
-    router = APIRouter(prefix="/api/insights", tags=["notebook"])
+    """The routes over one notebook, to include in an app. ``model``, when given, is the
+    model ``candidates_at`` runs."""
+    b = Book(notebook, candidates_at, model)
 
-    @router.post("", status_code=201)
-    def save(body: InsightBody) -> dict:
-        with http_errors():
-            ins = notebook.save(body.title, body.body, body.tags, body.evidence)
-        return ins.summary()
+    def with_book(request: Request) -> None:
+        request.state.book = b
 
-    @router.get("")
-    def list_insights(q: Annotated[str | None, Query(max_length=nb.MAX_QUERY_CHARS)] = None,
-                      tag: Annotated[str | None, Query(max_length=nb.MAX_TAG_CHARS)] = None) -> dict:
-        with http_errors():
-            return {"insights": [i.summary() for i in notebook.list(query=q, tag=tag)]}
-
-    @router.post("/push")
-    def push() -> dict:
-        """Push the notebook to its remote (the user's git setup); 409 without a remote,
-        503 with git's reason when the push fails (the commits stay)."""
-        with http_errors():
-            return notebook.push()
-
-    @router.get("/{insight_id}")
-    def show(insight_id: str) -> dict:
-        with http_errors():
-            return notebook.get(insight_id).to_json()
-
-    @router.post("/{insight_id}/replay")
-    def replay(insight_id: str) -> dict:
-        """The stored candidates recomputed now, and whether they still match."""
-        with http_errors():
-            ins = notebook.get(insight_id)
-            try:
-                result = nb.replay(ins, candidates_at, model=model)
-            except nb.InvalidInsight:
-                raise
-            except ValueError as e:  # the engine refused the prompt (context, vocabulary)
-                raise nb.InvalidInsight(f"the model could not replay this insight: {e}") from None
-        return {"id": ins.id, "model": ins.model, "position": ins.evidence["position"], **result}
-
-    return router
+    r = APIRouter(dependencies=[Depends(with_book)])
+    r.include_router(router)
+    return r

@@ -12,9 +12,10 @@
   stop strings held back while they may be starting, and never returned) with each
   token's offset and log-probabilities. Streamed or not, the routes only render it.
 - GPT-2 is not a chat model: ``/v1/chat/completions`` writes the messages as a plain-text
-  transcript (``chat_prompt``) and lets the model continue the assistant's turn,
+  transcript (``openai_bodies.chat_prompt``) and lets the model continue the assistant's turn,
   stopping at the next turn's prefix.
-- Every error on ``/v1`` has OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+- Every error on ``/v1`` has OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``
+  (``errors.py``); the bodies and the error are ``openai_bodies.py``.
 """
 
 from __future__ import annotations
@@ -23,132 +24,125 @@ import json
 import threading
 import time
 import uuid
-from typing import Callable, Iterator, Literal
+from dataclasses import dataclass
+from functools import partial
+from typing import Annotated, Callable, Iterator
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from puffergpt import tokenizer
 from puffergpt.completion import Piece, Usage, choice_pieces
+from puffergpt.engine import Engine
 from puffergpt.model_info import model_name
-from puffergpt.sampling import Sampling
-from puffergpt.server.bodies import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, BodyError, parse_json
+from puffergpt.server.bodies import BodyError, parse_json
+from puffergpt.server.openai_bodies import (MAX_CHOICES, TURN_STOPS, ChatBody, CommonBody, CompletionBody, OpenAIError,
+                                            chat_prompt)
+from puffergpt.server.state import ConfigDep, EngineDep, GenerationsDep, ServerConfig
+from puffergpt.server.streaming import Generations, stream
 from puffergpt.stores.base import StoreError
-from puffergpt.text import Step, TextBusy, TextError, check_generation
+from puffergpt.text import Step, TextError, check_generation, check_token_ids
 
-MAX_LOGPROBS = 5  # OpenAI's bound for /v1/completions
-MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat (a step keeps 100 candidates)
-MAX_N = 8  # choices a prompt
-MAX_CHOICES = 16  # choices a request, over all its prompts
-MAX_STOPS = 4
-
-# --- the chat template: GPT-2 is a base model, so a chat is a transcript it continues ---
-ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
-TURN_STOPS = ["\nUser:", "\nSystem:", "\nAssistant:"]
+router = APIRouter()
 
 
-class OpenAIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+# --- checks: each names the field at fault, in OpenAI's error shape ---
 
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-# --- request bodies: OpenAI's names; fields we don't use are ignored, as OpenAI clients send many ---
-
-class CommonBody(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-    model: str | None = None
-    max_tokens: int | None = Field(None, ge=0, le=MAX_NEW_TOKENS)
-    temperature: float | None = Field(None, ge=0, le=100)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=1, le=tokenizer.VOCAB_SIZE)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    n: int | None = Field(None, ge=1, le=MAX_N)
-    stop: str | list[str] | None = Field(default_factory=list, validate_default=True)
-    stream: bool = False
-    stream_options: dict | None = None
-
-    @field_validator("stop")
-    @classmethod
-    def _stops(cls, v):
-        stops = [v] if isinstance(v, str) else (v or [])
-        if len(stops) > MAX_STOPS:
-            raise ValueError(f"at most {MAX_STOPS} stop sequences, got {len(stops)}")
-        if any(not s for s in stops):
-            raise ValueError("a stop sequence must not be empty")
-        return stops
-
-    def sampling(self, n_vocab: int, seed_offset: int = 0) -> Sampling:
-        """No top_k: the whole vocabulary of the model being served."""
-        seed = None if self.seed is None else (self.seed + seed_offset) % 2**63
-        return Sampling(1.0 if self.temperature is None else self.temperature, self.top_k or n_vocab,
-                        seed, 1.0 if self.top_p is None else self.top_p)
-
-    def needs_full(self) -> bool:
-        """Whether each token must score the whole vocabulary: the exact distribution."""
-        return (self.top_p or 1.0) < 1 or (self.top_k is None and (self.temperature is None or self.temperature > 0))
+def check_model(engine: Engine, name: str | None) -> None:
+    shown = model_name(engine.model)
+    if name is not None and name not in (shown, engine.model):
+        raise OpenAIError(404, f"the model {name!r} does not exist here: this server has {shown!r} "
+                               f"(GET /v1/models)", "model", "model_not_found")
 
 
-class CompletionBody(CommonBody):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    best_of: int | None = Field(None, ge=1, le=MAX_N)
-    suffix: str | None = None
-
-    @field_validator("prompt")
-    @classmethod
-    def _prompt(cls, v):
-        for p in [v] if isinstance(v, str) else v:
-            if isinstance(p, str) and not 1 <= len(p) <= MAX_PROMPT_CHARS:
-                raise ValueError(f"a prompt must have 1 to {MAX_PROMPT_CHARS} characters")
-        return v
-
-
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-    type: Literal["text"]
-    text: str
+def body_of(kind: type[BaseModel]) -> Callable:
+    """A dependency: the request's body as ``kind``, for this server's model."""
+    async def parse(request: Request, engine: EngineDep) -> BaseModel:
+        try:  # the app's one parser (the app's middleware ran it too: this router may run without it)
+            raw = parse_json(await request.body())
+        except BodyError as e:
+            raise OpenAIError(400, e.message, e.param) from None
+        if not isinstance(raw, dict):
+            raise OpenAIError(400, "the body must be a JSON object")
+        try:
+            body = kind.model_validate(raw)
+        except ValidationError as e:
+            first = e.errors()[0]
+            where = ".".join(str(x) for x in first["loc"])
+            raise OpenAIError(422, f"{where}: {first['msg']}", where.split(".")[0] or None) from None
+        check_model(engine, body.model)
+        return body
+    return parse
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
-    role: str
-    content: str | list[TextPart] | None = None
-
-    @field_validator("role")
-    @classmethod
-    def _role(cls, v):
-        if v not in ROLES:
-            raise ValueError(f"role {v!r} is not one of {', '.join(ROLES)} (GPT-2 has no tools)")
-        return v
-
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
+def check_prompt(engine: Engine, config: ServerConfig, ids: list[int], body: CommonBody, max_tokens: int) -> None:
+    """Before anything runs or streams: the prompt's ids, the sampling, the context, the limit."""
+    try:
+        check_token_ids(ids, engine.config.n_vocab)
+    except TextError as e:
+        raise OpenAIError(400, str(e), "prompt") from None
+    check_generation(engine.config, body.sampling(engine.config.n_vocab), len(ids), max_tokens, config.max_new_tokens)
 
 
-class ChatBody(CommonBody):
-    messages: list[Message] = Field(..., min_length=1, max_length=256)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    max_completion_tokens: int | None = Field(None, ge=0, le=MAX_NEW_TOKENS)
+# --- one request's choices, written and rendered ---
+
+@dataclass
+class Choices:
+    """How each choice of one request is written (``completion.choice_pieces``'s arguments)."""
+
+    open_products: Callable
+    n_vocab: int
+    body: CommonBody
+    max_tokens: int
+    stops: list[str]
+    full: bool
+    echo: bool
+    k: int | None  # log-probabilities' alternatives a token; None: none asked for
+
+    def pieces(self, ids: list[int], j: int, should_stop: Callable[[], bool] | None = None) -> Iterator[Piece]:
+        """Choice j (its seed offset) of the prompt ``ids``."""
+        return choice_pieces(self.open_products, ids, self.max_tokens, self.body.sampling(self.n_vocab, j), self.stops,
+                             self.full, self.echo, self.k, should_stop)
+
+    def assistant(self, ids: list[int], j: int, should_stop: Callable[[], bool] | None = None) -> Iterator[Piece]:
+        """A chat's choice: the assistant's text without the space after its prefix."""
+        started = False
+        for pc in self.pieces(ids, j, should_stop):
+            if not started:
+                pc.text = pc.text.lstrip(" ")
+                started = bool(pc.text)
+            yield pc
 
 
-def chat_prompt(messages: list[Message]) -> str:
-    """The plain-text template: one line a turn, "Role: content", ending with the
-    assistant's prefix for the model to continue:
+@dataclass
+class Reply:
+    """The envelope of one response's objects: its id, time, kind and model."""
 
-        System: You are terse.
-        User: Hello
-        Assistant:
-    """
-    return "".join(f"{ROLES[m.role]}: {m.text()}\n" for m in messages) + "Assistant:"
+    id: str
+    kind: str
+    model: str
+    created: int = 0
+
+    def __post_init__(self):
+        self.created = self.created or int(time.time())
+
+    def chunk(self, choices: list[dict], kind: str | None = None, **extra) -> dict:
+        return {"id": self.id, "object": kind or self.kind, "created": self.created, "model": self.model,
+                "choices": choices, **extra}
+
+
+def streamed(generations: Generations, produce: Callable[[threading.Event], Iterator[str]]) -> StreamingResponse:
+    """Server-sent events in OpenAI's shape, ending with ``[DONE]``; an error mid-stream is
+    an error event (the status went out with the first byte)."""
+    def safe(stop: threading.Event) -> Iterator[str]:
+        try:
+            yield from produce(stop)
+            yield "data: [DONE]\n\n"
+        except (TextError, StoreError) as e:
+            yield _sse(OpenAIError(400 if isinstance(e, TextError) else 503, str(e)).body())
+    return stream(generations, safe)
 
 
 # --- rendering ---
@@ -183,220 +177,117 @@ def _sse(d: dict) -> str:
     return f"data: {json.dumps(d)}\n\n"
 
 
-def openai_router(engine, texts, config, generations=None) -> APIRouter:
-    router = APIRouter()
-    try:  # a dropped client ends its generation within a token (another module's mechanism)
-        from puffergpt.server.streaming import Generations, stream
-        generations = generations if generations is not None else Generations()
-    except ImportError:  # pragma: no cover - until streaming.py lands
-        stream = None
+def completion_events(how: Choices, reply: Reply, prompts: list[list[int]], n: int, stop: threading.Event) -> Iterator[str]:
+    """/v1/completions streamed: each choice's pieces, then its finish, then the usage if asked."""
+    steps = []
+    for pi, ids in enumerate(prompts):
+        for j in range(n):
+            for pc in how.pieces(ids, j, stop.is_set):
+                steps += pc.steps
+                lp = None if how.k is None else _completion_logprobs(pc.tokens)
+                if pc.text or pc.tokens:
+                    yield _sse(reply.chunk([{"text": pc.text, "index": pi * n + j, "logprobs": lp, "finish_reason": None}]))
+                if pc.finish:
+                    yield _sse(reply.chunk([{"text": "", "index": pi * n + j, "logprobs": None, "finish_reason": pc.finish}]))
+    if (how.body.stream_options or {}).get("include_usage"):
+        yield _sse(reply.chunk([], **_usage(sum(map(len, prompts)), steps)))
 
-    def error(e: OpenAIError) -> JSONResponse:
-        return JSONResponse(e.body(), status_code=e.status)
 
-    shown = model_name(engine.model)
+def whole_completion(how: Choices, reply: Reply, prompts: list[list[int]], n: int, best_of: int) -> dict:
+    """/v1/completions at once: best_of choices a prompt written, the n most likely returned."""
+    choices, steps = [], []
+    for pi, ids in enumerate(prompts):
+        got = []
+        for j in range(best_of):
+            ps = list(how.pieces(ids, j))
+            steps += [st for p in ps for st in p.steps]
+            tokens = [e for p in ps for e in p.tokens]
+            score = sum(st.logprob for p in ps for st in p.steps if st.phase != "prompt" and st.logprob is not None)
+            got.append((score, {"text": "".join(p.text for p in ps),
+                                "logprobs": None if how.k is None else _completion_logprobs(tokens),
+                                "finish_reason": ps[-1].finish}))
+        if best_of > n:  # the n with the highest total log-probability, as OpenAI's best_of
+            got = sorted(got, key=lambda g: -g[0])[:n]
+        choices += [{"index": pi * n + j, **c} for j, (_, c) in enumerate(got)]
+    return reply.chunk(choices, **_usage(sum(map(len, prompts)), steps))
 
-    def check_model(name: str | None) -> None:
-        if name is not None and name not in (shown, engine.model):
-            raise OpenAIError(404, f"the model {name!r} does not exist here: this server has {shown!r} "
-                                   f"(GET /v1/models)", "model", "model_not_found")
 
-    async def parse(request: Request, kind: type[BaseModel]):
-        try:  # the app's one parser (the app's middleware ran it too: this router may run without it)
-            raw = parse_json(await request.body())
-        except BodyError as e:
-            raise OpenAIError(400, e.message, e.param) from None
-        if not isinstance(raw, dict):
-            raise OpenAIError(400, "the body must be a JSON object")
-        try:
-            body = kind.model_validate(raw)
-        except ValidationError as e:
-            first = e.errors()[0]
-            where = ".".join(str(x) for x in first["loc"])
-            raise OpenAIError(422, f"{where}: {first['msg']}", where.split(".")[0] or None) from None
-        check_model(body.model)
-        return body
+def chat_events(how: Choices, reply: Reply, ids: list[int], n: int, stop: threading.Event) -> Iterator[str]:
+    """/v1/chat/completions streamed: a role delta, the content deltas, the finish, a choice at a time."""
+    steps = []
+    for j in range(n):
+        yield _sse(reply.chunk([{"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                                 "finish_reason": None}]))
+        for pc in how.assistant(ids, j, stop.is_set):
+            steps += pc.steps
+            if pc.text or pc.tokens:
+                yield _sse(reply.chunk([{"index": j, "delta": {"content": pc.text}, "finish_reason": None,
+                                         "logprobs": None if how.k is None else _chat_logprobs(pc.tokens)}]))
+            if pc.finish:
+                yield _sse(reply.chunk([{"index": j, "delta": {}, "logprobs": None, "finish_reason": pc.finish}]))
+    if (how.body.stream_options or {}).get("include_usage"):
+        yield _sse(reply.chunk([], **_usage(len(ids), steps)))
 
-    def guarded(handler):
-        """Every error on /v1 in OpenAI's shape, the server serving on."""
-        async def run(request: Request):
-            try:
-                return await handler(request)
-            except OpenAIError as e:
-                return error(e)
-            except TextError as e:
-                return error(OpenAIError(409 if isinstance(e, TextBusy) else 400, str(e)))
-            except StoreError as e:
-                return error(OpenAIError(503, f"the store failed: {e}", kind="server_error"))
-        return run
 
-    def checked_prompts(prompt) -> list[list[int]]:
-        """A string, strings, token ids, or lists of token ids -> one id list a prompt."""
-        if isinstance(prompt, str):
-            return [tokenizer.encode(prompt)]
-        if not prompt:
-            raise OpenAIError(400, "prompt is an empty list: give a string, strings or token ids", "prompt")
-        if isinstance(prompt[0], int):
-            return [list(prompt)]
-        out = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
-        if any(not p for p in out):
-            raise OpenAIError(400, "a prompt in the list is empty: each needs at least one token", "prompt")
-        return out
+def whole_chat(how: Choices, reply: Reply, ids: list[int], n: int) -> dict:
+    choices, steps = [], []
+    for j in range(n):
+        ps = list(how.assistant(ids, j))
+        steps += [st for p in ps for st in p.steps]
+        choices.append({"index": j, "message": {"role": "assistant", "content": "".join(p.text for p in ps)},
+                        "logprobs": None if how.k is None else _chat_logprobs([e for p in ps for e in p.tokens]),
+                        "finish_reason": ps[-1].finish})
+    return reply.chunk(choices, "chat.completion", **_usage(len(ids), steps))
 
-    def check_prompt(ids: list[int], body: CommonBody, max_tokens: int) -> None:
-        for t in ids:
-            if not 0 <= t < engine.config.n_vocab:
-                raise OpenAIError(400, f"token id {t} is outside the vocabulary (0..{engine.config.n_vocab - 1})", "prompt")
-        check_generation(engine.config, body.sampling(engine.config.n_vocab), len(ids), max_tokens)
 
-    def streamed(produce: Callable[[threading.Event], Iterator[str]]) -> StreamingResponse:
-        def safe(stop: threading.Event) -> Iterator[str]:
-            try:
-                yield from produce(stop)
-                yield "data: [DONE]\n\n"
-            except (TextError, StoreError) as e:  # mid-stream: an error event in OpenAI's shape
-                yield _sse(OpenAIError(400 if isinstance(e, TextError) else 503, str(e)).body())
-        if stream is None:  # pragma: no cover
-            return StreamingResponse(safe(threading.Event()), media_type="text/event-stream")
-        return stream(generations, safe)
+# --- the routes ---
 
-    @router.get("/v1/models")
-    async def models():
-        return {"object": "list", "data": [model_card()]}
+def model_card(engine: Engine) -> dict:
+    return {"id": model_name(engine.model), "object": "model", "created": 0, "owned_by": "puffergpt"}
 
-    def model_card() -> dict:
-        return {"id": shown, "object": "model", "created": 0, "owned_by": "puffergpt"}
 
-    @router.get("/v1/models/{model_id:path}")
-    async def model(model_id: str):
-        try:
-            check_model(model_id)
-        except OpenAIError as e:
-            return error(e)
-        return model_card()
+@router.get("/v1/models")
+async def models(engine: EngineDep):
+    return {"object": "list", "data": [model_card(engine)]}
 
-    # --- /v1/completions ---
-    async def completions(request: Request):
-        body = await parse(request, CompletionBody)
-        if body.suffix:
-            raise OpenAIError(400, "suffix is not supported: GPT-2 writes left to right and cannot fill in "
-                                   "before a suffix", "suffix", "unsupported_parameter")
-        n, best_of = body.n or 1, body.best_of or body.n or 1
-        if best_of < n:
-            raise OpenAIError(400, f"best_of ({best_of}) must be at least n ({n})", "best_of")
-        if best_of > n and body.stream:
-            raise OpenAIError(400, "best_of above n cannot stream: the best are known only at the end", "best_of")
-        prompts = checked_prompts(body.prompt)
-        if len(prompts) * best_of > MAX_CHOICES:
-            raise OpenAIError(400, f"{len(prompts)} prompts x {best_of} choices is over {MAX_CHOICES} a request", "n")
-        max_tokens = 16 if body.max_tokens is None else body.max_tokens
-        for ids in prompts:
-            check_prompt(ids, body, max_tokens)
-        cid, created = f"cmpl-{uuid.uuid4().hex[:24]}", int(time.time())
-        full = body.needs_full() or best_of > n
 
-        def pieces(ids, j, should_stop=None):
-            return choice_pieces(engine.open, ids, max_tokens, body.sampling(engine.config.n_vocab, j), body.stop, full, body.echo,
-                                 body.logprobs, should_stop)
+@router.get("/v1/models/{model_id:path}")
+async def model(model_id: str, engine: EngineDep):
+    check_model(engine, model_id)
+    return model_card(engine)
 
-        def chunk(choices: list[dict], **extra) -> dict:
-            return {"id": cid, "object": "text_completion", "created": created, "model": shown,
-                    "choices": choices, **extra}
 
-        if body.stream:
-            def produce(stop: threading.Event) -> Iterator[str]:
-                steps = []
-                for pi, ids in enumerate(prompts):
-                    for j in range(n):
-                        for pc in pieces(ids, j, stop.is_set):
-                            steps += pc.steps
-                            lp = None if body.logprobs is None else _completion_logprobs(pc.tokens)
-                            if pc.text or pc.tokens:
-                                yield _sse(chunk([{"text": pc.text, "index": pi * n + j, "logprobs": lp, "finish_reason": None}]))
-                            if pc.finish:
-                                yield _sse(chunk([{"text": "", "index": pi * n + j, "logprobs": None, "finish_reason": pc.finish}]))
-                if (body.stream_options or {}).get("include_usage"):
-                    yield _sse(chunk([], **_usage(sum(map(len, prompts)), steps)))
-            return streamed(produce)
+@router.post("/v1/completions")
+async def completions(body: Annotated[CompletionBody, Depends(body_of(CompletionBody))], engine: EngineDep,
+                      config: ConfigDep, generations: GenerationsDep):
+    n, best_of = body.choices()
+    prompts = body.prompt_ids()
+    if len(prompts) * best_of > MAX_CHOICES:
+        raise OpenAIError(400, f"{len(prompts)} prompts x {best_of} choices is over {MAX_CHOICES} a request", "n")
+    for ids in prompts:
+        check_prompt(engine, config, ids, body, body.new_tokens())
+    how = Choices(engine.open, engine.config.n_vocab, body, body.new_tokens(), body.stop, body.needs_full() or best_of > n,
+                  body.echo, body.logprobs)
+    reply = Reply(f"cmpl-{uuid.uuid4().hex[:24]}", "text_completion", model_name(engine.model))
+    if body.stream:
+        return streamed(generations, partial(completion_events, how, reply, prompts, n))
+    return await run_in_threadpool(whole_completion, how, reply, prompts, n, best_of)
 
-        def whole() -> dict:
-            choices, steps = [], []
-            for pi, ids in enumerate(prompts):
-                got = []
-                for j in range(best_of):
-                    ps = list(pieces(ids, j))
-                    steps += [st for p in ps for st in p.steps]
-                    tokens = [e for p in ps for e in p.tokens]
-                    score = sum(st.logprob for p in ps for st in p.steps if st.phase != "prompt" and st.logprob is not None)
-                    got.append((score, {"text": "".join(p.text for p in ps),
-                                        "logprobs": None if body.logprobs is None else _completion_logprobs(tokens),
-                                        "finish_reason": ps[-1].finish}))
-                if best_of > n:  # the n with the highest total log-probability, as OpenAI's best_of
-                    got = sorted(got, key=lambda g: -g[0])[:n]
-                choices += [{"index": pi * n + j, **c} for j, (_, c) in enumerate(got)]
-            return chunk(choices, **_usage(sum(map(len, prompts)), steps))
 
-        return await run_in_threadpool(whole)
+@router.post("/v1/chat/completions")
+async def chat(body: Annotated[ChatBody, Depends(body_of(ChatBody))], engine: EngineDep, config: ConfigDep,
+               generations: GenerationsDep):
+    ids = tokenizer.encode(chat_prompt(body.messages))
+    check_prompt(engine, config, ids, body, body.new_tokens())
+    how = Choices(engine.open, engine.config.n_vocab, body, body.new_tokens(), body.stop + TURN_STOPS, body.needs_full(),
+                  False, body.top_logprobs_k())
+    reply = Reply(f"chatcmpl-{uuid.uuid4().hex[:24]}", "chat.completion.chunk", model_name(engine.model))
+    if body.stream:
+        return streamed(generations, partial(chat_events, how, reply, ids, body.n or 1))
+    return await run_in_threadpool(whole_chat, how, reply, ids, body.n or 1)
 
-    # --- /v1/chat/completions ---
-    async def chat(request: Request):
-        body = await parse(request, ChatBody)
-        n = body.n or 1
-        ids = tokenizer.encode(chat_prompt(body.messages))
-        max_tokens = next((m for m in (body.max_completion_tokens, body.max_tokens) if m is not None), 16)
-        check_prompt(ids, body, max_tokens)
-        k = (body.top_logprobs or 0) if body.logprobs else None
-        stops = body.stop + TURN_STOPS
-        cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
-        def pieces(j, should_stop=None) -> Iterator[Piece]:
-            """The assistant's text without the space after its prefix."""
-            started = False
-            for pc in choice_pieces(engine.open, ids, max_tokens, body.sampling(engine.config.n_vocab, j), stops, body.needs_full(), False, k,
-                                    should_stop):
-                if not started:
-                    pc.text = pc.text.lstrip(" ")
-                    started = bool(pc.text)
-                yield pc
-
-        def chunk(choices: list[dict], kind: str = "chat.completion.chunk", **extra) -> dict:
-            return {"id": cid, "object": kind, "created": created, "model": shown, "choices": choices, **extra}
-
-        if body.stream:
-            def produce(stop: threading.Event) -> Iterator[str]:
-                steps = []
-                for j in range(n):
-                    yield _sse(chunk([{"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                       "finish_reason": None}]))
-                    for pc in pieces(j, stop.is_set):
-                        steps += pc.steps
-                        if pc.text or pc.tokens:
-                            yield _sse(chunk([{"index": j, "delta": {"content": pc.text}, "finish_reason": None,
-                                               "logprobs": None if k is None else _chat_logprobs(pc.tokens)}]))
-                        if pc.finish:
-                            yield _sse(chunk([{"index": j, "delta": {}, "logprobs": None, "finish_reason": pc.finish}]))
-                if (body.stream_options or {}).get("include_usage"):
-                    yield _sse(chunk([], **_usage(len(ids), steps)))
-            return streamed(produce)
-
-        def whole() -> dict:
-            choices, steps = [], []
-            for j in range(n):
-                ps = list(pieces(j))
-                steps += [st for p in ps for st in p.steps]
-                choices.append({"index": j, "message": {"role": "assistant", "content": "".join(p.text for p in ps)},
-                                "logprobs": None if k is None else _chat_logprobs([e for p in ps for e in p.tokens]),
-                                "finish_reason": ps[-1].finish})
-            return chunk(choices, "chat.completion", **_usage(len(ids), steps))
-
-        return await run_in_threadpool(whole)
-
-    router.add_api_route("/v1/completions", guarded(completions), methods=["POST"])
-    router.add_api_route("/v1/chat/completions", guarded(chat), methods=["POST"])
-
-    @router.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], include_in_schema=False)
-    async def unknown(path: str):
-        return error(OpenAIError(404, f"no route /v1/{path}: this server has /v1/models, /v1/completions and "
-                                      f"/v1/chat/completions", code="unknown_url"))
-
-    return router
+@router.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], include_in_schema=False)
+async def unknown(path: str):
+    raise OpenAIError(404, f"no route /v1/{path}: this server has /v1/models, /v1/completions and "
+                           f"/v1/chat/completions", code="unknown_url")

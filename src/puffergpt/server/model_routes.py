@@ -1,0 +1,44 @@
+"""The model served: what it is and costs (``/api/info``, which the page reads first),
+and Compare (``/api/compare``): the engine's next-token candidates beside the numpy
+reference's."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException
+
+from puffergpt import completion, costs, loading, model_info, tokenizer
+from puffergpt.engine import requests_per_token, round_trips_per_token
+from puffergpt.server.bodies import CompareBody
+from puffergpt.server.state import ServedDep
+
+router = APIRouter(prefix="/api")
+
+
+@router.get("/info")
+def info(served: ServedDep) -> dict:
+    engine, config = served.engine, served.config
+    m, c = engine.manifest, engine.config
+    nbytes = loading.stored_bytes(m)
+    name = model_info.model_name(engine.model)  # a local checkpoint by its directory's name, as /v1 shows it
+    return {"model": name, "backend": engine.store.name, "metric": m["metric"],
+            "config": m["config"], "documents": m["documents"], "namespaces": m["namespaces"],
+            "megabytes": round(nbytes / 1e6, 1), "requests_per_token": requests_per_token(c),
+            "round_trips_per_token": round_trips_per_token(c),
+            "storage_usd_per_month": costs.storage_cost_per_month(nbytes), "rates": costs.rates(),
+            "max_new_tokens": config.max_new_tokens, "max_open_texts": config.max_open_texts,
+            "about": model_info.about(name, c), "starters": model_info.starters(engine.model),
+            "embedding_words": model_info.embedding_words(engine.model),
+            "fallback": config.fallback}
+
+
+@router.post("/compare")
+def compare(body: CompareBody, served: ServedDep) -> dict:
+    """The prompt through the engine and through the numpy reference: top-k side by side."""
+    if served.reference is None:
+        raise HTTPException(501, "this server was started without a reference checkpoint")
+    if not served.comparing.acquire(blocking=False):  # each comparison reads the checkpoint: one at a time
+        raise HTTPException(503, "a comparison is running: try again when it ends")
+    try:
+        return completion.compare(served.engine.open, served.reference, tokenizer.encode(body.prompt), body.top_k)
+    finally:
+        served.comparing.release()

@@ -1,0 +1,162 @@
+"""The OpenAI-compatible routes' request bodies, in OpenAI's names (fields we don't use
+are ignored, as OpenAI clients send many), the chat template, and OpenAI's error shape.
+A body says what it asks for (prompts as token ids, the number of new tokens, the
+sampling); the routes (``openai.py``) run it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from puffergpt import tokenizer
+from puffergpt.sampling import Sampling
+from puffergpt.server.bodies import MAX_NEW_TOKENS, MAX_PROMPT_CHARS
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for max_tokens
+
+MAX_LOGPROBS = 5  # OpenAI's bound for /v1/completions
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat (a step keeps 100 candidates)
+MAX_N = 8  # choices a prompt
+MAX_CHOICES = 16  # choices a request, over all its prompts
+MAX_STOPS = 4
+
+# --- the chat template: GPT-2 is a base model, so a chat is a transcript it continues ---
+ROLES = {"system": "System", "developer": "System", "user": "User", "assistant": "Assistant"}
+TURN_STOPS = ["\nUser:", "\nSystem:", "\nAssistant:"]
+
+
+class OpenAIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+
+class CommonBody(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=0, le=MAX_NEW_TOKENS)
+    temperature: float | None = Field(None, ge=0, le=100)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=1, le=tokenizer.VOCAB_SIZE)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    n: int | None = Field(None, ge=1, le=MAX_N)
+    stop: str | list[str] | None = Field(default_factory=list, validate_default=True)
+    stream: bool = False
+    stream_options: dict | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v):
+        stops = [v] if isinstance(v, str) else (v or [])
+        if len(stops) > MAX_STOPS:
+            raise ValueError(f"at most {MAX_STOPS} stop sequences, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("a stop sequence must not be empty")
+        return stops
+
+    def sampling(self, n_vocab: int, seed_offset: int = 0) -> Sampling:
+        """No top_k: the whole vocabulary of the model being served."""
+        seed = None if self.seed is None else (self.seed + seed_offset) % 2**63
+        return Sampling(1.0 if self.temperature is None else self.temperature, self.top_k or n_vocab,
+                        seed, 1.0 if self.top_p is None else self.top_p)
+
+    def needs_full(self) -> bool:
+        """Whether each token must score the whole vocabulary: the exact distribution."""
+        return (self.top_p or 1.0) < 1 or (self.top_k is None and (self.temperature is None or self.temperature > 0))
+
+
+class CompletionBody(CommonBody):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
+    suffix: str | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        for p in [v] if isinstance(v, str) else v:
+            if isinstance(p, str) and not 1 <= len(p) <= MAX_PROMPT_CHARS:
+                raise ValueError(f"a prompt must have 1 to {MAX_PROMPT_CHARS} characters")
+        return v
+
+    def choices(self) -> tuple[int, int]:
+        """(n, best_of): the choices returned a prompt, and those written to choose them from."""
+        n, best_of = self.n or 1, self.best_of or self.n or 1
+        if self.suffix:
+            raise OpenAIError(400, "suffix is not supported: GPT-2 writes left to right and cannot fill in "
+                                   "before a suffix", "suffix", "unsupported_parameter")
+        if best_of < n:
+            raise OpenAIError(400, f"best_of ({best_of}) must be at least n ({n})", "best_of")
+        if best_of > n and self.stream:
+            raise OpenAIError(400, "best_of above n cannot stream: the best are known only at the end", "best_of")
+        return n, best_of
+
+    def prompt_ids(self) -> list[list[int]]:
+        """A string, strings, token ids, or lists of token ids -> one id list a prompt."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [tokenizer.encode(prompt)]
+        if not prompt:
+            raise OpenAIError(400, "prompt is an empty list: give a string, strings or token ids", "prompt")
+        if isinstance(prompt[0], int):
+            return [list(prompt)]
+        out = [tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt]
+        if any(not p for p in out):
+            raise OpenAIError(400, "a prompt in the list is empty: each needs at least one token", "prompt")
+        return out
+
+    def new_tokens(self) -> int:
+        return DEFAULT_MAX_TOKENS if self.max_tokens is None else self.max_tokens
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    role: str
+    content: str | list[TextPart] | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _role(cls, v):
+        if v not in ROLES:
+            raise ValueError(f"role {v!r} is not one of {', '.join(ROLES)} (GPT-2 has no tools)")
+        return v
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content or [])
+
+
+class ChatBody(CommonBody):
+    messages: list[Message] = Field(..., min_length=1, max_length=256)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    max_completion_tokens: int | None = Field(None, ge=0, le=MAX_NEW_TOKENS)
+
+    def new_tokens(self) -> int:
+        return next((m for m in (self.max_completion_tokens, self.max_tokens) if m is not None), DEFAULT_MAX_TOKENS)
+
+    def top_logprobs_k(self) -> int | None:
+        """How many alternatives each token's log-probabilities list; None: no log-probabilities."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+def chat_prompt(messages: list[Message]) -> str:
+    """The plain-text template: one line a turn, "Role: content", ending with the
+    assistant's prefix for the model to continue:
+
+        System: You are terse.
+        User: Hello
+        Assistant:
+    """
+    return "".join(f"{ROLES[m.role]}: {m.text()}\n" for m in messages) + "Assistant:"

@@ -1,0 +1,98 @@
+"""The playground API's JSON: a text, its steps, an inspection, a request, as the page
+(``static/*.js``) reads them. Shapes only: what is in them is computed by the
+application layer (``text.py``, ``inside.py``, ``views.py``)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from puffergpt import inside, views
+from puffergpt.text import Step, Text
+
+
+def request_json(r) -> dict:
+    d = r.to_json()
+    d["cost_usd"] = r.cost_usd()
+    return d
+
+
+token_json = views.token_dict  # a token as text, with bytes_hex for a byte piece
+
+
+def part_label(part: dict) -> str:
+    """A part of the attribution as the page names it: embed, L2 H5, L2 attn bias, L2 MLP, ln_f bias."""
+    kind = part["kind"]
+    if kind == "attn":
+        return f"L{part['layer']} H{part['head']}"
+    if kind == "attn_bias":
+        return f"L{part['layer']} attn bias"
+    if kind == "mlp":
+        return f"L{part['layer']} MLP"
+    return {"embed": "embed", "ln_f_bias": "ln_f bias"}[kind]
+
+
+def explained_json(got: dict) -> dict:
+    """The attribution (each part labelled) and the neurons, tokens as text."""
+    a = got["attribution"]
+    return {"attribution": {"token_id": a["token_id"], "token": token_json(a["token_id"]), "logit": a["logit"],
+                            "parts": [{**part, "label": part_label(part)} for part in a["parts"]]},
+            "neurons": [[{**n, "promotes": [{**t, "token": token_json(t["token_id"])} for t in n["promotes"]]}
+                         for n in layer] for layer in got["neurons"]]}
+
+
+def inspect_json(got: dict, text: Text, p: int, requests: list, recomputed: bool) -> dict:
+    nxt = text.tokens[p] if p < len(text.tokens) and p < text.length else None
+    lens = [{"layer": e["layer"], "top": [{**token_json(int(i)), "logit": float(v)} for i, v in zip(e["ids"], e["logits"])],
+             "chosen_rank": None if nxt is None else inside.rank_of(e, nxt)} for e in got["lens"]]
+    d = {"position": p, "query_position": p - 1, "predicts_token": None if nxt is None else token_json(nxt),
+         "tokens": [{"position": i, **token_json(t)} for i, t in enumerate(text.tokens[:p])],
+         "attention": np.round(got["weights"][:, :, :p], 6).tolist(), "scores": np.round(got["scores"][:, :, :p], 5).tolist(),
+         "lens": lens, "lens_k": got["k"], "decided_layer": inside.decided_layer(got["lens"]),
+         "final_top1": token_json(inside.final_top1(got["lens"])),
+         "requests": [request_json(r) for r in requests], "recomputed": recomputed}
+    if "attribution" in got:
+        d |= explained_json(got)
+    return d
+
+
+def step_inspect_json(step: Step) -> dict:
+    got = step.inspect
+    return {"attention": np.round(got["weights"][:, :, :step.position], 6).tolist(),
+            "lens": [{"layer": e["layer"], "top": [{**token_json(int(i)), "logit": float(v)} for i, v in zip(e["ids"], e["logits"])],
+                      "chosen_rank": inside.rank_of(e, step.token_id)} for e in got["lens"]],
+            "decided_layer": inside.decided_layer(got["lens"]), "final_top1": token_json(inside.final_top1(got["lens"]))}
+
+
+def step_json(step: Step, full: bool = True) -> dict:
+    d = {"position": step.position, **token_json(step.token_id), "phase": step.phase,
+         "read": step.read, "ms": round(step.ms, 3), "temperature": step.temperature,
+         "requests": len(step.requests), "cost_usd": sum(r.cost_usd() for r in step.requests),
+         "round_trips": sum(r.round_trips for r in step.requests)}
+    if full:
+        d["candidates"] = [{"rank": i, **c} for i, c in enumerate(step.candidates())]
+        d["probs_t1"] = [c["prob"] for c in step.candidates(1.0)]
+        d["request_log"] = [request_json(r) for r in step.requests]
+    if step.inspect is not None:
+        d |= step_inspect_json(step)
+    return d
+
+
+def text_json(t: Text, full: bool = True) -> dict:
+    return {"id": t.id, "length": t.length, "known": len(t.tokens), "read_upto": t.read_upto,
+            "tokens": [{"position": i, **token_json(tok), "generated": i in t.steps,
+                        "prob": _chosen_prob(t.steps.get(i))} for i, tok in enumerate(t.tokens)],
+            "steps": {str(p): {k: v for k, v in step_json(s, full).items() if k not in ("attention", "lens")}
+                      for p, s in sorted(t.steps.items())}}
+
+
+def _chosen_prob(step: Step | None) -> float | None:
+    if step is None:
+        return None
+    probs = dict(zip(map(int, step.ids), (c["prob"] for c in step.candidates())))
+    return probs.get(step.token_id, 0.0)
+
+
+def sse(event: str, data: dict) -> str:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n"

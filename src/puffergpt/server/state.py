@@ -1,0 +1,80 @@
+"""What the routes share, and how they get it: the app's state, built once by
+``create_app``, handed to each route by FastAPI's ``Depends`` (no closures)."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Annotated, Callable
+
+from fastapi import Depends, HTTPException, Request
+
+from puffergpt.engine import Engine
+from puffergpt.reference import Products
+from puffergpt.server.bodies import MAX_NEW_TOKENS
+from puffergpt.server.streaming import Generations
+from puffergpt.text import Text, Texts
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    max_open_texts: int = 32
+    idle_s: float = 1800.0
+    max_new_tokens: int = MAX_NEW_TOKENS  # a request's new tokens (the bodies' bound is the most it can be)
+    trusted_hosts: tuple[str, ...] | None = None  # Host headers accepted; None accepts any
+    fallback: str | None = None  # why the model is the demo one, when GPT-2 small could not be had
+    read_timeout_s: float = 10.0  # a request body must keep arriving: each piece within this
+
+    def __post_init__(self):
+        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+            raise ValueError(f"max_new_tokens must be in 1..{MAX_NEW_TOKENS}, got {self.max_new_tokens}")
+
+
+@dataclass
+class Served:
+    """One app's model and what it holds open: ``app.state.served``."""
+
+    engine: Engine
+    config: ServerConfig
+    texts: Texts
+    generations: Generations  # each in a worker thread of its own (streaming.py)
+    reference: Callable[[], Products] | None = None  # numpy Products for Compare
+    comparing: threading.Lock = field(default_factory=threading.Lock)  # each comparison reads the checkpoint: one at a time
+
+
+def served(request: Request) -> Served:
+    return request.app.state.served
+
+
+def engine(request: Request) -> Engine:
+    return request.app.state.served.engine
+
+
+def config(request: Request) -> ServerConfig:
+    return request.app.state.served.config
+
+
+def texts(request: Request) -> Texts:
+    return request.app.state.served.texts
+
+
+def generations(request: Request) -> Generations:
+    return request.app.state.served.generations
+
+
+ServedDep = Annotated[Served, Depends(served)]
+EngineDep = Annotated[Engine, Depends(engine)]
+ConfigDep = Annotated[ServerConfig, Depends(config)]
+TextsDep = Annotated[Texts, Depends(texts)]
+GenerationsDep = Annotated[Generations, Depends(generations)]
+
+
+def open_text(text_id: str, texts: TextsDep) -> Text:
+    """The open text of the path's ``text_id``, or a 404."""
+    try:
+        return texts.get(text_id)
+    except KeyError as e:
+        raise HTTPException(404, str(e.args[0])) from None
+
+
+TextDep = Annotated[Text, Depends(open_text)]

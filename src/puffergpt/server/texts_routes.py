@@ -1,0 +1,137 @@
+"""The playground's texts: open one, show it, edit it, generate (server-sent events),
+stop, close, and look inside (a position's attention and lens, the key namespace).
+Each route parses, calls the text (which keeps its own rules: no edit while it
+generates, token ids, the context), and renders (``render.py``)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Iterator
+
+from fastapi import APIRouter, HTTPException
+
+from puffergpt import tokenizer, views
+from puffergpt.sampling import Sampling
+from puffergpt.server.bodies import AppendBody, BranchBody, CreateBody, PositionBody, SamplingBodyInspect
+from puffergpt.server.render import inspect_json, request_json, sse, step_json, text_json
+from puffergpt.server.state import ConfigDep, GenerationsDep, TextDep, TextsDep
+from puffergpt.server.streaming import stream
+from puffergpt.stores.base import StoreError
+from puffergpt.text import Text, TextError, check_generation
+
+router = APIRouter(prefix="/api/texts")
+
+
+@router.post("", status_code=201)
+def create(body: CreateBody, texts: TextsDep) -> dict:
+    ids = tokenizer.encode(body.prompt) if body.prompt is not None else body.prompt_ids  # ids: checked by the text
+    return text_json(texts.create(ids))
+
+
+@router.get("/{text_id}")
+def show(t: TextDep) -> dict:
+    with t.lock:  # a generation in another thread adds steps between tokens
+        return text_json(t)
+
+
+@router.delete("/{text_id}")
+def close(text_id: str, texts: TextsDep) -> dict:
+    try:
+        texts.close(text_id)
+    except KeyError as e:
+        raise HTTPException(404, str(e.args[0])) from None
+    return {"closed": text_id}
+
+
+# --- edits: the text refuses them while it generates (409) ---
+
+def edited(t: Text) -> dict:
+    with t.lock:
+        return text_json(t)
+
+
+@router.post("/{text_id}/append")
+def append(body: AppendBody, t: TextDep) -> dict:
+    t.append(tokenizer.encode(body.text))
+    return edited(t)
+
+
+@router.post("/{text_id}/step_back")
+def step_back(body: PositionBody, t: TextDep) -> dict:
+    t.step_back(body.position)
+    return edited(t)
+
+
+@router.post("/{text_id}/step_forward")
+def step_forward(body: PositionBody, t: TextDep) -> dict:
+    t.step_forward(body.position)
+    return edited(t)
+
+
+@router.post("/{text_id}/cut")
+def cut(body: PositionBody, t: TextDep) -> dict:
+    t.cut(body.position)
+    return edited(t)
+
+
+@router.post("/{text_id}/branch")
+def branch(body: BranchBody, t: TextDep) -> dict:
+    t.branch(body.position, token_id=body.token_id, rank=body.rank)
+    return edited(t)
+
+
+# --- generating ---
+
+@router.post("/{text_id}/stop")
+def stop(text_id: str, t: TextDep) -> dict:
+    t.stop()
+    return {"stopping": text_id}
+
+
+def generation_events(t: Text, n: int, s: Sampling, inspect: int, stop: threading.Event) -> Iterator[str]:
+    """A generation's events, in its worker thread: ``token`` each, then ``done`` or ``error``."""
+    t0, count, requests = time.perf_counter(), 0, 0
+    try:
+        for step in t.generate(n, s, should_stop=stop.is_set, inspect=inspect):
+            count, requests = count + 1, requests + len(step.requests)
+            yield sse("token", step_json(step))
+        with t.lock:
+            done = text_json(t)
+        yield sse("done", {"tokens": count, "requests": requests, "ms": round((time.perf_counter() - t0) * 1e3, 1),
+                           "stopped": stop.is_set(), "text": done})
+    except (TextError, StoreError) as e:
+        yield sse("error", {"detail": str(e)})
+
+
+@router.post("/{text_id}/generate")
+def generate(body: SamplingBodyInspect, t: TextDep, config: ConfigDep, generations: GenerationsDep):
+    """Server-sent events: ``token`` for each new token, then ``done`` (or ``error``).
+    With ``inspect``, each token also carries its attention and lens."""
+    s = check_generation(t.config, Sampling(body.temperature, body.top_k, body.seed), t.length, body.max_tokens,
+                         config.max_new_tokens)  # errors before the stream are plain 4xx
+    stop_event = t.begin()  # 409 if it is generating already
+    inspect = body.lens_k if body.inspect else 0
+    return stream(generations, lambda stop: generation_events(t, body.max_tokens, s, inspect, stop),
+                  stop=stop_event, on_end=t.end)
+
+
+# --- inside the transformer: each view is searches, counted ---
+
+@router.get("/{text_id}/steps/{position}/inspect")
+def inspect(position: int, t: TextDep, lens_k: int = 10) -> dict:
+    """The view from the token at position - 1, whose output predicts ``position``:
+    attention per layer and head over 0..position-1, and the logit lens."""
+    got, requests, recomputed = t.inspect(position, lens_k)
+    with t.lock:
+        return inspect_json(got, t, position, requests, recomputed)
+
+
+@router.get("/{text_id}/kv")
+def kv(t: TextDep) -> dict:
+    """The text's key namespace: which positions hold keys, and which read wrote them."""
+    with t.lock:
+        log0 = len(t.products.log)
+        d = views.kv(t)
+        d["requests"] = [request_json(r) for r in t.products.log[log0:]]
+        return d

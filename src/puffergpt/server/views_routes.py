@@ -1,0 +1,54 @@
+"""The embedding views: an analogy, a word's neighbours, a map of token vectors (with
+the path of a text's token through the layers). Each is a fetch and a search or two on
+products of its own, counted in the response's ``requests``."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from fastapi import APIRouter
+
+from puffergpt import views
+from puffergpt.engine import Engine
+from puffergpt.server.bodies import AnalogyBody, MapBody, NeighboursBody
+from puffergpt.server.render import request_json
+from puffergpt.server.state import EngineDep, TextsDep, open_text
+from puffergpt.text import TextError
+
+router = APIRouter(prefix="/api")
+
+
+def view(engine: Engine, run: Callable[[object], dict]) -> dict:
+    """A view on its own products (a fetch and a search or two), closed after."""
+    products = engine.views()  # no text: no namespace of keys to make and drop
+    try:
+        products.extra = True
+        d = run(products)
+        d["requests"] = [request_json(r) for r in products.log[1:]]  # after the layer-norm fetch of opening
+        return d
+    finally:
+        products.close()
+
+
+@router.post("/analogy")
+def analogy(body: AnalogyBody, engine: EngineDep) -> dict:
+    """"a is to b as c is to ?": the tokens nearest by cosine to wte[b] - wte[a] + wte[c]."""
+    return view(engine, lambda p: views.analogy(p, body.a, body.b, body.c, body.k))
+
+
+@router.post("/neighbours")
+def neighbours(body: NeighboursBody, engine: EngineDep) -> dict:
+    return view(engine, lambda p: views.neighbours(p, body.word, body.k))
+
+
+@router.post("/map")
+def embedding_map(body: MapBody, engine: EngineDep, texts: TextsDep) -> dict:
+    """Some token vectors on a plane, and the path of a text's token through the layers."""
+    residual = None
+    if body.text_id is not None:
+        t = open_text(body.text_id, texts)
+        if body.position is None:
+            raise TextError("map: give the position whose path to draw with the text")
+        got, _, _ = t.inspect(body.position, 5, explain=False)
+        residual = got["residual"]
+    return view(engine, lambda p: views.embedding_map(p, list(body.words), residual))
