@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from puffergpt.stores import Query
-from puffergpt.stores.pglocal import open_local
+from puffergpt.stores.pgvector import open_pgvector
 
 SCHEMA = {"matrix": "str", "row": "int"}
 
@@ -91,7 +91,7 @@ def main():
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     tmp = tempfile.TemporaryDirectory(prefix="puffergpt-pgtune-")
-    store = open_local(args.data or Path(tmp.name))
+    store = open_pgvector(args.data or Path(tmp.name))
     try:
         version = store._one("SELECT current_setting('server_version'), (SELECT extversion FROM pg_extension WHERE extname = 'vector'), "
                              "current_setting('shared_buffers')")

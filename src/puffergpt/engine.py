@@ -177,12 +177,8 @@ class SearchProducts:
             f.result()
 
     def _search(self, ns: str, queries: list[Query], metric: str, include: tuple) -> Hits:
-        """One request, or as few as the store's limit on queries a request allows."""
-        n = self.store.max_queries
-        if len(queries) <= n:
-            return self.store.search(ns, queries, metric, include=include)
-        starts = range(0, len(queries), n)
-        return Hits.concat([self.store.search(ns, queries[s:s + n], metric, include=include) for s in starts], include, starts)
+        """One request, or as few as the store's limit on queries a request allows (the store splits)."""
+        return self.store.search(ns, queries, metric, include=include)
 
     # --- the seam ---
     def embed(self, ids, pos):

@@ -41,7 +41,7 @@ import numpy as np
 from puffergpt import untrained
 from puffergpt.checkpoints import Checkpoint, GPT2Config
 from puffergpt.documents import ENCODING_VERSION, Encoding
-from puffergpt.stores.base import Hits, Query, ReaderDied, Store, StoreError
+from puffergpt.stores.base import Query, ReaderDied, Store, StoreError
 
 SCHEMA = {"matrix": "str", "row": "int", "norm2": "float"}
 BATCH = 2048
@@ -269,7 +269,7 @@ def _read_matrix(store: Store, ns: str, name: str, doc_ids: list[str], sha256: s
 def whole_matrix(store: Store, name: str, rows: int) -> list[tuple]:
     """The filters that, together, match every row of a matrix: one, or row ranges where the
     store returns at most ``max_top_k`` hits a query (turbopuffer)."""
-    cap = getattr(store, "max_top_k", None) or rows
+    cap = store.max_top_k or rows
     if cap >= rows:
         return [(("matrix", "=", name),)]
     return [(("matrix", "=", name), ("row", ">=", a), ("row", "<", min(a + cap, rows))) for a in range(0, rows, cap)]
@@ -282,9 +282,7 @@ def verify_attributes(store: Store, ns: str, name: str, doc_ids: list[str], norm
     probe = np.zeros(dim, np.float32)
     probe[0] = 1.0  # any vector will do (not zero: cosine would have no direction); the distances are unused
     queries = [Query(probe, f) for f in whole_matrix(store, name, len(doc_ids))]
-    n = store.max_queries
-    hits = Hits.concat([store.search(ns, queries[s:s + n], metric, include=("id", "row", "norm2"))
-                        for s in range(0, len(queries), n)], ("id", "row", "norm2"))
+    hits = store.search(ns, queries, metric, include=("id", "row", "norm2"))  # split at max_queries by the store
     got = dict(zip(hits.attrs["id"].tolist(), zip(hits.attrs["row"].tolist(), hits.attrs["norm2"].tolist())))
     for r, i in enumerate(doc_ids):
         if i not in got:

@@ -1,14 +1,126 @@
-"""The store protocol, on every backend: what the engine relies on, checked against numpy."""
+"""The store seam, on every backend: what the engine relies on, checked against numpy.
+
+Every backend in ``BACKENDS`` runs every test here, ``memory`` below included: a backend
+written as docs/backends.md says, in one page, which is how that page's claim is checked."""
+
+import json
+import operator
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from puffergpt.stores import BACKENDS, Query, StoreError, open_store
+from puffergpt.stores import BACKENDS, Hits, Layout, Query, Store, StoreError, open_store, register
 
 SCHEMA = {"matrix": "str", "row": "int"}
 
 
-@pytest.fixture(params=BACKENDS)
+# --- a new backend, written the documented way: the ten methods, nothing else ---
+_OPS = {"=": operator.eq, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}
+_DTYPES = {"int": np.int64, "float": np.float64, "str": object}
+
+
+@dataclass
+class _Table:
+    layout: Layout
+    row: dict[str, int] = field(default_factory=dict)  # id -> row of the columns
+    vectors: np.ndarray = None  # (n, dim) float32
+    cols: dict[str, np.ndarray] = field(default_factory=dict)  # "id" and each attribute: (n,)
+
+    def __post_init__(self):
+        self.vectors = np.zeros((0, self.layout.dim), np.float32)
+        self.cols = {a: np.zeros(0, _DTYPES[t]) for a, t in {"id": "str", **self.layout.schema}.items()}
+
+    def mask(self, f) -> np.ndarray:  # (n,) bool: the rows every condition holds for
+        m = np.ones(len(self.row), bool)
+        for a, op, v in f:
+            m &= np.isin(self.cols[a], v) if op == "in" else _OPS[op](self.cols[a], v)
+        return m
+
+    def keep(self, m: np.ndarray) -> None:
+        self.vectors, self.cols = self.vectors[m], {a: c[m] for a, c in self.cols.items()}
+        self.row = {i: r for r, i in enumerate(self.cols["id"].tolist())}
+
+
+@register("memory")
+class MemoryStore(Store):
+    """numpy arrays in a dict: exact by construction, gone with the process."""
+
+    name = "memory"
+    metrics = ("inner_product", "euclidean_squared", "cosine_distance")
+
+    def __init__(self):
+        self.tables: dict[str, _Table] = {}
+        self.meta: dict[str, str] = {}
+
+    def _namespaces(self, prefix):
+        return {ns: t.layout for ns, t in self.tables.items() if ns.startswith(prefix)}
+
+    def _create_namespace(self, ns, layout, ephemeral):
+        if ns in self.tables:
+            return self.tables[ns].layout
+        self.tables[ns] = _Table(layout)
+
+    def _drop_namespace(self, ns):
+        self.tables.pop(ns, None)
+
+    def _upsert(self, ns, layout, ids, vectors, attrs):
+        t = self.tables[ns]
+        for i in ids:
+            t.row.setdefault(i, len(t.row))
+        grow = len(t.row) - len(t.vectors)
+        t.vectors = np.concatenate([t.vectors, np.zeros((grow, layout.dim), np.float32)])
+        t.cols = {a: np.concatenate([c, np.zeros(grow, c.dtype)]) for a, c in t.cols.items()}
+        rows = [t.row[i] for i in ids]
+        t.vectors[rows] = vectors
+        for a, values in {"id": ids, **attrs}.items():
+            t.cols[a][rows] = values
+
+    def _search(self, ns, layout, queries, metric, include):
+        t, masks, parts = self.tables[ns], {}, []
+        for n, q in enumerate(queries):
+            rows = masks.setdefault(repr(q.filter), np.flatnonzero(t.mask(q.filter)))
+            w, v = t.vectors[rows].astype(np.float64), q.vector.astype(np.float64)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                d = {"inner_product": w @ v, "euclidean_squared": ((w - v) ** 2).sum(1),
+                     "cosine_distance": 1 - w @ v / (np.linalg.norm(w, axis=1) * np.linalg.norm(v))}[metric]
+            best = np.argsort(-d if metric == "inner_product" else d, kind="stable")[:q.top_k]
+            parts.append(Hits(np.full(len(best), n), d[best], {a: t.cols[a][rows[best]] for a in include}))
+        return Hits.concat(parts, include, [0] * len(parts))
+
+    def _fetch(self, ns, layout, ids):
+        t = self.tables[ns]
+        return {i: t.vectors[t.row[i]] for i in ids if i in t.row}
+
+    def _delete(self, ns, layout, filter):
+        self.tables[ns].keep(~self.tables[ns].mask(filter))
+
+    def _count(self, ns, layout, filter):
+        return int(self.tables[ns].mask(filter).sum())
+
+    def _put_meta(self, key, value):
+        self.meta[key] = json.dumps(value)
+
+    def _get_meta(self, key):
+        return json.loads(self.meta[key]) if key in self.meta else None
+
+
+def test_a_new_backend_writes_what_the_guide_lists():
+    """Store's abstract methods are the ten that docs/backends.md lists, and ``memory``
+    (which passes every test in this file) writes those and nothing else."""
+    guide = (Path(__file__).parents[2] / "docs" / "backends.md").read_text()
+    assert len(Store.__abstractmethods__) == 10
+    assert all(f"`{m}(" in guide for m in Store.__abstractmethods__), "docs/backends.md misses a method"
+    written = {k for k, v in vars(MemoryStore).items() if callable(v) and k != "__init__"}
+    assert written == set(Store.__abstractmethods__)
+    with pytest.raises(TypeError, match="sets `name`"):
+        type("Nameless", (MemoryStore,), {"name": None})()
+    with pytest.raises(StoreError, match="exists already"):
+        register("memory", "somewhere:Else")
+
+
+@pytest.fixture(params=list(BACKENDS))
 def store(request, tmp_path):
     options = {}
     if request.param == "pgvector":  # a fresh database of the session's PostgreSQL (tests/stores/conftest.py)
@@ -158,7 +270,7 @@ def test_data_directory_that_cannot_be_written(tmp_path):
 
 
 def test_unknown_backend(tmp_path):
-    with pytest.raises(StoreError, match="unknown backend 'faiss'"):
+    with pytest.raises(StoreError, match="unknown backend 'faiss': use one of embedded, pgvector, turbopuffer"):
         open_store("faiss", tmp_path)
 
 

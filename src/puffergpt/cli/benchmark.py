@@ -78,6 +78,5 @@ def loaded(ckpt, model: str, dirs: dict[str, Path], dsn: str | None, stores: lis
 
 
 def store_size_mb(store) -> float | None:
-    disk_bytes = getattr(store, "disk_bytes", None)  # the embedded store: its data directory's files
-    size = disk_bytes() if disk_bytes else None  # None: a server's store
+    size = store.disk_bytes()  # the embedded store's data directory; None: a server's store
     return round(size / 1e6, 1) if size is not None else None

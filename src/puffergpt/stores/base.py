@@ -1,4 +1,4 @@
-"""The store protocol: what puffergpt needs from a vector database.
+"""The store seam: what puffergpt needs from a vector database, and what a backend writes.
 
 Small on purpose, so that it maps onto an embedded engine, PostgreSQL with
 pgvector and turbopuffer alike:
@@ -12,12 +12,22 @@ pgvector and turbopuffer alike:
 
 A filter is a tuple of (attribute, op, value) conditions, all of which must hold;
 op is one of ``=``, ``<``, ``<=``, ``>``, ``>=``, ``in``.
+
+``Store``'s public methods are what callers use. Each one checks its input (names,
+attributes and their types, vector lengths, filters, metrics, duplicate ids), splits a
+batch of queries at ``max_queries``, and only then calls the protected method of the
+same name (``upsert`` -> ``_upsert``) that a backend writes: so a backend talks to its
+database and nothing else. docs/backends.md walks through writing one.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import json
+import numbers
 import re
+import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -28,6 +38,7 @@ Filter = tuple[tuple[str, str, Any], ...]
 OPS = ("=", "<", "<=", ">", ">=", "in")
 ATTR_TYPES = ("int", "float", "str")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+_NP_TYPES = {"int": np.int64, "float": np.float64, "str": object}
 
 
 class StoreError(Exception):
@@ -59,6 +70,15 @@ class Query:
     top_k: int | None = None  # None: every matching document, in no particular order
 
 
+@dataclass(frozen=True)
+class Layout:
+    """A namespace's shape: what the base checks every call against."""
+
+    dim: int  # the vectors' length
+    schema: dict[str, str]  # attribute -> "int" | "float" | "str"
+    metrics: tuple[str, ...]  # the metrics it can be searched with
+
+
 @dataclass
 class Hits:
     """The results of a batch of queries, flattened: hit i answers query ``query[i]``.
@@ -80,95 +100,304 @@ class Hits:
                     {a: np.concatenate([p.attrs[a] for p in parts]) for a in include})
 
 
+# --- the checks every call passes before it reaches a backend ---
 def check_name(ns: str) -> str:
     if not isinstance(ns, str) or not _NAME.match(ns):
         raise StoreError(f"invalid namespace name {ns!r}: use letters, digits, '.', '_' and '-' (at most 128)")
     return ns
 
 
-def check_filter(f: Filter, schema: dict[str, str]) -> None:
-    for cond in f:
-        if len(cond) != 3 or cond[1] not in OPS:
-            raise StoreError(f"invalid filter condition {cond!r}: (attribute, op, value) with op one of {OPS}")
-        if cond[0] not in schema and cond[0] != "id":
-            raise StoreError(f"filter on unknown attribute {cond[0]!r} (the namespace has {sorted(schema)})")
-
-
-def check_schema(schema: dict[str, str], types: dict[str, str]) -> None:
-    """Attribute names and types a backend can store (``types``: ours -> its column type)."""
+def check_schema(schema: dict[str, str]) -> None:
+    """Attribute names and types every backend stores."""
     for k, t in schema.items():
-        if t not in types:
-            raise StoreError(f"attribute {k!r} has type {t!r}; use one of {sorted(types)}")
+        if t not in ATTR_TYPES:
+            raise StoreError(f"attribute {k!r} has type {t!r}; use one of {sorted(ATTR_TYPES)}")
         if not isinstance(k, str) or not k.isidentifier() or k in ("id", "vector"):
             raise StoreError(f"invalid attribute name {k!r}: a Python identifier other than 'id' and 'vector'")
 
 
-def check_upsert(ns: str, ids: Sequence[str], vectors, attrs: dict, schema: dict[str, str]) -> None:
-    """What every backend refuses before it writes anything."""
-    if set(attrs) != set(schema):
-        raise StoreError(f"upsert to {ns!r} needs attributes {sorted(schema)}, got {sorted(attrs)}")
-    if len(ids) != len(vectors) or any(len(v) != len(ids) for v in attrs.values()):
-        raise StoreError("upsert: ids, vectors and attributes differ in length")
-    if len(set(ids)) != len(ids):
-        raise StoreError("upsert: an id appears twice in one batch")
+def check_filter(f: Filter, schema: dict[str, str]) -> Filter:
+    """The filter with each value as its attribute's Python type (numpy scalars and arrays
+    become ints, floats, strs and lists), or a StoreError naming the bad condition."""
+    out = []
+    for cond in f:
+        if not isinstance(cond, (tuple, list)) or len(cond) != 3 or cond[1] not in OPS:
+            raise StoreError(f"invalid filter condition {cond!r}: (attribute, op, value) with op one of {OPS}")
+        attr, op, value = cond
+        if attr not in schema and attr != "id":
+            raise StoreError(f"filter on unknown attribute {attr!r} (the namespace has {sorted(schema)})")
+        t = schema.get(attr, "id")
+        if op == "in":
+            if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray, set, frozenset)):
+                raise StoreError(f"filter {attr!r} in {value!r}: 'in' takes a list of values")
+            value = [_scalar(x, t, attr) for x in (value.tolist() if isinstance(value, np.ndarray) else value)]
+        else:
+            value = _scalar(value, t, attr)
+        out.append((attr, op, value))
+    return tuple(out)
+
+
+def _scalar(x, t: str, attr: str):
+    """A filter value as the attribute's Python type ("id": a str), or a clear error."""
+    if isinstance(x, np.generic):
+        x = x.item()
+    if t == "id":
+        return str(x)
+    if t == "str" and isinstance(x, str):
+        return x
+    if t == "int" and isinstance(x, numbers.Integral) and not isinstance(x, bool):
+        return int(x)
+    if t == "float" and isinstance(x, numbers.Real) and not isinstance(x, bool):
+        return float(x)
+    raise StoreError(f"filter value {x!r} for attribute {attr!r} is not of its type {t}")
+
+
+def _values(seq, t: str, attr: str) -> list:
+    """An attribute's values as plain Python values of its type (what a backend writes)."""
+    a = np.asarray(seq)
+    try:
+        if t == "int":
+            if a.size and not np.issubdtype(a.dtype, np.integer):
+                raise TypeError
+            return a.astype(np.int64).tolist()
+        if t == "float":
+            return a.astype(np.float64).tolist()
+        out = a.tolist()
+        if not all(isinstance(x, str) for x in out):
+            raise TypeError
+        return out
+    except (TypeError, ValueError):
+        raise StoreError(f"attribute {attr!r} holds {t} values; got {a.dtype} ({a.ravel()[:3].tolist()!r}...)") from None
+
+
+def _vectors(vectors, n: int, dim: int, what: str = "vectors") -> np.ndarray:
+    v = np.ascontiguousarray(vectors, dtype=np.float32)
+    if v.shape != (n, dim):
+        raise StoreError(f"{what} have shape {v.shape}, the namespace holds vectors of length {dim}")
+    return v
+
+
+def _serial(method):
+    """A public method, one call at a time unless the backend says it is thread_safe."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        if self.thread_safe:
+            return method(self, *args, **kwargs)
+        with self._serial_lock:
+            return method(self, *args, **kwargs)
+    return run
 
 
 class Store(ABC):
-    """One vector database. Subclasses live one per module in ``puffergpt.stores``."""
+    """One vector database. A backend subclasses it (one per module in ``puffergpt.stores``),
+    sets ``name`` and ``metrics``, and writes the abstract ``_`` methods below; the public
+    methods check every input first, so those see only valid, normalised arguments.
+    docs/backends.md walks through it; tests/stores/test_contract.py is what it must pass."""
 
-    name: str
+    # --- what a backend says about itself (name and metrics are required) ---
+    name: str  # what --backend calls it
     metrics: tuple[str, ...]  # the metrics it searches exactly, most precise first
-    max_queries: int  # queries one search request may carry
+    max_queries: int = 1024  # queries one _search call is given; the base splits bigger batches
+    max_top_k: int | None = None  # hits a query may return (None: no limit); the engine splits a
+    # matrix's rows into ranges of at most this many (turbopuffer's 10,000)
+    metric_per_namespace: bool = False  # True: a namespace is searched by one metric only, fixed
+    # when it is created (metric=None: metrics[0]); False: by any of those it was created for
+    thread_safe: bool = False  # False: the base lets one call at a time reach the backend (the
+    # engine writes a text's keys in a background thread while it searches); True: it locks itself
+
+    def __new__(cls, *args, **kwargs):
+        try:
+            ok = isinstance(cls.name, str) and isinstance(cls.metrics, tuple) and len(cls.metrics) > 0
+        except AttributeError:
+            ok = False
+        if not ok:
+            raise TypeError(f"{cls.__name__}: a store sets `name` (a str) and `metrics` (a tuple of metric names)")
+        store = super().__new__(cls)
+        store._serial_lock = threading.RLock()
+        return store
+
+    # --- what a backend writes: each talks to the database, nothing else ---
+    @abstractmethod
+    def _namespaces(self, prefix: str) -> dict[str, Layout]:
+        """The namespaces whose name starts with prefix, and their layouts."""
+
+    def _layout(self, ns: str) -> Layout | None:
+        """ns's layout, None if it does not exist. Override it where listing is slow."""
+        return self._namespaces(ns).get(ns)
 
     @abstractmethod
+    def _create_namespace(self, ns: str, layout: Layout, ephemeral: bool) -> Layout | None:
+        """Create ns with this layout and return None; if ns exists already, change nothing
+        and return its layout (the base compares the two). ``ephemeral``: it need not outlive
+        the process (a text's keys), so it may live in memory or skip a write-ahead log."""
+
+    @abstractmethod
+    def _drop_namespace(self, ns: str) -> None:
+        """Remove ns and its documents; nothing if it does not exist."""
+
+    @abstractmethod
+    def _upsert(self, ns: str, layout: Layout, ids: list[str], vectors: np.ndarray, attrs: dict[str, list]) -> None:
+        """Write documents, replacing any with the same id. ids are distinct; vectors
+        (n, dim) float32; attrs holds every attribute of the schema, n Python values each."""
+
+    @abstractmethod
+    def _search(self, ns: str, layout: Layout, queries: list[Query], metric: str, include: tuple[str, ...]) -> Hits:
+        """Exact search: the true metric value to every document that matches each filter
+        (or the top_k best, best first). 1 to max_queries queries, vectors (dim,) float32,
+        metric one of layout.metrics, include names "id" or attributes."""
+
+    @abstractmethod
+    def _fetch(self, ns: str, layout: Layout, ids: list[str]) -> dict[str, np.ndarray]:
+        """The vectors of those ids that exist, by id (the base reports the missing ones)."""
+
+    @abstractmethod
+    def _delete(self, ns: str, layout: Layout, filter: Filter) -> None:
+        """Delete the documents matching filter (every document for ())."""
+
+    @abstractmethod
+    def _count(self, ns: str, layout: Layout, filter: Filter) -> int:
+        """How many documents match filter."""
+
+    @abstractmethod
+    def _put_meta(self, key: str, value: dict) -> None: ...
+
+    @abstractmethod
+    def _get_meta(self, key: str) -> dict | None:
+        """The value put under key (a copy, with its keys in their order), None if none."""
+
+    # --- what callers use: checks, then the backend's method ---
+    @_serial
     def create_namespace(self, ns: str, dim: int, schema: dict[str, str], metric: str | None = None,
                          ephemeral: bool = False) -> None:
         """Create ns for vectors of length dim with typed attributes; a no-op if it exists alike.
         ``metric`` is the one it will be searched with (stores that fix it per namespace need it);
         ``ephemeral`` says it need not outlive the process (a text's keys), so a store may keep it
         in memory or skip its write-ahead log."""
+        check_name(ns)
+        self._check_metric(metric)
+        if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or int(dim) < 1:
+            raise StoreError(f"invalid vector length {dim!r}: a positive integer")
+        check_schema(schema)
+        metrics = (metric,) if metric else self.metrics[:1] if self.metric_per_namespace else self.metrics
+        want = Layout(int(dim), dict(schema), metrics)
+        old = self._create_namespace(ns, want, bool(ephemeral))
+        if old is not None and (old.dim != want.dim or old.schema != want.schema or not set(metrics) <= set(old.metrics)):
+            shown = {"dim": old.dim, "schema": old.schema, "metrics": list(old.metrics)}
+            raise StoreError(f"namespace {ns!r} exists with another layout {shown}; drop it first")
 
-    @abstractmethod
-    def drop_namespace(self, ns: str) -> None: ...
+    @_serial
+    def drop_namespace(self, ns: str) -> None:
+        self._drop_namespace(check_name(ns))
 
-    @abstractmethod
-    def namespaces(self, prefix: str = "") -> list[str]: ...
+    @_serial
+    def namespaces(self, prefix: str = "") -> list[str]:
+        if not isinstance(prefix, str):
+            raise StoreError(f"invalid namespace prefix {prefix!r}")
+        return sorted(self._namespaces(prefix))
 
-    @abstractmethod
+    @_serial
     def upsert(self, ns: str, ids: Sequence[str], vectors: np.ndarray, attrs: dict[str, Sequence]) -> None:
         """Write documents, replacing any with the same id."""
+        layout = self.layout(ns)
+        if set(attrs) != set(layout.schema):
+            raise StoreError(f"upsert to {ns!r} needs attributes {sorted(layout.schema)}, got {sorted(attrs)}")
+        ids = [str(i) for i in ids]
+        if len(vectors) != len(ids) or any(len(v) != len(ids) for v in attrs.values()):
+            raise StoreError("upsert: ids, vectors and attributes differ in length")
+        if len(set(ids)) != len(ids):
+            raise StoreError("upsert: an id appears twice in one batch")
+        v = _vectors(vectors, len(ids), layout.dim)
+        self._upsert(ns, layout, ids, v, {a: _values(attrs[a], t, a) for a, t in layout.schema.items()})
 
-    @abstractmethod
+    @_serial
     def search(self, ns: str, queries: Sequence[Query], metric: str, include: Sequence[str] = ()) -> Hits:
-        """Exact search: the true metric value to every document that matches each filter."""
+        """Exact search: the true metric value to every document that matches each filter.
+        Any number of queries: the base sends them ``max_queries`` at a time."""
+        layout = self.layout(ns)
+        self._check_metric(metric)
+        if metric not in layout.metrics:
+            fixed = f" ({self.name} fixes the metric per namespace)" if self.metric_per_namespace else ""
+            raise StoreError(f"namespace {ns!r} was created for {', '.join(layout.metrics)}, not {metric}{fixed}: "
+                             f"drop it and create it with metric={metric!r}")
+        include = tuple(include)
+        for a in include:
+            if a not in layout.schema and a != "id":
+                raise StoreError(f"unknown attribute {a!r} to include (the namespace has {sorted(layout.schema)})")
+        qs = [self._valid_query(q, layout) for q in queries]
+        if not qs:
+            types = {"id": "str", **layout.schema}
+            return Hits(np.zeros(0, np.int64), np.zeros(0), {a: np.zeros(0, _NP_TYPES[types[a]]) for a in include})
+        n = self.max_queries
+        starts = range(0, len(qs), n)
+        parts = [self._search(ns, layout, qs[s:s + n], metric, include) for s in starts]
+        return parts[0] if len(parts) == 1 else Hits.concat(parts, include, list(starts))
 
-    @abstractmethod
+    @staticmethod
+    def _valid_query(q: Query, layout: Layout) -> Query:
+        v = np.asarray(q.vector, np.float32)
+        if v.shape != (layout.dim,):
+            raise StoreError(f"a query has shape {v.shape}, the namespace holds vectors of length {layout.dim}")
+        k = q.top_k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0):
+            raise StoreError(f"invalid top_k {k!r}: None (every match) or a count")
+        return Query(v, check_filter(q.filter, layout.schema), None if k is None else int(k))
+
+    @_serial
     def fetch(self, ns: str, ids: Sequence[str]) -> np.ndarray:
         """Vectors of the given ids, in that order: (n, dim). A missing id is an error."""
+        layout = self.layout(ns)
+        ids = [str(i) for i in ids]
+        got = self._fetch(ns, layout, ids) if ids else {}
+        missing = [i for i in ids if i not in got]
+        if missing:
+            raise StoreError(f"namespace {ns!r} has no document {missing[0]!r} ({len(missing)} missing); "
+                             "the store is incomplete: run `puffergpt load` again")
+        return np.array([got[i] for i in ids], np.float32).reshape(len(ids), layout.dim)
 
-    @abstractmethod
-    def delete(self, ns: str, filter: Filter) -> None: ...
+    @_serial
+    def delete(self, ns: str, filter: Filter) -> None:
+        layout = self.layout(ns)
+        self._delete(ns, layout, check_filter(filter, layout.schema))
 
-    @abstractmethod
-    def count(self, ns: str, filter: Filter = ()) -> int: ...
+    @_serial
+    def count(self, ns: str, filter: Filter = ()) -> int:
+        layout = self.layout(ns)
+        return int(self._count(ns, layout, check_filter(filter, layout.schema)))
 
-    @abstractmethod
-    def put_meta(self, key: str, value: dict) -> None: ...
+    @_serial
+    def put_meta(self, key: str, value: dict) -> None:
+        if not isinstance(key, str) or not key:
+            raise StoreError(f"invalid metadata key {key!r}: a non-empty string")
+        try:
+            value = json.loads(json.dumps(value))
+        except (TypeError, ValueError) as e:
+            raise StoreError(f"metadata {key!r} is not JSON: {e}") from None
+        if not isinstance(value, dict):
+            raise StoreError(f"metadata {key!r} must be a JSON object, not {type(value).__name__}")
+        self._put_meta(key, value)
 
-    @abstractmethod
-    def get_meta(self, key: str) -> dict | None: ...
+    @_serial
+    def get_meta(self, key: str) -> dict | None:
+        if not isinstance(key, str) or not key:
+            raise StoreError(f"invalid metadata key {key!r}: a non-empty string")
+        return self._get_meta(key)
 
-    def check_search(self, queries: Sequence[Query], metric: str, include: Sequence[str], schema: dict[str, str]) -> None:
-        """What every backend refuses before it searches."""
-        if metric not in self.metrics:
+    @_serial
+    def layout(self, ns: str) -> Layout:
+        """ns's layout; a StoreError if it does not exist."""
+        layout = self._layout(check_name(ns))
+        if layout is None:
+            raise StoreError(f"namespace {ns!r} does not exist")
+        return layout
+
+    def _check_metric(self, metric: str | None) -> None:
+        if metric is not None and metric not in self.metrics:
             raise StoreError(f"the {self.name} store has no metric {metric!r}; it has {', '.join(self.metrics)}")
-        for a in include:
-            if a not in schema and a != "id":
-                raise StoreError(f"unknown attribute {a!r} to include (the namespace has {sorted(schema)})")
-        if len(queries) > self.max_queries:
-            raise StoreError(f"{len(queries)} queries in one request; the {self.name} store takes at most {self.max_queries}")
-        for q in queries:
-            check_filter(q.filter, schema)
+
+    # --- optional capabilities: these defaults are right for a database on a server ---
+    def disk_bytes(self) -> int | None:
+        """Bytes of the store's files on this machine, None where it can't say (a server's)."""
+        return None
 
     def stamp(self, namespaces: Sequence[str], known: dict | None = None) -> dict | None:
         """What identifies the stored bytes of these namespaces (so that a verified store is

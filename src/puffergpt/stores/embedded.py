@@ -42,8 +42,7 @@ from pathlib import Path
 import numpy as np
 import qdrant_edge as qe
 
-from puffergpt.stores.base import (Filter, Hits, Query, ReaderDied, Store, StoreError, StoreHeld, check_filter, check_name,
-                                   check_schema, check_upsert, resolve)
+from puffergpt.stores.base import Filter, Hits, Layout, Query, ReaderDied, Store, StoreError, StoreHeld, check_name, resolve
 
 _INDEX = {"int": qe.IntegerIndexParams(lookup=True, range=True), "float": qe.PayloadSchemaType.Float,
           "str": qe.PayloadSchemaType.Keyword}
@@ -83,6 +82,10 @@ class _Namespace:
 
     def layout(self) -> dict:
         return {"dim": self.dim, "schema": self.schema, "metrics": list(self.metrics)}
+
+    @property
+    def spec(self) -> Layout:
+        return Layout(self.dim, self.schema, self.metrics)
 
     def reserve(self, ids) -> np.ndarray:
         """Slots for these ids: their own if they exist, new ones otherwise. (n,) int64"""
@@ -137,10 +140,13 @@ class EmbeddedStore(Store):
     name = "embedded"
     metrics = ("inner_product", "cosine_distance", "euclidean_squared")
     max_queries = 16384  # 12 heads x 1,024 positions: a whole prefill's attention in one request
+    thread_safe = True  # it holds its own locks
 
     def __init__(self, data_dir: Path, borrowed: bool = False):
         """``borrowed``: opened by a reader child (``read_isolated``) while its parent holds the
         directory's lock and waits: no lock of its own, and the parent's leftovers are kept."""
+        if data_dir is None:
+            raise StoreError("the embedded store needs a data directory: give --data DIR")
         self.root = Path(data_dir)
         self.borrowed = borrowed
         self.path = self.root  # what the CLI names and measures
@@ -227,20 +233,19 @@ class EmbeddedStore(Store):
             if offset is None:
                 return
 
-    def create_namespace(self, ns, dim, schema, metric=None, ephemeral=False):
-        check_name(ns)
-        metrics = self.metrics if metric is None else (metric, "inner_product") if metric == "cosine_distance" else (metric,)
-        if metric is not None and metric not in self.metrics:
-            raise StoreError(f"the embedded store has no metric {metric!r}; it has {', '.join(self.metrics)}")
+    def _layout(self, ns):
+        if ns not in self._ns and not (self._dir(ns) / "namespace.json").exists():
+            return None
+        return self._get(ns).spec
+
+    def _create_namespace(self, ns, layout, ephemeral):
+        # A namespace created for cosine also keeps the vectors as given, for fetch (see above).
+        metrics = layout.metrics + ("inner_product",) if layout.metrics == ("cosine_distance",) else layout.metrics
         with self.lock:
-            if ns in self.namespaces(ns):
-                n = self._get(ns)
-                if (n.dim, n.schema) != (dim, schema) or not set(metrics) <= set(n.metrics):
-                    raise StoreError(f"namespace {ns!r} exists with another layout {n.layout()}; drop it first")
-                return
-            check_schema(schema, _INDEX)
-            n = _Namespace(int(dim), dict(schema), tuple(metrics))
-            n.counts = {a: Counter() for a, t in schema.items() if t in ("int", "str")}
+            if (old := self._layout(ns)) is not None:
+                return old
+            n = _Namespace(layout.dim, dict(layout.schema), metrics)
+            n.counts = {a: Counter() for a, t in layout.schema.items() if t in ("int", "str")}
             n._grow(0)
             if ephemeral:
                 self._ephemeral.add(ns)
@@ -250,6 +255,7 @@ class EmbeddedStore(Store):
                 self._ephemeral.discard(ns)
                 raise StoreError(f"can't create namespace {ns!r} in {self.root}: {e}") from None
             self._ns[ns] = n
+        return None
 
     def _make_shard(self, ns: str, n: _Namespace, ephemeral: bool):
         cfg = qe.EdgeConfig(vectors={m: qe.EdgeVectorParams(n.dim, _DISTANCES[m]) for m in n.metrics},
@@ -271,11 +277,11 @@ class EmbeddedStore(Store):
         _fsync_dir(final.parent)
         return qe.EdgeShard.load(str(final / "shard"))
 
-    def drop_namespace(self, ns):
+    def _drop_namespace(self, ns):
         with self.lock:
-            if ns not in self.namespaces(ns):
-                return
             d = self._dir(ns)
+            if not d.is_dir():
+                return
             n = self._ns.pop(ns, None)
             if n is not None and n.shard is not None:
                 n.shard.close()
@@ -285,20 +291,26 @@ class EmbeddedStore(Store):
             shutil.rmtree(gone, ignore_errors=True)
             self._ephemeral.discard(ns)
 
-    def namespaces(self, prefix=""):
+    def _namespaces(self, prefix):
         with self.lock:
             stored = [p.name for p in (self.root / "edge").iterdir() if not p.name.startswith(".")]
-            return sorted(ns for ns in {*stored, *self._ephemeral} if ns.startswith(prefix))
+            return {ns: self._stored_layout(ns) for ns in {*stored, *self._ephemeral} if ns.startswith(prefix)}
+
+    def _stored_layout(self, ns: str) -> Layout:
+        """The layout from memory, or from namespace.json (listing opens no shard)."""
+        if (n := self._ns.get(ns)) is not None:
+            return n.spec
+        p = self._dir(ns) / "namespace.json"
+        try:
+            d = json.loads(p.read_text())
+            return Layout(d["dim"], d["schema"], tuple(d["metrics"]))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise StoreError(f"the embedded store can't read {p}: {e}. Drop namespace {ns!r} and load again "
+                             "(`puffergpt load --repair`), or restore the data directory") from None
 
     # --- documents ---
-    def upsert(self, ns, ids, vectors, attrs):
+    def _upsert(self, ns, layout, ids, v, cols):
         n = self._get(ns)
-        check_upsert(ns, ids, vectors, attrs, n.schema)
-        v = np.ascontiguousarray(vectors, dtype=np.float32)
-        if v.ndim != 2 or v.shape[1] != n.dim:
-            raise StoreError(f"vectors have shape {v.shape}, the namespace holds vectors of length {n.dim}")
-        ids = [str(i) for i in ids]
-        cols = {a: _values(attrs[a], n.schema[a], a) for a in n.schema}
         with n.lock:
             new = np.array([i not in n.slots for i in ids], bool)
             slots = n.reserve(ids)
@@ -313,12 +325,11 @@ class EmbeddedStore(Store):
             n.record(slots, ids, cols, new)
             n.dirty = True
 
-    def fetch(self, ns, ids):
+    def _fetch(self, ns, layout, ids):
         n = self._get(ns)
-        missing = [i for i in ids if i not in n.slots]
-        if missing:
-            raise StoreError(f"namespace {ns!r} has no document {missing[0]!r} ({len(missing)} missing); the store is incomplete: run `puffergpt load` again")
-        slots = [n.slots[i] for i in ids]
+        slots = [n.slots[i] for i in ids if i in n.slots]
+        if not slots:
+            return {}
         try:
             recs = n.shard.retrieve(slots, with_payload=False, with_vector=[n.fetch_vector])
         except Exception as e:
@@ -329,10 +340,9 @@ class EmbeddedStore(Store):
                              f"the store is damaged: run `puffergpt load --repair`")
         if len(got) != len(set(slots)):
             raise StoreError(f"namespace {ns!r} lost documents its payload lists; the store is damaged: run `puffergpt load --repair`")
-        return np.array([got[s] for s in slots], np.float32).reshape(len(slots), n.dim)
+        return {n.cols["id"][s]: np.asarray(v, np.float32) for s, v in got.items()}
 
     def _filter(self, n: _Namespace, f: Filter) -> qe.Filter | None:
-        check_filter(f, n.schema)
         return qe.Filter(must=[self._condition(n, *c) for c in f]) if f else None
 
     @staticmethod
@@ -342,19 +352,18 @@ class EmbeddedStore(Store):
             if op not in ("=", "in"):
                 raise StoreError(f"the embedded store filters ids by '=' and 'in' only, not {op!r}")
             wanted = [value] if op == "=" else list(value)
-            return qe.HasIdCondition({n.slots[i] for i in map(str, wanted) if i in n.slots})
+            return qe.HasIdCondition({n.slots[i] for i in wanted if i in n.slots})
         if op in ("=", "in"):
             vals = [value] if op == "=" else list(value)
-            vals = [_scalar(x, t, attr) for x in vals]
             if t == "float":  # no exact match on floats in Qdrant: a range of one value
                 return qe.Filter(should=[qe.FieldCondition(attr, range=qe.RangeFloat(gte=x, lte=x)) for x in vals])
             return qe.FieldCondition(attr, match=qe.MatchValue(vals[0]) if op == "=" else qe.MatchAny(vals))
         if t == "str":
             raise StoreError(f"the embedded store can't compare the text attribute {attr!r} with {op!r}: use '=' or 'in'")
         bound = {"<": "lt", "<=": "lte", ">": "gt", ">=": "gte"}[op]
-        return qe.FieldCondition(attr, range=qe.RangeFloat(**{bound: float(_scalar(value, t, attr))}))
+        return qe.FieldCondition(attr, range=qe.RangeFloat(**{bound: float(value)}))
 
-    def delete(self, ns, filter):
+    def _delete(self, ns, layout, filter):
         n = self._get(ns)
         f = self._filter(n, filter)
         with n.lock:
@@ -376,7 +385,7 @@ class EmbeddedStore(Store):
             if offset is None:
                 return np.asarray(out, np.int64)
 
-    def count(self, ns, filter=()):
+    def _count(self, ns, layout, filter):
         n = self._get(ns)
         f = self._filter(n, filter)
         try:
@@ -384,28 +393,21 @@ class EmbeddedStore(Store):
         except Exception as e:
             raise _error(f"count in {ns!r}", e) from None
 
-    def search(self, ns, queries, metric, include=()):
+    def _search(self, ns, layout, queries, metric, include):
         n = self._get(ns)
-        self.check_search(queries, metric, include, n.schema)
-        if metric not in n.metrics:
-            raise StoreError(f"namespace {ns!r} was created for {', '.join(n.metrics)}, not {metric}: "
-                             f"drop it and create it with metric={metric!r}")
         filters: dict[str, qe.Filter | None] = {}  # one Filter object per distinct filter
         reqs = []
         for q in queries:
-            v = np.asarray(q.vector, np.float32)
-            if v.shape != (n.dim,):
-                raise StoreError(f"a query has shape {v.shape}, the namespace holds vectors of length {n.dim}")
             key = repr(q.filter)
             if key not in filters:
                 filters[key] = self._filter(n, q.filter)
             # Every matching document: the limit is an upper bound on the matches, kept tight
             # because the engine allocates for it (a limit of 134k costs ~1 ms over one of 3k).
             limit = q.top_k if q.top_k is not None else n.bound(q.filter)
-            reqs.append(qe.QueryRequest(limit=max(int(limit), 1), query=qe.Query.Nearest(v, using=metric), filter=filters[key],
+            reqs.append(qe.QueryRequest(limit=max(int(limit), 1), query=qe.Query.Nearest(q.vector, using=metric), filter=filters[key],
                                         with_payload=False, with_vector=False, params=_EXACT))
         try:
-            results = n.shard.query_batch(qe.QueryBatchRequest(reqs)) if len(reqs) > 1 else [n.shard.query(reqs[0])] if reqs else []
+            results = n.shard.query_batch(qe.QueryBatchRequest(reqs)) if len(reqs) > 1 else [n.shard.query(reqs[0])]
         except Exception as e:
             raise _error(f"search {ns!r}", e) from None
         lens = [len(r) for r in results]
@@ -423,7 +425,7 @@ class EmbeddedStore(Store):
         except (OSError, ValueError) as e:
             raise StoreError(f"can't read {p}: {e}. Move it away and load the models again (`puffergpt load`)") from None
 
-    def put_meta(self, key, value):
+    def _put_meta(self, key, value):
         with self.lock:
             self._flush()  # documents before the metadata that vouches for them
             meta = {**self._meta, key: value}
@@ -437,7 +439,7 @@ class EmbeddedStore(Store):
             _fsync_dir(self.root)
             self._meta = meta
 
-    def get_meta(self, key):
+    def _get_meta(self, key):
         with self.lock:
             v = self._meta.get(key)
             return json.loads(json.dumps(v)) if v is not None else None  # a copy, as a database returns
@@ -558,29 +560,3 @@ def _fsync_dir(d: Path) -> None:
     finally:
         os.close(fd)
 
-
-def _scalar(x, t: str, attr: str):
-    """A filter value as the attribute's Python type, or a clear error."""
-    try:
-        return {"int": int, "float": float, "str": str}[t](x) if t != "str" or isinstance(x, str) else _bad(x, t, attr)
-    except (TypeError, ValueError):
-        return _bad(x, t, attr)
-
-
-def _bad(x, t, attr):
-    raise StoreError(f"filter value {x!r} for attribute {attr!r} is not of its type {t}")
-
-
-def _values(seq, t: str, attr: str) -> list:
-    """An attribute's values as plain Python values of its type (what the payload stores)."""
-    a = np.asarray(seq)
-    try:
-        if t == "int":
-            if a.size and not np.issubdtype(a.dtype, np.integer):
-                raise TypeError
-            return a.astype(np.int64).tolist()
-        if t == "float":
-            return a.astype(np.float64).tolist()
-        return [str(x) if isinstance(x, str) else _bad(x, t, attr) for x in a.tolist()]
-    except (TypeError, ValueError):
-        raise StoreError(f"attribute {attr!r} holds {t} values; got {a.dtype} ({a.ravel()[:3].tolist()!r}...)") from None

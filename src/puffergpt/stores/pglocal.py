@@ -254,18 +254,6 @@ def _ensure_database(admin_uri: str) -> None:
             pass  # another process made it at the same moment
 
 
-def open_local(data_dir: Path, **options):
-    """A PgvectorStore on the local server under data_dir; closing it releases the server."""
-    from puffergpt.stores.pgvector import PgvectorStore
-
-    local = start(data_dir)
-    try:
-        return PgvectorStore(local.dsn, local=local, **options)
-    except BaseException:
-        local.release()
-        raise
-
-
 # What the local server's pgvector was built for (README, "pgvector"): the CPU features its
 # code uses without checking for them at run time, as /proc/cpuinfo names them, by machine.
 # x86-64's are checked against its disassembly by tests/stores/test_pg_portability.py

@@ -44,15 +44,14 @@ import os
 import shlex
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Sequence
+from pathlib import Path
+from typing import Any, Sequence
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
-from puffergpt.stores.base import Filter, Hits, Query, Store, StoreError, check_filter, check_name, check_schema, check_upsert
-
-if TYPE_CHECKING:
-    from puffergpt.stores.pglocal import LocalServer
+from puffergpt.stores import pglocal
+from puffergpt.stores.base import Filter, Hits, Layout, Query, Store, StoreError, check_name
 
 try:
     import psycopg
@@ -84,7 +83,6 @@ _ALL_ROWS = {
 # compression tried at load, nothing to detoast at search). A longer one (mlp.c_proj's
 # 3,074 numbers, 12 KB) can't: EXTERNAL moves it out of line without trying pglz on it.
 PLAIN_MAX_DIM = 1800  # 4 * 1800 + 8 bytes of vector leaves room in a page for the id and attributes
-_PY_TYPES = {"int": int, "float": float, "str": str}
 _NP_TYPES = {"int": np.int64, "float": np.float64, "str": object}
 CONNECT_TIMEOUT_S = 5
 IDLE_CHECK_S = 1.0  # a connection idle this long is checked before use
@@ -102,10 +100,7 @@ def _col(name: str) -> sql.Composed:
     return sql.SQL("t.{}").format(sql.Identifier(name))
 
 
-def _vectors(a: np.ndarray, dim: int) -> np.ndarray:
-    a = np.ascontiguousarray(a, dtype=np.float32)
-    if a.ndim != 2 or a.shape[1] != dim:
-        raise StoreError(f"vectors have shape {a.shape}, the namespace holds vectors of length {dim}")
+def _finite(a: np.ndarray) -> np.ndarray:
     if not np.isfinite(a).all():
         raise StoreError("vectors hold NaN or infinite numbers, which pgvector does not store")
     return a
@@ -173,8 +168,9 @@ class PgvectorStore(Store):
     name = "pgvector"
     metrics = ("inner_product", "euclidean_squared", "cosine_distance")
     max_queries = 4096
+    thread_safe = True  # it holds its own locks
 
-    def __init__(self, dsn: str, connect_timeout: int = CONNECT_TIMEOUT_S, local: "LocalServer | None" = None):
+    def __init__(self, dsn: str, connect_timeout: int = CONNECT_TIMEOUT_S, local: pglocal.LocalServer | None = None):
         if not dsn or not isinstance(dsn, str):
             raise StoreError("the pgvector backend needs a PostgreSQL DSN: give --dsn or set PUFFERGPT_DSN")
         try:
@@ -187,7 +183,7 @@ class PgvectorStore(Store):
         self.lock = threading.RLock()
         self.conn: psycopg.Connection | None = None
         self._closed = False
-        self._ns: dict[str, tuple[int, dict]] = {}
+        self._ns: dict[str, Layout] = {}
         self._used = time.monotonic()  # when a call last used the connection (_check_idle)
         with self.lock:
             self._connect()
@@ -293,24 +289,20 @@ class PgvectorStore(Store):
         return rows[0] if rows else None
 
     # --- namespaces ---
-    def _info(self, ns: str) -> tuple[int, dict]:
+    @_locked
+    def _layout(self, ns):
         if ns not in self._ns:
-            row = self._one("SELECT dim, schema FROM _namespaces WHERE name = %s", [check_name(ns)])
+            row = self._one("SELECT dim, schema FROM _namespaces WHERE name = %s", [ns])
             if row is None:
-                raise StoreError(f"namespace {ns!r} does not exist")
-            self._ns[ns] = (row[0], row[1])
+                return None
+            self._ns[ns] = Layout(row[0], row[1], self.metrics)  # any metric on any table
         return self._ns[ns]
 
     @_locked
-    def create_namespace(self, ns, dim, schema, metric=None, ephemeral=False):  # any metric on any table
-        check_name(ns)
-        if metric is not None and metric not in _METRICS:
-            raise StoreError(f"the pgvector store has no metric {metric!r}; it has {', '.join(self.metrics)}")
-        if self._one("SELECT 1 FROM _namespaces WHERE name = %s", [ns]):
-            if self._info(ns) != (dim, schema):
-                raise StoreError(f"namespace {ns!r} exists with another layout {self._info(ns)}; drop it first")
-            return
-        check_schema(schema, _SQL_TYPES)
+    def _create_namespace(self, ns, layout, ephemeral):
+        if (old := self._layout(ns)) is not None:
+            return old
+        dim, schema = layout.dim, layout.schema
         cols = sql.SQL("").join(sql.SQL(", {} {}").format(sql.Identifier(k), sql.SQL(_SQL_TYPES[t])) for k, t in schema.items())
         try:
             with self.conn.transaction():
@@ -326,29 +318,27 @@ class PgvectorStore(Store):
                 self._run("INSERT INTO _namespaces VALUES (%s, %s, %s)", [ns, int(dim), Json(schema)])
         except (pgerrors.DuplicateTable, pgerrors.UniqueViolation):  # another client made it meanwhile
             self._ns.pop(ns, None)
-            if self._info(ns) != (dim, schema):
-                raise StoreError(f"namespace {ns!r} exists with another layout {self._info(ns)}; drop it first") from None
+            return self._layout(ns)
+        return None
 
     @_locked
-    def drop_namespace(self, ns):
+    def _drop_namespace(self, ns):
         with self.conn.transaction():
             self._run(sql.SQL("DROP TABLE IF EXISTS {}").format(_table(ns)))
             self._run("DELETE FROM _namespaces WHERE name = %s", [ns])
         self._ns.pop(ns, None)
 
     @_locked
-    def namespaces(self, prefix=""):
-        rows = self._run("SELECT name FROM _namespaces WHERE starts_with(name, %s) ORDER BY name COLLATE \"C\"", [prefix])
-        return [r[0] for r in rows]
+    def _namespaces(self, prefix):
+        rows = self._run("SELECT name, dim, schema FROM _namespaces WHERE starts_with(name, %s)", [prefix])
+        return {name: Layout(dim, schema, self.metrics) for name, dim, schema in rows}
 
     # --- documents ---
     @_locked
-    def upsert(self, ns, ids, vectors, attrs):
-        dim, schema = self._info(ns)
-        check_upsert(ns, ids, vectors, attrs, schema)
-        vecs = _vectors(vectors, dim)
+    def _upsert(self, ns, layout, ids, vectors, attrs):
+        schema = layout.schema
         names = list(schema)
-        columns = [[str(i) for i in ids], list(vecs), *([_PY_TYPES[schema[k]](x) for x in np.asarray(attrs[k]).tolist()] for k in names)]
+        columns = [ids, list(_finite(vectors)), *(attrs[k] for k in names)]
         cols = sql.SQL(", ").join(map(sql.Identifier, ["id", "vector", *names]))
         sets = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in ["vector", *names])
         conflict = sql.SQL("ON CONFLICT (id) DO UPDATE SET {}").format(sets)
@@ -365,21 +355,12 @@ class PgvectorStore(Store):
             self._run(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM _batch {}").format(_table(ns), cols, cols, conflict))
 
     @_locked
-    def fetch(self, ns, ids):
-        dim, _ = self._info(ns)
-        ids = [str(i) for i in ids]
+    def _fetch(self, ns, layout, ids):
         rows = self._run(sql.SQL("SELECT id, vector FROM {} WHERE id = ANY(%b::text[])").format(_table(ns)), [ids])
-        got = {r[0]: r[1] for r in rows}
-        missing = [i for i in ids if i not in got]
-        if missing:
-            raise StoreError(f"namespace {ns!r} has no document {missing[0]!r} ({len(missing)} missing); the store is incomplete: run `puffergpt load` again")
-        if not ids:
-            return np.zeros((0, dim), np.float32)
-        return np.stack([got[i].to_numpy() for i in ids])
+        return {r[0]: r[1].to_numpy() for r in rows}
 
     def _where(self, f: Filter, schema: dict, params: list, q_cols: dict | None = None) -> sql.Composable:
         """SQL for a filter. Conditions named in q_cols compare against that query column."""
-        check_filter(f, schema)
         types = {"id": "str", **schema}
         conds = []
         for i, (attr, op, value) in enumerate(f):
@@ -394,29 +375,24 @@ class PgvectorStore(Store):
                 params.append(list(value))
                 conds.append(sql.SQL("{} = ANY(%b::{}[])").format(_col(attr), typ))
             else:
-                params.append(value.item() if isinstance(value, np.generic) else value)
+                params.append(value)
                 conds.append(sql.SQL("{} {} %b::{}").format(_col(attr), sql.SQL(op), typ))
         return sql.SQL(" AND ").join(conds) if conds else sql.SQL("TRUE")
 
     @_locked
-    def delete(self, ns, filter):
-        _, schema = self._info(ns)
+    def _delete(self, ns, layout, filter):
         params: list = []
-        self._run(sql.SQL("DELETE FROM {} t WHERE {}").format(_table(ns), self._where(filter, schema, params)), params)
+        self._run(sql.SQL("DELETE FROM {} t WHERE {}").format(_table(ns), self._where(filter, layout.schema, params)), params)
 
     @_locked
-    def count(self, ns, filter=()):
-        _, schema = self._info(ns)
+    def _count(self, ns, layout, filter):
         params: list = []
-        return self._one(sql.SQL("SELECT count(*) FROM {} t WHERE {}").format(_table(ns), self._where(filter, schema, params)), params)[0]
+        return self._one(sql.SQL("SELECT count(*) FROM {} t WHERE {}").format(_table(ns), self._where(filter, layout.schema, params)), params)[0]
 
     @_locked
-    def search(self, ns, queries, metric, include=()):
-        dim, schema = self._info(ns)
-        self.check_search(queries, metric, include, schema)
-        if not queries:
-            return Hits(np.zeros(0, np.int64), np.zeros(0), {a: np.zeros(0, _NP_TYPES[({"id": "str"} | schema)[a]]) for a in include})
-        _vectors(np.stack([q.vector for q in queries]), dim)
+    def _search(self, ns, layout, queries, metric, include):
+        schema = layout.schema
+        _finite(np.stack([q.vector for q in queries]))
         # Queries with filters of one shape and one top_k share a single statement.
         groups: dict[tuple, list[int]] = {}
         for i, q in enumerate(queries):
@@ -436,10 +412,10 @@ class PgvectorStore(Store):
         q_types = [sql.SQL("int4[]"), sql.SQL("vector[]")]
         for i in varying:
             if f0[i][1] == "in":
-                arrays.append([Json(list(np.asarray(q.filter[i][2]).tolist())) for q in qs])
+                arrays.append([Json(q.filter[i][2]) for q in qs])
                 q_types.append(sql.SQL("jsonb[]"))
             else:
-                arrays.append([_scalar(q.filter[i][2]) for q in qs])
+                arrays.append([q.filter[i][2] for q in qs])
                 q_types.append(sql.SQL(_SQL_TYPES[types[f0[i][0]]] + "[]"))
         q_cols = {i: f"q.f{i}" for i in varying}
         params: list = list(arrays)
@@ -471,12 +447,12 @@ class PgvectorStore(Store):
 
     # --- metadata ---
     @_locked
-    def put_meta(self, key, value):
+    def _put_meta(self, key, value):
         self._run("INSERT INTO _meta VALUES (%s, %s) ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value",
                   [str(key), Json(value, dumps=json.dumps)])
 
     @_locked
-    def get_meta(self, key):
+    def _get_meta(self, key):
         row = self._one("SELECT value::text FROM _meta WHERE key = %s", [str(key)])
         return json.loads(row[0]) if row else None
 
@@ -517,11 +493,23 @@ def _unnest_hits(rows: list, index: np.ndarray, include: Sequence[str], types: d
     return Hits(query, distance, attrs)
 
 
-def _scalar(v: Any) -> Any:
-    return v.item() if isinstance(v, np.generic) else v
-
-
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, (list, tuple, np.ndarray)) or isinstance(b, (list, tuple, np.ndarray)):
         return np.array_equal(np.asarray(a), np.asarray(b))
     return a == b
+
+
+def open_pgvector(data_dir: Path | None = None, dsn: str | None = None, connect_timeout: int = CONNECT_TIMEOUT_S) -> PgvectorStore:
+    """The pgvector backend's factory: the server at ``dsn``, or without one a local server
+    under the data directory (pglocal), released when the store is closed."""
+    if dsn:
+        return PgvectorStore(dsn, connect_timeout)
+    if data_dir is None:
+        raise StoreError("the pgvector backend needs a PostgreSQL DSN (give --dsn or set PUFFERGPT_DSN), "
+                         "or a data directory (--data) for a local server")
+    local = pglocal.start(Path(data_dir))
+    try:
+        return PgvectorStore(local.dsn, connect_timeout, local=local)
+    except BaseException:
+        local.release()
+        raise

@@ -47,8 +47,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from puffergpt.stores.base import (Filter, Hits, Store, StoreError, check_filter, check_name, check_schema,
-                                   check_upsert)
+from puffergpt.stores.base import Filter, Hits, Layout, Store, StoreError, check_name
 
 MULTI_QUERY = 16  # sub-queries a multi_query request may carry
 IN_FLIGHT = 16  # queries in flight per namespace (each sub-query counts)
@@ -77,6 +76,11 @@ def tpuf_filter(f: Filter):
 def _plain(v):
     """numpy scalars -> Python's (the client's JSON encoder knows only those)."""
     return v.item() if isinstance(v, np.generic) else v
+
+
+def _spec(info: dict) -> Layout:
+    """A layout as this store keeps it in the metadata -> the base's."""
+    return Layout(info["dim"], info["schema"], (info["metric"],))
 
 
 def _status(e) -> int | None:
@@ -130,11 +134,13 @@ class TurbopufferStore(Store):
     name = "turbopuffer"
     metrics = ("cosine_distance", "euclidean_squared")  # most precise first (tests/test_documents.py)
     max_queries = 4096
+    thread_safe = True  # calls may run at once: its client is thread-safe, _InFlight bounds them
     # Rows an every-row query may match; the engine splits bigger matrices by row ranges. One
     # fewer than a query returns, so that a full answer means the filter matched too many.
     max_top_k = MAX_TOP_K - 1
+    metric_per_namespace = True  # fixed at its first write
 
-    def __init__(self, api_key: str | None, region: str | None = None, base_url: str | None = None,
+    def __init__(self, api_key: str | None = None, region: str | None = None, base_url: str | None = None,
                  prefix: str = "puffergpt-", timeout: float = 60.0, max_retries: int = 5,
                  unindexed_limit: int = UNINDEXED_LIMIT, index_poll_s: float = 1.0):
         import turbopuffer
@@ -205,12 +211,12 @@ class TurbopufferStore(Store):
         return key
 
     @_errors
-    def put_meta(self, key, value):
+    def _put_meta(self, key, value):
         self._write(self._meta_ns(), upsert_columns={"id": [self._meta_id(key)], "value": [json.dumps(value)]},
                     schema=META_SCHEMA)
 
     @_errors
-    def get_meta(self, key):
+    def _get_meta(self, key):
         try:
             rows = self._query(self._meta_ns(), self.prefix + META, filters=("id", "Eq", self._meta_id(key)),
                                rank_by=("id", "asc"), top_k=1, include_attributes=["value"]).rows or []
@@ -220,38 +226,37 @@ class TurbopufferStore(Store):
             raise
         return json.loads(rows[0]["value"]) if rows else None
 
-    def _layout(self, ns: str) -> dict:
+    def _layout(self, ns):
         if ns not in self._info:
-            info = self.get_meta(f"namespace:{ns}")
+            self._layout_id(ns)
+            info = self._get_meta(f"namespace:{ns}")
             if info is None:
-                raise StoreError(f"namespace {ns!r} does not exist")
+                return None
             self._info[ns] = info
-        return self._info[ns]
+        return _spec(self._info[ns])
 
-    # --- namespaces ---
-    def create_namespace(self, ns, dim, schema, metric=None, ephemeral=False):
+    def _layout_id(self, ns: str) -> str:
+        """The id of ns's layout in the metadata (within turbopuffer's id and name limits)."""
         self._name(ns)
         room = MAX_ID_BYTES - len("namespace:")
         if len(ns.encode()) > room:  # its layout's id must fit turbopuffer's id limit
             raise StoreError(f"namespace name {ns!r} is over {room} bytes, all that turbopuffer's {MAX_ID_BYTES}-byte ids leave for it")
-        check_schema(schema, TYPES)
-        metric = metric or self.metrics[0]
-        if metric not in self.metrics:
-            raise StoreError(f"the turbopuffer store has no metric {metric!r}; it has {', '.join(self.metrics)}")
-        if not 0 < int(dim) <= MAX_DIMS:
-            raise StoreError(f"vectors of length {dim}: turbopuffer takes 1 to {MAX_DIMS}")
-        want = {"dim": int(dim), "schema": dict(schema), "metric": metric}
-        old = self.get_meta(f"namespace:{ns}")
-        if old is not None:
-            if old != want:
-                raise StoreError(f"namespace {ns!r} exists with another layout {old}; drop it first")
-            self._info[ns] = old
-            return
-        self.put_meta(f"namespace:{ns}", want)
+        return f"namespace:{ns}"
+
+    # --- namespaces ---
+    def _create_namespace(self, ns, layout, ephemeral):
+        key = self._layout_id(ns)
+        if not layout.dim <= MAX_DIMS:
+            raise StoreError(f"vectors of length {layout.dim}: turbopuffer takes 1 to {MAX_DIMS}")
+        if (old := self._layout(ns)) is not None:
+            return old
+        want = {"dim": layout.dim, "schema": dict(layout.schema), "metric": layout.metrics[0]}
+        self._put_meta(key, want)
         self._info[ns] = want
+        return None
 
     @_errors
-    def drop_namespace(self, ns):
+    def _drop_namespace(self, ns):
         self._delete_all(ns)
         self._write(self._meta_ns(), deletes=[self._meta_id(f"namespace:{ns}")])
         self._info.pop(ns, None)
@@ -275,46 +280,39 @@ class TurbopufferStore(Store):
         self._info.clear()
 
     @_errors
-    def namespaces(self, prefix=""):
+    def _namespaces(self, prefix):
         """Namespaces whose name starts with ``prefix``: an id range of the metadata (a
         documented filter on ids; Glob is not), page by page."""
         low = f"namespace:{prefix}"
         high = low[:-1] + chr(ord(low[-1]) + 1)  # the first string after every one that starts with low
-        names, bound = [], ("id", "Gte", low)
+        found, bound = {}, ("id", "Gte", low)
         while True:
             try:
                 rows = self._query(self._meta_ns(), self.prefix + META, filters=("And", [bound, ("id", "Lt", high)]),
-                                   rank_by=("id", "asc"), top_k=MAX_TOP_K).rows or []
+                                   rank_by=("id", "asc"), top_k=MAX_TOP_K, include_attributes=["value"]).rows or []
             except Exception as e:
                 if _status(e) == 404:  # nothing was ever created
-                    return []
+                    return {}
                 raise
-            names += [r.id.removeprefix("namespace:") for r in rows]
+            found |= {r.id.removeprefix("namespace:"): _spec(json.loads(r["value"])) for r in rows}
             if len(rows) < MAX_TOP_K:
-                return sorted(names)
+                return found
             bound = ("id", "Gt", rows[-1].id)
 
     # --- documents ---
     @_errors
-    def upsert(self, ns, ids, vectors, attrs):
-        info = self._layout(ns)
-        vectors = np.asarray(vectors, np.float32)
-        if vectors.ndim != 2 or vectors.shape[1] != info["dim"]:
-            raise StoreError(f"vectors have shape {vectors.shape}, the namespace holds vectors of length {info['dim']}")
-        check_upsert(ns, ids, vectors, attrs, info["schema"])
-        ids = [str(i) for i in ids]
-        cols = {k: [_plain(v) for v in np.asarray(attrs[k]).tolist()] for k in info["schema"]}
-        self._check_values(ids, cols, info["schema"])
-        row_bytes = 12 * info["dim"] + MAX_ID_BYTES + 32 * len(cols)  # JSON of a row, generously
-        logical = 4 * info["dim"] + MAX_ID_BYTES + 8 * len(cols)  # what the service counts of a row, at most
+    def _upsert(self, ns, layout, ids, vectors, cols):
+        self._check_values(ids, cols, layout.schema)
+        row_bytes = 12 * layout.dim + MAX_ID_BYTES + 32 * len(cols)  # JSON of a row, generously
+        logical = 4 * layout.dim + MAX_ID_BYTES + 8 * len(cols)  # what the service counts of a row, at most
         step = max(1, min(WRITE_ROWS, WRITE_BYTES // row_bytes, self.unindexed_limit // logical))
-        schema = {k: TYPES[t] for k, t in info["schema"].items()}
+        schema = {k: TYPES[t] for k, t in layout.schema.items()}
         for s in range(0, len(ids), step):
             e = min(s + step, len(ids))
             self._make_room(ns, (e - s) * logical)
             r = self._write(self._ns(ns), upsert_columns={"id": ids[s:e], "vector": vectors[s:e].tolist(),
                                                           **{k: v[s:e] for k, v in cols.items()}},
-                            distance_metric=info["metric"], schema=schema)
+                            distance_metric=layout.metrics[0], schema=schema)
             self._unindexed[ns] += r.billing.billable_logical_bytes_written if r.billing else 0
 
     @staticmethod
@@ -360,12 +358,11 @@ class TurbopufferStore(Store):
         return int(index.get("unindexed_bytes", 0) if isinstance(index, dict) else getattr(index, "unindexed_bytes", 0))
 
     @_errors
-    def fetch(self, ns, ids):
-        info = self._layout(ns)
+    def _fetch(self, ns, layout, ids):
         got = {}
         name = self._name(ns)
         for s in range(0, len(ids), MAX_TOP_K):
-            chunk = [str(i) for i in ids[s:s + MAX_TOP_K]]
+            chunk = ids[s:s + MAX_TOP_K]
             try:
                 rows = self._query(self._ns(ns), name, filters=("id", "In", chunk), rank_by=("id", "asc"),
                                    top_k=len(chunk), include_attributes=["vector"]).rows or []
@@ -373,16 +370,11 @@ class TurbopufferStore(Store):
                 if _status(e) != 404:  # created, never written: every id is missing
                     raise
                 rows = []
-            got |= {r.id: r.vector for r in rows}
-        missing = [i for i in ids if str(i) not in got]
-        if missing:
-            raise StoreError(f"namespace {ns!r} has no document {missing[0]!r} ({len(missing)} missing); the store is incomplete: run `puffergpt load` again")
-        return np.asarray([got[str(i)] for i in ids], np.float32).reshape(len(ids), info["dim"])
+            got |= {r.id: np.asarray(r.vector, np.float32) for r in rows}
+        return got
 
     @_errors
-    def delete(self, ns, filter):
-        info = self._layout(ns)
-        check_filter(filter, info["schema"])
+    def _delete(self, ns, layout, filter):
         if not filter:  # everything: the namespace's documents go, its layout stays
             self._delete_all(ns)
             return
@@ -393,9 +385,7 @@ class TurbopufferStore(Store):
                 raise
 
     @_errors
-    def count(self, ns, filter=()):
-        info = self._layout(ns)
-        check_filter(filter, info["schema"])
+    def _count(self, ns, layout, filter):
         kwargs = {"aggregate_by": {"n": ("Count",)}}
         if filter:
             kwargs["filters"] = tpuf_filter(filter)
@@ -407,12 +397,7 @@ class TurbopufferStore(Store):
             raise
 
     @_errors
-    def search(self, ns, queries, metric, include=()):
-        info = self._layout(ns)
-        self.check_search(queries, metric, include, info["schema"])
-        if metric != info["metric"]:
-            raise StoreError(f"namespace {ns!r} was written for {info['metric']}; it can't be searched with {metric!r} "
-                             "(turbopuffer fixes the metric per namespace)")
+    def _search(self, ns, layout, queries, metric, include):
         subs = [self._sub_query(q, include) for q in queries]
         name = self._name(ns)
         chunks = [subs[s:s + MULTI_QUERY] for s in range(0, len(subs), MULTI_QUERY)]
