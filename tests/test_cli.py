@@ -109,14 +109,16 @@ def test_generate_json_contract(engine_data, cli_ckpt):
         assert t["token_id"] in {x["token_id"] for x in c}
     assert summary["engine"] == engine and summary["model"] == str(cli_ckpt)
     assert summary["prompt_tokens"] == len(prompt_ids) and summary["new_tokens"] == n
-    assert set(summary["prefill"]) == {"tokens", "requests", "round_trips", "bytes", "ms", "cost_usd"} == set(summary["decode"])
+    usage_fields = {"tokens", "requests", "round_trips", "bytes", "ms", "cost_usd"}
+    assert set(summary["prefill"]) == usage_fields == set(summary["decode"])
     assert summary["prefill"]["tokens"] == len(prompt_ids)
     assert summary["decode"]["tokens"] == n - 1
     assert summary["decode"]["requests"] == sum(t["requests"] for t in tokens[1:])
     if engine == "search":
         assert summary["backend"] == "embedded"
         assert summary["prefill"]["requests"] > 0 and all(t["requests"] > 0 for t in tokens)
-        assert tokens[0]["requests"] == summary["prefill"]["requests"]  # the prefill: reading the prompt, then the top-k search
+        # the prefill: reading the prompt, then the top-k search
+        assert tokens[0]["requests"] == summary["prefill"]["requests"]
     else:
         assert summary["backend"] is None
         assert summary["prefill"]["requests"] == 0 and all(t["requests"] == 0 for t in tokens)
@@ -138,7 +140,8 @@ def test_engines_agree_on_logits(cli_ckpt, cli_data):
     srch, _ = generate_json("search", cli_ckpt, cli_data, "-n", "2", "--temperature", "0", "--top-k", "10")
     for a, b in zip(ref, srch, strict=True):
         assert [x["token_id"] for x in a["candidates"]] == [x["token_id"] for x in b["candidates"]]
-        np.testing.assert_allclose([x["logit"] for x in a["candidates"]], [x["logit"] for x in b["candidates"]], atol=1e-4)
+        np.testing.assert_allclose([x["logit"] for x in a["candidates"]], [x["logit"] for x in b["candidates"]],
+                                   atol=1e-4)
 
 
 @pytest.mark.parametrize("engine_data", ENGINES, indirect=True)
@@ -328,7 +331,8 @@ def test_generate_while_serve_holds_the_data_says_where_the_server_is(tmp_path):
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if k != "PUFFERGPT_DATA"}
     server = subprocess.Popen([sys.executable, "-m", "puffergpt.cli", "serve", "--model", "demo", "--data", str(data),
-                               "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -354,7 +358,8 @@ def test_generate_while_serve_holds_the_data_says_where_the_server_is(tmp_path):
 def test_analogy_json_equals_numpy(cli_ckpt, cli_data):
     """`analogy A B C --json`: the k tokens nearest by cosine to wte[B] - wte[A] + wte[C],
     A, B and C excluded, as numpy finds them on the checkpoint."""
-    r = run("analogy", " man", " woman", " king", "--model", str(cli_ckpt), "--data", str(cli_data), "-k", "5", "--json")
+    r = run("analogy", " man", " woman", " king", "--model", str(cli_ckpt), "--data", str(cli_data), "-k", "5",
+            "--json")
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout)["results"]
     w = checkpoints.load(str(cli_ckpt)).params["wte.weight"].astype(np.float64)
