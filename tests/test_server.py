@@ -215,6 +215,29 @@ def test_dns_rebinding_is_refused(loaded, tiny):
         assert c.get("/api/info").status_code == 200
 
 
+def test_the_servers_max_new_tokens_is_enforced(loaded, tiny):
+    """ServerConfig.max_new_tokens bounds every route that generates, not only what
+    /api/info reports: one over it is a 400 naming the limit (OpenAI's shape on /v1)."""
+    store, key = loaded(tiny)
+    app = create_app(Engine(store, tiny.name, key), ServerConfig(max_new_tokens=3))
+    with TestClient(app) as c:
+        assert c.get("/api/info").json()["max_new_tokens"] == 3
+        t = c.post("/api/texts", json={"prompt": PROMPT}).json()
+        r = c.post(f"/api/texts/{t['id']}/generate", json={"max_tokens": 4})
+        assert r.status_code == 400 and "limit of 3" in r.json()["detail"]
+        assert c.get(f"/api/texts/{t['id']}").json()["length"] == len(tokenizer.encode(PROMPT))  # nothing ran
+        r = c.post(f"/api/texts/{t['id']}/generate", json={"max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200 and events(r)[-1][1]["tokens"] == 3
+        for path, body in [("/v1/completions", {"prompt": PROMPT, "max_tokens": 4}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})]:
+            r = c.post(path, json=body)
+            assert r.status_code == 400 and "limit of 3" in r.json()["error"]["message"], (path, r.text)
+        assert c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3}).status_code == 200
+    for bad in (0, 10_000):  # the bodies bound max_tokens at MAX_NEW_TOKENS: a limit past it would be a lie
+        with pytest.raises(ValueError, match="max_new_tokens"):
+            ServerConfig(max_new_tokens=bad)
+
+
 
 BAD_JSON = [  # (path, raw body): each a clear 4xx, none a 500 (the probe of issue 13)
     ("/v1/completions", b'{"prompt": "The", "temperature": NaN}'),

@@ -8,7 +8,8 @@ from puffergpt import tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
-from puffergpt.text import Text, TextError, Texts
+from puffergpt import views
+from puffergpt.text import Text, TextBusy, TextError, Texts
 
 GREEDY = Sampling(0, 40)
 PROMPT = tokenizer.encode("The quick brown fox jumps over the lazy dog")
@@ -191,3 +192,43 @@ def test_a_one_token_prompt_is_a_prefill(text):
     text.append(tokenizer.encode(" and then"))
     again = next(text.generate(1, GREEDY))
     assert again.phase == "prefill"  # it read the user's appended tokens (and the last generated one)
+
+
+@pytest.mark.parametrize("op", [
+    lambda t: t.append([464]),
+    lambda t: t.step_back(2),
+    lambda t: t.step_forward(len(PROMPT)),
+    lambda t: t.cut(2),
+    lambda t: t.branch(2, token_id=5),
+    lambda t: t.begin(),
+    lambda t: t.inspect(2),
+    lambda t: views.kv(t),
+])
+def test_a_generating_text_refuses_edits_and_views(text, op):
+    """The text keeps its own rule (not the server): from begin() to end(), no edit, no
+    second generation, no inspection or key count; each refusal leaves it as it was."""
+    text.append(PROMPT)
+    list(text.generate(1, GREEDY))
+    text.step_back(len(PROMPT))  # a known token after the end, for step_forward
+    text.begin()
+    before = state(text)
+    with pytest.raises(TextBusy, match="generating"):
+        op(text)
+    assert state(text) == before
+    text.end()
+    op(text)  # the same call, the generation over: done
+
+
+def test_stop_ends_the_generation_begin_claimed(text):
+    """A Stop before the generation starts is forgotten (begin clears it); one during it
+    ends it at its next token, the text consistent."""
+    text.append(PROMPT)
+    text.stop()
+    stopping = text.begin()
+    assert not stopping.is_set()
+    got = []
+    for step in text.generate(10, GREEDY, should_stop=stopping.is_set):
+        got.append(step)
+        text.stop()
+    text.end()
+    assert len(got) == 1 and text.length == len(PROMPT) + 1 and stopping.is_set()

@@ -1,5 +1,6 @@
-"""The HTTP server: the playground's API (app.py), its request bodies (bodies.py),
-the OpenAI-compatible routes (openai.py), and the static page (../static/)."""
+"""The HTTP server: a router per resource over the application layer (``app.py`` says
+which), its request bodies (``bodies.py``, ``openai_bodies.py``), and the static page
+(../static/)."""
 
 from puffergpt.server.app import ServerConfig, create_app
 
