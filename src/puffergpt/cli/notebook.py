@@ -68,7 +68,7 @@ def show(insight_id, as_json, notebook_path, data_dir) -> None:
 @click.argument("insight_id")
 @click.option("--model", default=None, help="the model to replay with [default: the insight's own]")
 @click.option("--engine", type=click.Choice(["reference", "search"]), default="reference", show_default=True,
-              help="reference: the numpy GPT-2 from the checkpoint; search: the engine on the loaded store")
+              help="reference: the numpy GPT-2 from the checkpoint; search: the engine on the store (loaded if needed)")
 @backend_option
 @click.option("--json", "as_json", is_flag=True, help="the comparison as JSON")
 @notebook_options
