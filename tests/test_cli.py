@@ -247,6 +247,31 @@ def test_search_engine_loads_on_first_use(cli_ckpt, tmp_path, greedy):
     assert [t["token_id"] for t in lines[:-1]] == greedy(4)
 
 
+def test_analogy_and_replay_load_the_model_on_first_use(cli_ckpt, tmp_path):
+    """Every command that computes opens its model one way (cli.options.open_model): on an empty
+    data directory, analogy and `notebook replay --engine search` load the model as generate
+    does, then answer as numpy does."""
+    from puffergpt import notebook as nb
+    from puffergpt.reference import NumpyProducts
+    from test_notebook import step_evidence
+
+    ckpt = checkpoints.load(str(cli_ckpt))
+    r = run("analogy", " man", " woman", " king", "--model", str(cli_ckpt), "--data", str(tmp_path / "a"),
+            "-k", "3", "--json")
+    assert r.exit_code == 0, r.output
+    assert "loading it now" in r.stderr
+    assert [x["token_id"] for x in json.loads(r.stdout)["results"]] == numpy_analogy(cli_ckpt, 3)[0]
+
+    data = tmp_path / "b"
+    evidence = step_evidence(NumpyProducts(ckpt), str(cli_ckpt), n=1)  # recorded on numpy, replayed on searches
+    ins = nb.Notebook(data / "notebook").save("First use", "", [], evidence)
+    r = run("notebook", "replay", ins.id, "--data", str(data), "--engine", "search", "--json")
+    assert r.exit_code == 0, r.output
+    assert "loading it now" in r.stderr
+    out = json.loads(r.stdout)
+    assert out["matches"] and out["max_abs_diff"] <= nb.TOLERANCE, out
+
+
 def test_data_that_cannot_be_a_directory(cli_ckpt, tmp_path):
     f = tmp_path / "a-file"
     f.write_text("x")
@@ -355,6 +380,16 @@ def test_generate_while_serve_holds_the_data_says_where_the_server_is(tmp_path):
     assert r.exit_code == 0, r.output
 
 
+def numpy_analogy(ckpt_dir: Path, k: int) -> tuple[list[int], np.ndarray]:
+    """" man" : " woman" :: " king" : ?, in numpy on the checkpoint: the k token ids nearest by
+    cosine to wte[B] - wte[A] + wte[C], A, B and C excluded, and every token's cosine."""
+    w = checkpoints.load(str(ckpt_dir)).params["wte.weight"].astype(np.float64)
+    a, b, c = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
+    v = w[b] - w[a] + w[c]
+    sims = w @ v / (np.linalg.norm(w, axis=1) * np.linalg.norm(v))
+    return [int(i) for i in np.argsort(-sims, kind="stable") if int(i) not in (a, b, c)][:k], sims
+
+
 def test_analogy_json_equals_numpy(cli_ckpt, cli_data):
     """`analogy A B C --json`: the k tokens nearest by cosine to wte[B] - wte[A] + wte[C],
     A, B and C excluded, as numpy finds them on the checkpoint."""
@@ -362,11 +397,7 @@ def test_analogy_json_equals_numpy(cli_ckpt, cli_data):
             "--json")
     assert r.exit_code == 0, r.output
     got = json.loads(r.stdout)["results"]
-    w = checkpoints.load(str(cli_ckpt)).params["wte.weight"].astype(np.float64)
-    a, b, c = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
-    v = w[b] - w[a] + w[c]
-    sims = w @ v / (np.linalg.norm(w, axis=1) * np.linalg.norm(v))
-    want = [int(i) for i in np.argsort(-sims, kind="stable") if int(i) not in (a, b, c)][:5]
+    want, sims = numpy_analogy(cli_ckpt, 5)
     assert [x["token_id"] for x in got] == want
     assert np.abs(np.array([x["score"] for x in got]) - sims[want]).max() < 1e-4
     assert set(got[0]) >= {"token_id", "text", "score"}
