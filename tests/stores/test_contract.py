@@ -157,14 +157,18 @@ def test_search_returns_every_matching_row_with_exact_distances(store):
     q = np.random.default_rng(5).standard_normal((3, 8)).astype(np.float32)
     for metric in store.metrics:  # a namespace per metric: turbopuffer fixes it per namespace
         a, b = fill(store, ns=f"m-{metric}", metric=metric)
-        hits = store.search(f"m-{metric}", [Query(v, (("matrix", "=", "a"),)) for v in q], metric, include=("row", "matrix"))
+        hits = store.search(
+            f"m-{metric}", [Query(v, (("matrix", "=", "a"),)) for v in q], metric, include=("row", "matrix")
+        )
         assert len(hits.query) == 3 * 50 and set(hits.attrs["matrix"]) == {"a"}
         got = np.full((3, 50), np.nan)
         got[hits.query, hits.attrs["row"]] = hits.distance
         qq, aa = q.astype(np.float64), a.astype(np.float64)
-        want = {"inner_product": qq @ aa.T,
-                "euclidean_squared": ((qq[:, None] - aa[None]) ** 2).sum(-1),
-                "cosine_distance": 1 - (qq @ aa.T) / np.outer(np.linalg.norm(qq, axis=1), np.linalg.norm(aa, axis=1))}[metric]
+        want = {
+            "inner_product": qq @ aa.T,
+            "euclidean_squared": ((qq[:, None] - aa[None]) ** 2).sum(-1),
+            "cosine_distance": 1 - (qq @ aa.T) / np.outer(np.linalg.norm(qq, axis=1), np.linalg.norm(aa, axis=1)),
+        }[metric]
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=metric)
 
 
@@ -172,7 +176,9 @@ def test_top_k_is_best_first_per_query(store):
     q = np.random.default_rng(6).standard_normal((4, 8)).astype(np.float32)
     for metric in store.metrics:  # a namespace per metric, as above
         a, _ = fill(store, ns=f"m-{metric}", metric=metric)
-        hits = store.search(f"m-{metric}", [Query(v, (("matrix", "=", "a"),), top_k=5) for v in q], metric, include=("row",))
+        hits = store.search(
+            f"m-{metric}", [Query(v, (("matrix", "=", "a"),), top_k=5) for v in q], metric, include=("row",)
+        )
         for i in range(4):
             rows = hits.attrs["row"][hits.query == i]
             closeness = {"inner_product": a @ q[i], "euclidean_squared": -((a - q[i]) ** 2).sum(1),
@@ -186,12 +192,18 @@ def test_batched_queries_with_their_own_filters(store):
     keys = rng.standard_normal((2, 10, 4)).astype(np.float32)  # (head, pos, hd)
     store.create_namespace("k", 4, {"layer": "int", "head": "int", "pos": "int"})
     hs, ps = np.meshgrid(range(2), range(10), indexing="ij")
-    store.upsert("k", [f"{h}.{p}" for h, p in zip(hs.ravel(), ps.ravel())], keys.reshape(20, 4),
+    store.upsert("k", [f"{h}.{p}" for h, p in zip(hs.ravel(), ps.ravel(), strict=True)], keys.reshape(20, 4),
                  {"layer": [0] * 20, "head": hs.ravel(), "pos": ps.ravel()})
     q = rng.standard_normal((2, 3, 4)).astype(np.float32)
     last = [2, 5, 9]
-    queries = [Query(q[h, t], (("layer", "=", 0), ("head", "=", h), ("pos", "<=", last[t]))) for h in range(2) for t in range(3)]
-    hits = store.search("k", queries, "inner_product" if "inner_product" in store.metrics else store.metrics[0], include=("pos",))
+    queries = [
+        Query(q[h, t], (("layer", "=", 0), ("head", "=", h), ("pos", "<=", last[t])))
+        for h in range(2)
+        for t in range(3)
+    ]
+    hits = store.search(
+        "k", queries, "inner_product" if "inner_product" in store.metrics else store.metrics[0], include=("pos",)
+    )
     for qi, (h, t) in enumerate((h, t) for h in range(2) for t in range(3)):
         sel = hits.query == qi
         assert sorted(hits.attrs["pos"][sel]) == list(range(last[t] + 1))
@@ -206,8 +218,10 @@ def test_float_attributes(store):
     v = np.array([[1, 2], [3, 4], [0.5, 0.25]], np.float32)
     store.upsert("f", ["x", "y", "z"], v, {"pos": [0, 1, 2], "norm2": (v.astype(np.float64) ** 2).sum(1)})
     # A filter that every key passes: turbopuffer's exact kNN ranks a filtered subset only.
-    hits = store.search("f", [Query(np.ones(2, np.float32), (("pos", "<=", 2),))], store.metrics[0], include=("pos", "norm2"))
-    got = dict(zip(hits.attrs["pos"].tolist(), hits.attrs["norm2"].tolist()))
+    hits = store.search(
+        "f", [Query(np.ones(2, np.float32), (("pos", "<=", 2),))], store.metrics[0], include=("pos", "norm2")
+    )
+    got = dict(zip(hits.attrs["pos"].tolist(), hits.attrs["norm2"].tolist(), strict=True))
     assert got == {0: 5.0, 1: 25.0, 2: 0.3125}
     assert store.count("f", (("norm2", ">", 1.5),)) == 2
 
@@ -277,7 +291,6 @@ def test_unknown_backend(tmp_path):
 def test_the_engine_on_every_backend(store, tiny):
     """The engine on this store: greedy tokens and top-40 logits equal the numpy reference."""
     from helpers import assert_close
-
     from puffergpt import loading, tokenizer
     from puffergpt.engine import Engine
     from puffergpt.reference import NumpyProducts
@@ -299,7 +312,6 @@ def test_the_learning_views_on_every_backend(store, tiny):
     """Attention per layer and head, the lens and an analogy, as this store's searches,
     equal numpy's (which tests/test_inside.py holds to transformers)."""
     from helpers import assert_close
-
     from puffergpt import completion, loading, tokenizer, views
     from puffergpt.engine import Engine
     from puffergpt.reference import NumpyProducts

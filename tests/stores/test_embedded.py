@@ -57,7 +57,9 @@ def test_every_match_even_after_attributes_move(tmp_path):
     s.upsert("m", [f"d{i}" for i in range(40)], v, {"matrix": ["a"] * 40, "row": np.arange(40)})
     s.upsert("m", [f"d{i}" for i in range(30)], v[:30], {"matrix": ["b"] * 30, "row": np.arange(30)})
     for metric in s.metrics:
-        hits = s.search("m", [Query(v[0], (("matrix", "=", "b"),)), Query(v[1], (("matrix", "in", ["a", "b"]),))], metric, ("row",))
+        hits = s.search(
+            "m", [Query(v[0], (("matrix", "=", "b"),)), Query(v[1], (("matrix", "in", ["a", "b"]),))], metric, ("row",)
+        )
         assert (hits.query == 0).sum() == 30 and (hits.query == 1).sum() == 40, metric
     s.close()
 
@@ -105,9 +107,13 @@ def test_a_data_directory_held_by_another_process(tmp_path):
     p = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "holding"
-        with pytest.raises(StoreError, match=rf"in use by another puffergpt process \(pid {p.pid}\).*another --data DIR"):
+        with pytest.raises(
+            StoreError, match=rf"in use by another puffergpt process \(pid {p.pid}\).*another --data DIR"
+        ):
             open_store("embedded", tmp_path)
-        r = subprocess.run(cli("verify", "--model", "demo", "--data", str(tmp_path)), capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            cli("verify", "--model", "demo", "--data", str(tmp_path)), capture_output=True, text=True, timeout=120
+        )
         assert r.returncode != 0 and f"pid {p.pid}" in r.stderr and "Traceback" not in r.stderr, r.stderr
     finally:
         p.kill()
@@ -126,11 +132,17 @@ def test_the_same_directory_twice_in_one_process(tmp_path):
 def test_a_store_of_the_old_duckdb_format(tmp_path):
     old = tmp_path / "puffergpt.duckdb"
     old.write_bytes(b"DUCK" + bytes(4092))  # only its name matters: it is never opened
-    with pytest.raises(StoreError, match=r"old DuckDB format.*mv .*puffergpt\.duckdb.*puffergpt load --model MODEL --data "):
+    with pytest.raises(
+        StoreError, match=r"old DuckDB format.*mv .*puffergpt\.duckdb.*puffergpt load --model MODEL --data "
+    ):
         open_store("embedded", tmp_path)
-    r = subprocess.run(cli("generate", "hi", "--model", "demo", "--data", str(tmp_path)), capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        cli("generate", "hi", "--model", "demo", "--data", str(tmp_path)), capture_output=True, text=True, timeout=120
+    )
     assert r.returncode != 0 and "puffergpt load --model" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert old.stat().st_size == 4096 and sorted(p.name for p in tmp_path.iterdir()) == ["puffergpt.duckdb"]  # untouched
+    assert old.stat().st_size == 4096 and sorted(p.name for p in tmp_path.iterdir()) == [
+        "puffergpt.duckdb"
+    ]  # untouched
 
 
 def test_a_half_made_namespace_is_cleaned_up(tmp_path):
@@ -170,7 +182,9 @@ def test_load_killed_mid_way_then_rerun(tmp_path, tiny_dir):
     written = sum(s.count(ns) for ns in s.namespaces(f"{key}."))
     assert 0 < written < want["documents"], written  # half-written
     s.close()
-    r = subprocess.run(cli("load", "--model", str(tiny_dir), "--data", str(data)), capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        cli("load", "--model", str(tiny_dir), "--data", str(data)), capture_output=True, text=True, timeout=600
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     s = open_store("embedded", data)
     got = s.get_meta(f"manifest:{key}")

@@ -25,8 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from puffergpt.stores import Query, StoreError
-from puffergpt.stores import pglocal
+from puffergpt.stores import Query, StoreError, pglocal
 from puffergpt.stores import pgvector as pgvector_store
 
 # --- the static check -----------------------------------------------------------------------
@@ -34,7 +33,9 @@ from puffergpt.stores import pgvector as pgvector_store
 _FUNC = re.compile(r"^[0-9a-f]+ <(.+)>:$")
 _INSN = re.compile(r"^\s*[0-9a-f]+:\t([0-9a-f ]+)\t(\S+)\s*(.*)$")
 _EVEX_OPERANDS = re.compile(r"%zmm|%[xy]mm(1[6-9]|2\d|3[01])\b|%k[0-7]\b|\{1to")
-_AVX2 = re.compile(r"^(vpbroadcast|vperm2i128|vpermd|vpermq|vinserti128|vextracti128|vp?gather|vpmaskmov|vps[lr][la]v|vpblendd)")
+_AVX2 = re.compile(
+    r"^(vpbroadcast|vperm2i128|vpermd|vpermq|vinserti128|vextracti128|vp?gather|vpmaskmov|vps[lr][la]v|vpblendd)"
+)
 _BY_NAME = {"shlx": "bmi2", "shrx": "bmi2", "sarx": "bmi2", "rorx": "bmi2", "bzhi": "bmi2", "pdep": "bmi2",
             "pext": "bmi2", "mulx": "bmi2", "andn": "bmi1", "bextr": "bmi1", "blsr": "bmi1", "blsi": "bmi1",
             "blsmsk": "bmi1", "lzcnt": "abm", "popcnt": "popcnt", "vcvtph2ps": "f16c", "vcvtps2ph": "f16c",
@@ -64,7 +65,9 @@ def cpu_feature(raw: str, mnemonic: str, operands: str) -> str | None:
 
 def dispatched(fn: str, names: set[str], has_cpuid: bool) -> bool:
     """Code that runs only where a run-time check found its features."""
-    m = re.fullmatch(r"(.+)\.([a-z]\w*)(?:\.\d+)?", fn)  # gcc's target_clones: f.avx512f (.0 in newer gcc), chosen by f.resolver
+    m = re.fullmatch(
+        r"(.+)\.([a-z]\w*)(?:\.\d+)?", fn
+    )  # gcc's target_clones: f.avx512f (.0 in newer gcc), chosen by f.resolver
     if m and m.group(2) != "default" and f"{m.group(1)}.resolver" in names:
         return True
     return has_cpuid and _RUNTIME_CHOSEN.search(fn) is not None
@@ -75,8 +78,12 @@ def disassemble(path: Path) -> tuple[dict[str, set[str]], bool]:
     whether it runs cpuid (the check run-time dispatch makes)."""
     objdump = shutil.which("objdump")
     if objdump is None:
-        pytest.fail("objdump is missing: the portability check disassembles vector.so with it (apt-get install binutils)")
-    out = subprocess.run([objdump, "-d", "-w", str(path)], capture_output=True, text=True, check=True, timeout=300).stdout
+        pytest.fail(
+            "objdump is missing: the portability check disassembles vector.so with it (apt-get install binutils)"
+        )
+    out = subprocess.run(
+        [objdump, "-d", "-w", str(path)], capture_output=True, text=True, check=True, timeout=300
+    ).stdout
     uses: dict[str, set[str]] = defaultdict(set)  # function -> flags
     fn, has_cpuid = "?", False
     for line in out.splitlines():
@@ -117,13 +124,17 @@ def test_the_shipped_pgvector_needs_no_avx512_and_only_what_the_crash_message_na
     so = shipped("lib", "postgresql", "vector.so")
     uses, _ = disassemble(so)
     # the functions behind the store's <#>, <->, <=> and vector_l2_squared_distance were read
-    assert {"vector_negative_inner_product", "l2_distance", "cosine_distance", "vector_l2_squared_distance"} <= set(uses)
+    assert {"vector_negative_inner_product", "l2_distance", "cosine_distance", "vector_l2_squared_distance"} <= set(
+        uses
+    )
     found = undispatched_features(so)
     assert "avx512f" not in found, f"{so} uses AVX-512 with no run-time check in {sorted(found['avx512f'])[:8]}"
     needs = set(pglocal.NEEDS["x86_64"])
     assert set(found) <= needs, f"{so} needs {sorted(set(found) - needs)} beyond pglocal.NEEDS"
     postgres = undispatched_features(shipped("bin", "postgres"))
-    assert "avx512f" not in postgres, f"postgres uses AVX-512 with no run-time check in {sorted(postgres['avx512f'])[:8]}"
+    assert "avx512f" not in postgres, (
+        f"postgres uses AVX-512 with no run-time check in {sorted(postgres['avx512f'])[:8]}"
+    )
 
 
 @x86_64
@@ -136,14 +147,19 @@ def test_the_disassembly_check_finds_avx512_and_lets_dispatched_clones_pass(tmp_
     src = tmp_path / "k.c"
     src.write_text("""
 #include <immintrin.h>
-__attribute__((target("avx512f"))) void unchecked(float *a) { _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(a))); }
+__attribute__((target("avx512f"))) void unchecked(float *a) {
+    _mm512_storeu_ps(a, _mm512_add_ps(_mm512_loadu_ps(a), _mm512_loadu_ps(a))); }
 __attribute__((target_clones("avx512f", "default"))) float cloned(const float *a, const float *b, int n) {
     float s = 0; for (int i = 0; i < n; i++) s += a[i] * b[i]; return s; }
 float plain(const float *a, int n) { float s = 0; for (int i = 0; i < n; i++) s += a[i]; return s; }
 """)
     so = tmp_path / "k.so"
-    subprocess.run([gcc, "-O3", "-ffast-math", "-mprefer-vector-width=512", "-shared", "-fPIC", "-o", str(so), str(src)],
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [gcc, "-O3", "-ffast-math", "-mprefer-vector-width=512", "-shared", "-fPIC", "-o", str(so), str(src)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     found = undispatched_features(so)
     assert found.get("avx512f") == {"unchecked"}, found
     uses, _ = disassemble(so)  # the clone is there, and it does use AVX-512
@@ -202,13 +218,18 @@ def test_every_distance_at_every_width_equals_numpy(local_store):
         store.create_namespace(ns, dim, {"row": "int"})
         store.upsert(ns, [str(i) for i in range(6)], d, {"row": list(range(6))})
         d64, q64 = d.astype(np.float64), q.astype(np.float64)
-        want = {"inner_product": q64 @ d64.T,
-                "euclidean_squared": ((q64[:, None, :] - d64[None]) ** 2).sum(-1),
-                "cosine_distance": 1 - (q64 @ d64.T) / np.outer(np.linalg.norm(q64, axis=1), np.linalg.norm(d64, axis=1))}
+        want = {
+            "inner_product": q64 @ d64.T,
+            "euclidean_squared": ((q64[:, None, :] - d64[None]) ** 2).sum(-1),
+            "cosine_distance": 1 - (q64 @ d64.T) / np.outer(np.linalg.norm(q64, axis=1), np.linalg.norm(d64, axis=1)),
+        }
         # float32 sums: a bound from the terms' sizes (|q||d| per pair)
         scale = np.outer(np.linalg.norm(q64, axis=1), np.linalg.norm(d64, axis=1))
-        tol = {"inner_product": 1e-5 * scale + 1e-6, "euclidean_squared": 1e-5 * (scale + (q64 ** 2).sum(1)[:, None]) + 1e-6,
-               "cosine_distance": np.full(scale.shape, 1e-5)}
+        tol = {
+            "inner_product": 1e-5 * scale + 1e-6,
+            "euclidean_squared": 1e-5 * (scale + (q64**2).sum(1)[:, None]) + 1e-6,
+            "cosine_distance": np.full(scale.shape, 1e-5),
+        }
         for metric in store.metrics:
             for top_k in (None, 6):
                 hits = store.search(ns, [Query(v, top_k=top_k) for v in q], metric, include=("row",))
@@ -265,14 +286,20 @@ def test_the_crash_message_from_a_log(tmp_path):
            "2026-12-03 DETAIL:  Failed process was running: SELECT ...\n")
     local = _fake_local(tmp_path, old + new, start=len(old))  # the older crash was before this process joined
     msg = local.crash(wait_s=0)
-    assert msg.startswith("a backend of the local PostgreSQL died from signal 4 (Illegal instruction): its pgvector, from "
-                          f"{pglocal.PACKAGE}")
+    assert msg.startswith(
+        "a backend of the local PostgreSQL died from signal 4 (Illegal instruction): its pgvector, from "
+        f"{pglocal.PACKAGE}"
+    )
     assert "--dsn" in msg and "run the command again" not in msg
-    lacking = pglocal.crash_message(4, "Illegal instruction", local.log, cpu_flags={"sse2", "avx", "fma"}, machine="x86_64")
+    lacking = pglocal.crash_message(
+        4, "Illegal instruction", local.log, cpu_flags={"sse2", "avx", "fma"}, machine="x86_64"
+    )
     assert "(it lacks avx2, bmi1, bmi2, f16c, abm, movbe, popcnt)" in lacking
     arm = pglocal.crash_message(4, "Illegal instruction", local.log, cpu_flags={"fp", "asimd"}, machine="aarch64")
     assert "does not have (it lacks sve)" in arm  # a Graviton2 or a Raspberry Pi
-    assert "(it lacks" not in pglocal.crash_message(4, "", local.log, cpu_flags=set(), machine="x86_64")  # unknown: no guess
+    assert "(it lacks" not in pglocal.crash_message(
+        4, "", local.log, cpu_flags=set(), machine="x86_64"
+    )  # unknown: no guess
     other = pglocal.crash_message(11, "Segmentation fault", local.log)
     assert "signal 11 (Segmentation fault)" in other and str(local.log) in other and "CPU" not in other
 
@@ -280,8 +307,12 @@ def test_the_crash_message_from_a_log(tmp_path):
 def test_no_crash_in_the_log_is_no_crash_message(tmp_path):
     stopped = _fake_local(tmp_path, "LOG:  received fast shutdown request\nLOG:  database system is shut down\n")
     assert stopped.crash(wait_s=5) is None  # a stop: at once, no waiting
-    (tmp_path / "postgres" / "log").write_text("LOG:  server process (PID 8) was terminated by signal 4: Illegal instruction\n")
-    assert pglocal.LocalServer(tmp_path, tmp_path / "postgres", "", log_start=10**6).crash(wait_s=0) is not None  # a new log
+    (tmp_path / "postgres" / "log").write_text(
+        "LOG:  server process (PID 8) was terminated by signal 4: Illegal instruction\n"
+    )
+    assert (
+        pglocal.LocalServer(tmp_path, tmp_path / "postgres", "", log_start=10**6).crash(wait_s=0) is not None
+    )  # a new log
 
 
 def test_a_dsn_server_going_away_is_not_blamed_on_the_cpu():

@@ -97,8 +97,17 @@ def test_a_batch_of_queries_is_one_statement(pg_dsn):
     rng = np.random.default_rng(3)
     keys = rng.standard_normal((40, 4)).astype(np.float32)
     store.create_namespace("k", 4, {"layer": "int", "head": "int", "pos": "int", "tag": "str"})
-    store.upsert("k", [f"k{i}" for i in range(40)], keys,
-                 {"layer": [0] * 40, "head": np.arange(40) % 2, "pos": np.arange(40) // 2, "tag": [f"t{i % 3}" for i in range(40)]})
+    store.upsert(
+        "k",
+        [f"k{i}" for i in range(40)],
+        keys,
+        {
+            "layer": [0] * 40,
+            "head": np.arange(40) % 2,
+            "pos": np.arange(40) // 2,
+            "tag": [f"t{i % 3}" for i in range(40)],
+        },
+    )
     q = rng.standard_normal((6, 4)).astype(np.float32)
     sent = counting(store)
     # attention's shape: head and last position vary per query, the layer does not
@@ -109,7 +118,9 @@ def test_a_batch_of_queries_is_one_statement(pg_dsn):
         sel = hits.query == i
         want = [j for j in range(40) if j % 2 == i % 2 and j // 2 <= 3 * i]
         assert sorted(hits.attrs["id"][sel]) == sorted(f"k{j}" for j in want)
-        np.testing.assert_allclose(hits.distance[sel], keys[[int(s[1:]) for s in hits.attrs["id"][sel]]] @ q[i], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            hits.distance[sel], keys[[int(s[1:]) for s in hits.attrs["id"][sel]]] @ q[i], rtol=1e-5, atol=1e-6
+        )
     # top-k, each query with its own `in` list and its own tag: one LATERAL join
     sent.clear()
     tags = [["t0"], ["t1", "t2"], ["t0", "t2"]]
@@ -118,9 +129,14 @@ def test_a_batch_of_queries_is_one_statement(pg_dsn):
         hits = store.search("k", queries, metric, include=("id",))
         for i in range(3):
             rows = [j for j in range(40) if f"t{j % 3}" in tags[i] and j // 2 > i]
-            d = {"inner_product": -(keys[rows] @ q[i]), "euclidean_squared": ((keys[rows] - q[i]) ** 2).sum(1),
-                 "cosine_distance": 1 - keys[rows] @ q[i] / np.linalg.norm(keys[rows], axis=1) / np.linalg.norm(q[i])}[metric]
-            assert list(hits.attrs["id"][hits.query == i]) == [f"k{rows[j]}" for j in np.argsort(d, kind="stable")[:3]], metric
+            d = {
+                "inner_product": -(keys[rows] @ q[i]),
+                "euclidean_squared": ((keys[rows] - q[i]) ** 2).sum(1),
+                "cosine_distance": 1 - keys[rows] @ q[i] / np.linalg.norm(keys[rows], axis=1) / np.linalg.norm(q[i]),
+            }[metric]
+            assert list(hits.attrs["id"][hits.query == i]) == [
+                f"k{rows[j]}" for j in np.argsort(d, kind="stable")[:3]
+            ], metric
     assert len(sent) == 3 and all("CROSS JOIN LATERAL" in s and "ORDER BY" in s and "LIMIT 3" in s for s in sent)
     assert all(op in sent[0] for op in ("<#>",)) and "<->" in sent[1] and "<=>" in sent[2]
     # filter values travel as parameters, never in the SQL text
@@ -139,12 +155,18 @@ def test_bulk_and_small_upserts_both_overwrite_by_id(pg_dsn):
     store.upsert("m", ids[:2000], -v[:2000], {"matrix": ["b"] * 2000, "row": np.arange(2000), "w": np.zeros(2000)})
     assert any(s.startswith("CREATE TEMP TABLE") for s in sent)
     sent.clear()
-    store.upsert("m", ["a.5", "z"], np.ones((2, 3), np.float32), {"matrix": ["c", "c"], "row": [5, -1], "w": [0.25, 0.5]})
+    store.upsert(
+        "m", ["a.5", "z"], np.ones((2, 3), np.float32), {"matrix": ["c", "c"], "row": [5, -1], "w": [0.25, 0.5]}
+    )
     assert len(sent) == 1 and "unnest(" in sent[0]
     assert store.count("m") == n + 1
     assert store.count("m", (("matrix", "=", "b"),)) == 1999 and store.count("m", (("w", ">=", 0.25),)) == 1000 + 2
-    np.testing.assert_array_equal(store.fetch("m", ["a.4", "a.5", "a.2999", "z"]), np.stack([-v[4], np.ones(3), v[2999], np.ones(3)]))
-    hits = store.search("m", [Query(np.ones(3, np.float32), (("matrix", "=", "c"),))], "inner_product", include=("w", "row"))
+    np.testing.assert_array_equal(
+        store.fetch("m", ["a.4", "a.5", "a.2999", "z"]), np.stack([-v[4], np.ones(3), v[2999], np.ones(3)])
+    )
+    hits = store.search(
+        "m", [Query(np.ones(3, np.float32), (("matrix", "=", "c"),))], "inner_product", include=("w", "row")
+    )
     assert sorted(hits.attrs["w"].tolist()) == [0.25, 0.5] and hits.attrs["w"].dtype == np.float64
     with pytest.raises(StoreError, match="twice"):
         store.upsert("m", ["q", "q"], np.ones((2, 3), np.float32), {"matrix": ["c", "c"], "row": [0, 0], "w": [0, 0]})
@@ -238,7 +260,11 @@ def test_no_dsn_starts_a_local_server_loads_searches_and_stops(tmp_path, tiny, t
     assert "starting a local PostgreSQL with pgvector" in capfd.readouterr().err
     assert local.running and local.pgdata == data.resolve() / "postgres" and "host=" in local.dsn
     assert store.cli_args() == f"--backend pgvector --data {data.resolve()}"
-    settings = dict(store._run("SELECT name, setting FROM pg_settings WHERE name IN ('listen_addresses', 'shared_buffers', 'block_size')"))
+    settings = dict(
+        store._run(
+            "SELECT name, setting FROM pg_settings WHERE name IN ('listen_addresses', 'shared_buffers', 'block_size')"
+        )
+    )
     assert settings["listen_addresses"] == ""  # a unix socket only
     assert int(settings["shared_buffers"]) * int(settings["block_size"]) == pglocal.shared_buffers_mb() * 2**20
     key = loading.model_key(tiny.name)
@@ -286,14 +312,19 @@ def test_vectors_that_fit_a_page_are_stored_plain(pg_dsn):
         store.create_namespace(ns, dim, {"matrix": "str", "row": "int"})
         v = rng.standard_normal((3, dim)).astype(np.float32)
         store.upsert(ns, ["a.0", "a.1", "a.2"], v, {"matrix": ["a"] * 3, "row": [0, 1, 2]})
-        (storage,), = store._run("SELECT attstorage FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'vector'",
-                                 [f'"ns:{ns}"'])
+        ((storage,),) = store._run(
+            "SELECT attstorage FROM pg_attribute WHERE attrelid = %s::regclass AND attname = 'vector'", [f'"ns:{ns}"']
+        )
         assert storage == want, dim
         # never compressed; and the row is in the heap (PLAIN) or its vector in the TOAST table (EXTERNAL)
         assert store._run(f'SELECT DISTINCT pg_column_compression(vector) FROM "ns:{ns}"') == [(None,)]
         np.testing.assert_array_equal(store.fetch(ns, ["a.2"])[0], v[2])
     toast = store._one("SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE oid = '\"ns:w3074\"'::regclass")[0]
-    assert toast > 0 and store._one("SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE oid = '\"ns:w770\"'::regclass")[0] == 0
+    assert (
+        toast > 0
+        and store._one("SELECT pg_relation_size(reltoastrelid) FROM pg_class WHERE oid = '\"ns:w770\"'::regclass")[0]
+        == 0
+    )
     store._run('ALTER TABLE "ns:w3074" ALTER COLUMN vector SET STORAGE PLAIN')  # what PLAIN would do with 3,074
     with pytest.raises(StoreError, match="row is too big"):
         store.upsert("w3074", ["b"], np.ones((1, 3074), np.float32), {"matrix": ["b"], "row": [0]})
@@ -322,7 +353,11 @@ def test_one_aggregated_row_a_query_equals_numpy(pg_dsn):
     w64, q64 = w.astype(np.float64), q.astype(np.float64)
     want = {"inner_product": q64 @ w64.T, "euclidean_squared": ((q64[:, None] - w64[None]) ** 2).sum(-1),
             "cosine_distance": 1 - (q64 @ w64.T) / np.linalg.norm(q64, axis=1)[:, None] / np.linalg.norm(w64, axis=1)}
-    op = {"inner_product": "-(vector <#> %s)", "euclidean_squared": "(vector <-> %s) ^ 2", "cosine_distance": "vector <=> %s"}
+    op = {
+        "inner_product": "-(vector <#> %s)",
+        "euclidean_squared": "(vector <-> %s) ^ 2",
+        "cosine_distance": "vector <=> %s",
+    }
     for metric in store.metrics:
         sent.clear(), rows.clear()
         hits = store.search("m", [Query(v, (("matrix", "=", "fc"),)) for v in q], metric, include=("row", "id"))
@@ -394,7 +429,9 @@ def test_a_database_where_pgvector_is_not_enabled_and_may_not_be(pg):
 
 
 def test_a_server_without_pgvector(bare_server):
-    with pytest.raises(StoreError, match="does not have pgvector: the 'vector' extension must be installed in that server"):
+    with pytest.raises(
+        StoreError, match="does not have pgvector: the 'vector' extension must be installed in that server"
+    ):
         PgvectorStore(bare_server())
 
 
@@ -431,7 +468,9 @@ def test_a_killed_load_is_refused_then_resumed(new_database, tiny_pg, tiny):
 def test_the_server_going_away_mid_generation(pg, tiny_pg, tiny, monkeypatch):
     """A backend killed under a text (pg_terminate_backend): the next call says so clearly,
     the one after reconnects, the text carries on where it was, and nothing is lost."""
-    monkeypatch.setattr(pgvector_store, "IDLE_CHECK_S", 3600.0)  # the call itself meets the dead connection, however slow the machine
+    monkeypatch.setattr(
+        pgvector_store, "IDLE_CHECK_S", 3600.0
+    )  # the call itself meets the dead connection, however slow the machine
     dsn, _, key, m = tiny_pg
     store = open_store("pgvector", dsn=dsn)
     ids = tokenizer.encode(PROMPTS[1])
@@ -472,9 +511,14 @@ def test_the_server_stopping_mid_generation(pg, tiny_pg, tiny, mode, monkeypatch
     got = [next(steps).token_id for _ in range(2)]
     pg.stop(mode)
     try:
-        with pytest.raises(StoreError, match=r"the PostgreSQL server went away: .*run the command again once it is back"):
+        with pytest.raises(
+            StoreError, match=r"the PostgreSQL server went away: .*run the command again once it is back"
+        ):
             next(steps)
-        with pytest.raises(StoreError, match=r"went away and can't be reached again: can't reach PostgreSQL at .*--dsn or PUFFERGPT_DSN"):
+        with pytest.raises(
+            StoreError,
+            match=r"went away and can't be reached again: can't reach PostgreSQL at .*--dsn or PUFFERGPT_DSN",
+        ):
             store.count(loading.namespace(key, tiny.config.n_embd))
         with pytest.raises(StoreError, match="can't reach PostgreSQL"):
             open_store("pgvector", dsn=dsn)

@@ -8,10 +8,10 @@ import uuid
 
 import numpy as np
 import pytest
-from tpuf_emulator import running
 
 from puffergpt.stores.base import Query, StoreError
 from puffergpt.stores.turbopuffer import IN_FLIGHT, MAX_TOP_K, MULTI_QUERY, TurbopufferStore, tpuf_filter
+from tpuf_emulator import running
 
 SCHEMA = {"matrix": "str", "row": "int"}
 
@@ -84,11 +84,22 @@ def test_what_the_service_would_refuse_is_refused_before_sending(emu):
     s.create_namespace("m", 3, SCHEMA)
     sent = len(emu.log)
     cases = [
-        (lambda: s.upsert("m", ["x" * 65], np.zeros((1, 3)), {"matrix": ["a"], "row": [0]}), "over turbopuffer's 64 bytes"),
+        (
+            lambda: s.upsert("m", ["x" * 65], np.zeros((1, 3)), {"matrix": ["a"], "row": [0]}),
+            "over turbopuffer's 64 bytes",
+        ),
         (lambda: s.upsert("m", ["x"], np.zeros((1, 3)), {"matrix": ["a" * 5000], "row": [0]}), "at most 4096"),
         (lambda: s.search("m", [Query(np.ones(3, np.float32))], "cosine_distance"), "needs a filter"),
-        (lambda: s.search("m", [Query(np.ones(3, np.float32), (("row", "=", 0),))], "euclidean_squared"), "fixes the metric"),
-        (lambda: s.search("m", [Query(np.ones(3, np.float32), (("row", "=", 0),), top_k=MAX_TOP_K + 1)], "cosine_distance"), "top_k"),
+        (
+            lambda: s.search("m", [Query(np.ones(3, np.float32), (("row", "=", 0),))], "euclidean_squared"),
+            "fixes the metric",
+        ),
+        (
+            lambda: s.search(
+                "m", [Query(np.ones(3, np.float32), (("row", "=", 0),), top_k=MAX_TOP_K + 1)], "cosine_distance"
+            ),
+            "top_k",
+        ),
         (lambda: s.create_namespace("n" * 130, 3, SCHEMA), "invalid namespace|over turbopuffer's 128 bytes"),
         (lambda: s.create_namespace("n" * 60, 3, SCHEMA), "over 54 bytes"),
         (lambda: s.create_namespace("big", 10_753, SCHEMA), "1 to 10752"),
@@ -136,7 +147,9 @@ def test_writes_go_in_batches_under_the_request_size():
         s = store_on(emu)
         dim, n = 3074, 1500  # GPT-2's mlp.c_proj documents
         s.create_namespace("m", dim, SCHEMA)
-        s.upsert("m", [f"w.{i}" for i in range(n)], np.ones((n, dim), np.float32), {"matrix": ["w"] * n, "row": np.arange(n)})
+        s.upsert(
+            "m", [f"w.{i}" for i in range(n)], np.ones((n, dim), np.float32), {"matrix": ["w"] * n, "row": np.arange(n)}
+        )
         writes = [e for e in emu.log if e["kind"] == "write" and e["path"].endswith("-m")]
         assert len(writes) == -(-n // 512) and s.count("m") == n and emu.limit_errors == []
 

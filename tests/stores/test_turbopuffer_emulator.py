@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 import turbopuffer
+
 import tpuf_emulator
 from tpuf_emulator import running
 
@@ -24,8 +25,10 @@ def ns(emu, monkeypatch):
     monkeypatch.delenv("TURBOPUFFER_REGION", raising=False)
     client = turbopuffer.Turbopuffer(api_key=emu.api_key, base_url=emu.url, max_retries=0)
     n = client.namespace("limits")
-    n.write(upsert_columns={"id": ["a", "b", "c"], "vector": [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], "tag": ["x", "y", "x"]},
-            distance_metric="cosine_distance")
+    n.write(
+        upsert_columns={"id": ["a", "b", "c"], "vector": [[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]], "tag": ["x", "y", "x"]},
+        distance_metric="cosine_distance",
+    )
     yield n
     client.close()
 
@@ -83,16 +86,30 @@ def test_knn_without_a_filter(emu, ns):
 def test_the_metric_is_fixed_per_namespace(emu, ns):
     refused(emu, lambda: ns.write(upsert_columns={"id": ["d"], "vector": [[1.0, 2.0]], "tag": ["x"]},
                                   distance_metric="euclidean_squared"), 400, "can't be changed")
-    refused(emu, lambda: ns.query(rank_by=KNN, top_k=1, filters=FLT, distance_metric="euclidean_squared"), 400, "distance_metric is cosine")
+    refused(
+        emu,
+        lambda: ns.query(rank_by=KNN, top_k=1, filters=FLT, distance_metric="euclidean_squared"),
+        400,
+        "distance_metric is cosine",
+    )
 
 
 def test_vectors_of_another_length_or_too_long(emu, ns):
     refused(emu, lambda: ns.write(upsert_columns={"id": ["d"], "vector": [[1.0, 2.0, 3.0]], "tag": ["x"]},
                                   distance_metric="cosine_distance"), 400, "the namespace's have 2")
-    refused(emu, lambda: ns.query(rank_by=("vector", "kNN", [1.0, 0.0, 0.0]), top_k=1, filters=FLT), 400, "the namespace's have 2")
+    refused(
+        emu,
+        lambda: ns.query(rank_by=("vector", "kNN", [1.0, 0.0, 0.0]), top_k=1, filters=FLT),
+        400,
+        "the namespace's have 2",
+    )
     wide = ns._client.namespace("wide")
-    refused(emu, lambda: wide.write(upsert_columns={"id": ["d"], "vector": [[0.5] * 10_753]}, distance_metric="cosine_distance"),
-            400, "at most 10752")
+    refused(
+        emu,
+        lambda: wide.write(upsert_columns={"id": ["d"], "vector": [[0.5] * 10_753]}, distance_metric="cosine_distance"),
+        400,
+        "at most 10752",
+    )
 
 
 def test_ids_over_64_bytes(emu, ns):
@@ -107,16 +124,31 @@ def test_namespace_names_over_128_bytes(emu, ns):
 
 def test_filterable_values_over_4_kib(emu, ns):
     row = lambda tag: {"id": ["d"], "vector": [[1.0, 2.0]], "tag": [tag]}  # noqa: E731
-    refused(emu, lambda: ns.write(upsert_columns=row("t" * 4097), distance_metric="cosine_distance"), 400, "filterable: false")
+    refused(
+        emu,
+        lambda: ns.write(upsert_columns=row("t" * 4097), distance_metric="cosine_distance"),
+        400,
+        "filterable: false",
+    )
     meta = ns._client.namespace("meta")
-    meta.write(upsert_columns={"id": ["k"], "value": ["v" * 20_000]}, schema={"value": {"type": "string", "filterable": False}})
-    assert meta.query(filters=("id", "Eq", "k"), rank_by=("id", "asc"), top_k=1, include_attributes=["value"]).rows[0]["value"] == "v" * 20_000
-    refused(emu, lambda: meta.query(filters=("value", "Eq", "v"), rank_by=("id", "asc"), top_k=1), 400, "not filterable")
+    meta.write(
+        upsert_columns={"id": ["k"], "value": ["v" * 20_000]}, schema={"value": {"type": "string", "filterable": False}}
+    )
+    assert (
+        meta.query(filters=("id", "Eq", "k"), rank_by=("id", "asc"), top_k=1, include_attributes=["value"]).rows[0][
+            "value"
+        ]
+        == "v" * 20_000
+    )
+    refused(
+        emu, lambda: meta.query(filters=("value", "Eq", "v"), rank_by=("id", "asc"), top_k=1), 400, "not filterable"
+    )
 
 
 def test_filters_on_ids_only_as_documented(emu, ns):
     for op, value in (("Glob", "a*"), ("NotEq", "a")):
-        refused(emu, lambda: ns.query(filters=("id", op, value), rank_by=("id", "asc"), top_k=3), 400, "not documented for ids")
+        refused(emu, lambda op=op, value=value: ns.query(filters=("id", op, value), rank_by=("id", "asc"), top_k=3),
+                400, "not documented for ids")
     got = ns.query(filters=("And", [("id", "Gte", "a"), ("id", "Lt", "c")]), rank_by=("id", "asc"), top_k=3).rows
     assert [r.id for r in got] == ["a", "b"]
 
@@ -146,9 +178,15 @@ def test_exact_knn_agrees_with_numpy(emu, monkeypatch):
         n = client.namespace(metric)
         n.write(upsert_columns={"id": [f"d{i}" for i in range(40)], "vector": docs.tolist(), "row": list(range(40))},
                 distance_metric=metric)
-        rows = n.query(rank_by=("vector", "kNN", q.tolist()), top_k=40, filters=("row", "Lt", 30), include_attributes=["row"]).rows
+        rows = n.query(
+            rank_by=("vector", "kNN", q.tolist()), top_k=40, filters=("row", "Lt", 30), include_attributes=["row"]
+        ).rows
         d, a = docs[:30].astype(np.float64), q.astype(np.float64)
-        want = ((d - a) ** 2).sum(1) if metric == "euclidean_squared" else 1 - d @ a / np.linalg.norm(d, axis=1) / np.linalg.norm(a)
+        want = (
+            ((d - a) ** 2).sum(1)
+            if metric == "euclidean_squared"
+            else 1 - d @ a / np.linalg.norm(d, axis=1) / np.linalg.norm(a)
+        )
         got = np.array([r["$dist"] for r in rows])
         assert [r["row"] for r in rows] == list(np.argsort(want))
         np.testing.assert_allclose(got, np.sort(want), rtol=1e-5, atol=1e-6, err_msg=metric)

@@ -7,13 +7,13 @@ import uuid
 
 import pytest
 from click.testing import CliRunner
-from tpuf_emulator import running
 
 from puffergpt import checkpoints, loading
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.cli import main
 from puffergpt.stores.base import StoreError
 from puffergpt.stores.turbopuffer import TurbopufferStore
+from tpuf_emulator import running
 
 PROMPT = "The list"
 
@@ -35,7 +35,9 @@ def emu():
 def deep(tmp_path_factory):
     """GPT-2's 12 layers at small widths (and a 300-token vocabulary), random weights."""
     c = GPT2Config(n_vocab=300, n_ctx=32, n_embd=16, n_layer=12, n_head=2)
-    return checkpoints.load(str(checkpoints.save_dir(tmp_path_factory.mktemp("deep") / "deep", c, checkpoints.random_params(c, 4))))
+    return checkpoints.load(
+        str(checkpoints.save_dir(tmp_path_factory.mktemp("deep") / "deep", c, checkpoints.random_params(c, 4)))
+    )
 
 
 def store_on(emu, prefix=None, **settings) -> TurbopufferStore:
@@ -59,7 +61,12 @@ def test_cli_load_and_greedy_generate_on_turbopuffer_equal_the_reference(emu):
     assert [t["token_id"] for t in got] == [t["token_id"] for t in want]
     for a, b in zip(got, want, strict=True):
         assert [c["token_id"] for c in a["candidates"]] == [c["token_id"] for c in b["candidates"]]
-        assert_close("turbopuffer top-40 logits", [c["logit"] for c in a["candidates"]], [c["logit"] for c in b["candidates"]], 1e-3)
+        assert_close(
+            "turbopuffer top-40 logits",
+            [c["logit"] for c in a["candidates"]],
+            [c["logit"] for c in b["candidates"]],
+            1e-3,
+        )
 
 
 def test_a_model_of_gpt2s_depth_loads_completely(emu, deep):

@@ -9,8 +9,8 @@ by those who pick it). ``register`` adds one; ``open_store`` opens one by name.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from puffergpt.stores.base import Hits, Layout, Query, Store, StoreError, resolve
 

@@ -29,8 +29,9 @@ import numbers
 import re
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -90,12 +91,12 @@ class Hits:
     attrs: dict[str, np.ndarray] = field(default_factory=dict)  # the attributes asked for
 
     @staticmethod
-    def concat(parts: list["Hits"], include: Sequence[str], offsets: Sequence[int] | None = None) -> "Hits":
+    def concat(parts: list[Hits], include: Sequence[str], offsets: Sequence[int] | None = None) -> Hits:
         """Hits of several requests as one; ``offsets`` shifts each part's query numbers."""
         if len(parts) == 1 and not offsets:
             return parts[0]
         offsets = offsets or [0] * len(parts)
-        return Hits(np.concatenate([p.query + o for p, o in zip(parts, offsets)]),
+        return Hits(np.concatenate([p.query + o for p, o in zip(parts, offsets, strict=True)]),
                     np.concatenate([p.distance for p in parts]),
                     {a: np.concatenate([p.attrs[a] for p in parts]) for a in include})
 
@@ -167,7 +168,9 @@ def _values(seq, t: str, attr: str) -> list:
             raise TypeError
         return out
     except (TypeError, ValueError):
-        raise StoreError(f"attribute {attr!r} holds {t} values; got {a.dtype} ({a.ravel()[:3].tolist()!r}...)") from None
+        raise StoreError(
+            f"attribute {attr!r} holds {t} values; got {a.dtype} ({a.ravel()[:3].tolist()!r}...)"
+        ) from None
 
 
 def _vectors(vectors, n: int, dim: int, what: str = "vectors") -> np.ndarray:
@@ -281,7 +284,9 @@ class Store(ABC):
         metrics = (metric,) if metric else self.metrics[:1] if self.metric_per_namespace else self.metrics
         want = Layout(int(dim), dict(schema), metrics)
         old = self._create_namespace(ns, want, bool(ephemeral))
-        if old is not None and (old.dim != want.dim or old.schema != want.schema or not set(metrics) <= set(old.metrics)):
+        if old is not None and (
+            old.dim != want.dim or old.schema != want.schema or not set(metrics) <= set(old.metrics)
+        ):
             shown = {"dim": old.dim, "schema": old.schema, "metrics": list(old.metrics)}
             raise StoreError(f"namespace {ns!r} exists with another layout {shown}; drop it first")
 
@@ -406,7 +411,7 @@ class Store(ABC):
         by `puffergpt verify`)."""
         return None
 
-    def release(self, namespaces: Sequence[str]) -> None:
+    def release(self, namespaces: Sequence[str]) -> None:  # noqa: B027 - optional: nothing to release by default
         """Close what this process holds open of these namespaces (before another reads them)."""
 
     def read_isolated(self, target: str, payload: dict, namespaces: Sequence[str] = ()) -> Iterator[dict]:
@@ -420,5 +425,5 @@ class Store(ABC):
         """The CLI options that reach this same store, for messages that name a command."""
         return f"--backend {self.name}"
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 - optional: nothing to close by default
+        """Let go of connections, files and locks."""

@@ -42,12 +42,26 @@ from pathlib import Path
 import numpy as np
 import qdrant_edge as qe
 
-from puffergpt.stores.base import Filter, Hits, Layout, Query, ReaderDied, Store, StoreError, StoreHeld, check_name, resolve
+from puffergpt.stores.base import (
+    Filter,
+    Hits,
+    Layout,
+    ReaderDied,
+    Store,
+    StoreError,
+    StoreHeld,
+    check_name,
+    resolve,
+)
 
 _INDEX = {"int": qe.IntegerIndexParams(lookup=True, range=True), "float": qe.PayloadSchemaType.Float,
           "str": qe.PayloadSchemaType.Keyword}
 _DTYPES = {"int": np.int64, "float": np.float64, "str": object}
-_DISTANCES = {"inner_product": qe.Distance.Dot, "euclidean_squared": qe.Distance.Euclid, "cosine_distance": qe.Distance.Cosine}
+_DISTANCES = {
+    "inner_product": qe.Distance.Dot,
+    "euclidean_squared": qe.Distance.Euclid,
+    "cosine_distance": qe.Distance.Cosine,
+}
 _EXACT = qe.SearchParams(exact=True)
 # indexing_threshold 0: never build HNSW; prevent_unoptimized False: a written point is searchable at once.
 _OPTIMIZERS = qe.EdgeOptimizersConfig(indexing_threshold=0, prevent_unoptimized=False)
@@ -165,7 +179,9 @@ class EmbeddedStore(Store):
             for p in [] if borrowed else [*(self.root / "edge").glob(".*"), *(self.root / "tmp").iterdir()]:
                 shutil.rmtree(p, ignore_errors=True)
         except OSError as e:
-            raise StoreError(f"can't open the data directory {data_dir}: {e}. Choose another with --data DIR.") from None
+            raise StoreError(
+                f"can't open the data directory {data_dir}: {e}. Choose another with --data DIR."
+            ) from None
         self.lock = threading.RLock()  # the catalog and the metadata file
         self._ns: dict[str, _Namespace] = {}
         self._ephemeral: set[str] = set()
@@ -211,8 +227,10 @@ class EmbeddedStore(Store):
             n.shard = qe.EdgeShard.load(str(d / "shard"))
             self._rebuild(n)
         except Exception as e:
-            raise StoreError(f"the embedded store can't read namespace {ns!r} ({d}): {e}. "
-                             f"Drop it and load again (`puffergpt load --repair`), or restore the data directory") from None
+            raise StoreError(
+                f"the embedded store can't read namespace {ns!r} ({d}): {e}. "
+                f"Drop it and load again (`puffergpt load --repair`), or restore the data directory"
+            ) from None
         self._ns[ns] = n
         return n
 
@@ -221,12 +239,14 @@ class EmbeddedStore(Store):
         n.counts = {a: Counter() for a, t in n.schema.items() if t in ("int", "str")}
         offset = None
         while True:
-            recs, offset = n.shard.scroll(qe.ScrollRequest(offset=offset, limit=SCROLL, with_payload=True, with_vector=False))
+            recs, offset = n.shard.scroll(
+                qe.ScrollRequest(offset=offset, limit=SCROLL, with_payload=True, with_vector=False)
+            )
             if recs:
                 slots = np.fromiter((r.id for r in recs), np.int64, len(recs))
                 pays = [r.payload for r in recs]
                 ids = [p["id"] for p in pays]
-                n.slots.update(zip(ids, slots.tolist()))
+                n.slots.update(zip(ids, slots.tolist(), strict=True))
                 n.next = max(n.next, int(slots.max()) + 1)
                 n._grow(n.next)
                 n.record(slots, ids, {a: [p[a] for p in pays] for a in n.schema}, np.ones(len(recs), bool))
@@ -336,10 +356,15 @@ class EmbeddedStore(Store):
             raise _error(f"read from {ns!r}", e) from None
         got = {r.id: r.vector.get(n.fetch_vector) for r in recs}
         if None in got.values():  # its vector flagged deleted while the point lives: damaged files
-            raise StoreError(f"namespace {ns!r} has lost the vectors of {sum(v is None for v in got.values())} documents; "
-                             f"the store is damaged: run `puffergpt load --repair`")
+            raise StoreError(
+                f"namespace {ns!r} has lost the vectors of {sum(v is None for v in got.values())} documents; "
+                f"the store is damaged: run `puffergpt load --repair`"
+            )
         if len(got) != len(set(slots)):
-            raise StoreError(f"namespace {ns!r} lost documents its payload lists; the store is damaged: run `puffergpt load --repair`")
+            raise StoreError(
+                f"namespace {ns!r} lost documents its payload lists; "
+                "the store is damaged: run `puffergpt load --repair`"
+            )
         return {n.cols["id"][s]: np.asarray(v, np.float32) for s, v in got.items()}
 
     def _filter(self, n: _Namespace, f: Filter) -> qe.Filter | None:
@@ -359,7 +384,9 @@ class EmbeddedStore(Store):
                 return qe.Filter(should=[qe.FieldCondition(attr, range=qe.RangeFloat(gte=x, lte=x)) for x in vals])
             return qe.FieldCondition(attr, match=qe.MatchValue(vals[0]) if op == "=" else qe.MatchAny(vals))
         if t == "str":
-            raise StoreError(f"the embedded store can't compare the text attribute {attr!r} with {op!r}: use '=' or 'in'")
+            raise StoreError(
+                f"the embedded store can't compare the text attribute {attr!r} with {op!r}: use '=' or 'in'"
+            )
         bound = {"<": "lt", "<=": "lte", ">": "gt", ">=": "gte"}[op]
         return qe.FieldCondition(attr, range=qe.RangeFloat(**{bound: float(value)}))
 
@@ -380,7 +407,9 @@ class EmbeddedStore(Store):
     def _matching(n: _Namespace, f) -> np.ndarray:
         out, offset = [], None
         while True:
-            recs, offset = n.shard.scroll(qe.ScrollRequest(offset=offset, limit=SCROLL, filter=f, with_payload=False, with_vector=False))
+            recs, offset = n.shard.scroll(
+                qe.ScrollRequest(offset=offset, limit=SCROLL, filter=f, with_payload=False, with_vector=False)
+            )
             out.extend(r.id for r in recs)
             if offset is None:
                 return np.asarray(out, np.int64)
@@ -404,8 +433,16 @@ class EmbeddedStore(Store):
             # Every matching document: the limit is an upper bound on the matches, kept tight
             # because the engine allocates for it (a limit of 134k costs ~1 ms over one of 3k).
             limit = q.top_k if q.top_k is not None else n.bound(q.filter)
-            reqs.append(qe.QueryRequest(limit=max(int(limit), 1), query=qe.Query.Nearest(q.vector, using=metric), filter=filters[key],
-                                        with_payload=False, with_vector=False, params=_EXACT))
+            reqs.append(
+                qe.QueryRequest(
+                    limit=max(int(limit), 1),
+                    query=qe.Query.Nearest(q.vector, using=metric),
+                    filter=filters[key],
+                    with_payload=False,
+                    with_vector=False,
+                    params=_EXACT,
+                )
+            )
         try:
             results = n.shard.query_batch(qe.QueryBatchRequest(reqs)) if len(reqs) > 1 else [n.shard.query(reqs[0])]
         except Exception as e:
@@ -423,7 +460,9 @@ class EmbeddedStore(Store):
         try:
             return json.loads(p.read_text()) if p.exists() else {}
         except (OSError, ValueError) as e:
-            raise StoreError(f"can't read {p}: {e}. Move it away and load the models again (`puffergpt load`)") from None
+            raise StoreError(
+                f"can't read {p}: {e}. Move it away and load the models again (`puffergpt load`)"
+            ) from None
 
     def _put_meta(self, key, value):
         with self.lock:
@@ -490,8 +529,11 @@ class EmbeddedStore(Store):
         self.release(namespaces)
         import puffergpt
 
-        env = {**os.environ, "RUST_BACKTRACE": "0",
-               "PYTHONPATH": os.pathsep.join([str(Path(puffergpt.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+        env = {
+            **os.environ,
+            "RUST_BACKTRACE": "0",
+            "PYTHONPATH": os.pathsep.join([str(Path(puffergpt.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+        }
         req = json.dumps({"root": str(self.root), "target": target, "payload": payload})
         with subprocess.Popen([sys.executable, "-c", "from puffergpt.stores.embedded import _child; _child()"],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as p:

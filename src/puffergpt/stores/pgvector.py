@@ -44,8 +44,9 @@ import os
 import shlex
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
@@ -55,13 +56,15 @@ from puffergpt.stores.base import Filter, Hits, Layout, Query, Store, StoreError
 
 try:
     import psycopg
+    from pgvector.psycopg import register_vector
     from psycopg import errors as pgerrors
     from psycopg import sql
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
     from psycopg.types.json import Json
-    from pgvector.psycopg import register_vector
 except ImportError as e:  # pragma: no cover - the package's optional dependencies
-    raise StoreError(f"the pgvector backend needs psycopg 3 and pgvector ({e}): pip install 'psycopg[binary]' pgvector") from None
+    raise StoreError(
+        f"the pgvector backend needs psycopg 3 and pgvector ({e}): pip install 'psycopg[binary]' pgvector"
+    ) from None
 
 _SQL_TYPES = {"int": "bigint", "float": "double precision", "str": "text"}
 # metric -> (pgvector's operator over t.vector and q.v, smaller is closer; the metric's value from it)
@@ -125,7 +128,12 @@ def redact(dsn: str) -> str:
 
 
 def _where(dsn_parts: dict) -> str:
-    host = dsn_parts.get("host") or dsn_parts.get("hostaddr") or os.environ.get("PGHOST") or "localhost (the default socket)"
+    host = (
+        dsn_parts.get("host")
+        or dsn_parts.get("hostaddr")
+        or os.environ.get("PGHOST")
+        or "localhost (the default socket)"
+    )
     port = dsn_parts.get("port") or os.environ.get("PGPORT") or "5432"
     return f"{host} port {port}"
 
@@ -198,14 +206,24 @@ class PgvectorStore(Store):
             m = _msg(e)
             low = m.lower()
             user = self.parts.get("user") or os.environ.get("PGUSER") or "the default user"
-            if "password authentication failed" in low or "no password supplied" in low or "authentication failed" in low:
-                raise StoreError(f"PostgreSQL at {where} refused user {user}: authentication failed ({m}); "
-                                 f"{FIX_DSN} (or PGPASSWORD, ~/.pgpass)") from None
+            if (
+                "password authentication failed" in low
+                or "no password supplied" in low
+                or "authentication failed" in low
+            ):
+                raise StoreError(
+                    f"PostgreSQL at {where} refused user {user}: authentication failed ({m}); "
+                    f"{FIX_DSN} (or PGPASSWORD, ~/.pgpass)"
+                ) from None
             if "database" in low and "does not exist" in low:
-                raise StoreError(f"PostgreSQL at {where} has no such database ({m}): create it (createdb) or {FIX_DSN}") from None
+                raise StoreError(
+                    f"PostgreSQL at {where} has no such database ({m}): create it (createdb) or {FIX_DSN}"
+                ) from None
             if "role" in low and "does not exist" in low:
                 raise StoreError(f"PostgreSQL at {where} has no such role ({m}); {FIX_DSN}") from None
-            raise StoreError(f"can't reach PostgreSQL at {where} ({m}); {FIX_DSN}, and that the server is running") from None
+            raise StoreError(
+                f"can't reach PostgreSQL at {where} ({m}); {FIX_DSN}, and that the server is running"
+            ) from None
         try:
             self._prepare(conn, where)
         except BaseException:
@@ -224,24 +242,33 @@ class PgvectorStore(Store):
                     conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
                 except pgerrors.InsufficientPrivilege:
                     db = conn.info.dbname
-                    raise StoreError(f"pgvector is installed in the server at {where}, but not enabled in database {db!r}, "
-                                     f"and user {conn.info.user!r} may not enable it: ask its owner or a superuser to run "
-                                     f"`CREATE EXTENSION vector;` in {db!r}, or {FIX_DSN}") from None
+                    raise StoreError(
+                        f"pgvector is installed in the server at {where}, but not enabled in database {db!r}, "
+                        f"and user {conn.info.user!r} may not enable it: ask its owner or a superuser to run "
+                        f"`CREATE EXTENSION vector;` in {db!r}, or {FIX_DSN}"
+                    ) from None
                 except pgerrors.UniqueViolation:
                     pass  # another client enabled it at the same moment
                 except pgerrors.FeatureNotSupported as e:  # "extension is not available"
-                    raise StoreError(f"the PostgreSQL server at {where} does not have pgvector ({_msg(e)}): the 'vector' "
-                                     f"extension must be installed in that server, or {FIX_DSN}") from None
+                    raise StoreError(
+                        f"the PostgreSQL server at {where} does not have pgvector ({_msg(e)}): the 'vector' "
+                        f"extension must be installed in that server, or {FIX_DSN}"
+                    ) from None
             register_vector(conn)
-            for stmt in ("CREATE TABLE IF NOT EXISTS _namespaces (name text PRIMARY KEY, dim integer NOT NULL, schema json NOT NULL)",
-                         "CREATE TABLE IF NOT EXISTS _meta (key text PRIMARY KEY, value json NOT NULL)"):
+            for stmt in (
+                "CREATE TABLE IF NOT EXISTS _namespaces "
+                "(name text PRIMARY KEY, dim integer NOT NULL, schema json NOT NULL)",
+                "CREATE TABLE IF NOT EXISTS _meta (key text PRIMARY KEY, value json NOT NULL)",
+            ):
                 try:
                     conn.execute(stmt)
                 except pgerrors.UniqueViolation:
                     pass  # created by another client at the same moment
         except pgerrors.InsufficientPrivilege as e:
-            raise StoreError(f"user {conn.info.user!r} may not create tables in database {conn.info.dbname!r} at {where} "
-                             f"({_msg(e)}): grant it CREATE on the schema, or {FIX_DSN}") from None
+            raise StoreError(
+                f"user {conn.info.user!r} may not create tables in database {conn.info.dbname!r} at {where} "
+                f"({_msg(e)}): grant it CREATE on the schema, or {FIX_DSN}"
+            ) from None
         except psycopg.OperationalError as e:
             raise StoreError(f"the PostgreSQL server at {where} went away while connecting: {_msg(e)}; "
                              "run the command again once it is back") from None
@@ -303,7 +330,9 @@ class PgvectorStore(Store):
         if (old := self._layout(ns)) is not None:
             return old
         dim, schema = layout.dim, layout.schema
-        cols = sql.SQL("").join(sql.SQL(", {} {}").format(sql.Identifier(k), sql.SQL(_SQL_TYPES[t])) for k, t in schema.items())
+        cols = sql.SQL("").join(
+            sql.SQL(", {} {}").format(sql.Identifier(k), sql.SQL(_SQL_TYPES[t])) for k, t in schema.items()
+        )
         try:
             with self.conn.transaction():
                 # A text's keys need no crash safety: an UNLOGGED table skips the WAL.
@@ -343,14 +372,20 @@ class PgvectorStore(Store):
         sets = sql.SQL(", ").join(sql.SQL("{0} = EXCLUDED.{0}").format(sql.Identifier(c)) for c in ["vector", *names])
         conflict = sql.SQL("ON CONFLICT (id) DO UPDATE SET {}").format(sets)
         if len(ids) <= SMALL_BATCH:  # one statement, one round trip: the arrays unnested
-            types = sql.SQL(", ").join(sql.SQL("%b::{}[]").format(sql.SQL(t)) for t in ["text", "vector", *(_SQL_TYPES[schema[k]] for k in names)])
-            self._run(sql.SQL("INSERT INTO {} ({}) SELECT * FROM unnest({}) {}").format(_table(ns), cols, types, conflict), columns)
+            types = sql.SQL(", ").join(
+                sql.SQL("%b::{}[]").format(sql.SQL(t))
+                for t in ["text", "vector", *(_SQL_TYPES[schema[k]] for k in names)]
+            )
+            self._run(
+                sql.SQL("INSERT INTO {} ({}) SELECT * FROM unnest({}) {}").format(_table(ns), cols, types, conflict),
+                columns,
+            )
             return
         with self.conn.transaction():  # bulk: COPY into a temporary table, then one INSERT
             self._run(sql.SQL("CREATE TEMP TABLE _batch (LIKE {}) ON COMMIT DROP").format(_table(ns)))
             with self.conn.cursor().copy(sql.SQL("COPY _batch ({}) FROM STDIN (FORMAT BINARY)").format(cols)) as cp:
                 cp.set_types(["text", "vector", *(_SQL_TYPES[schema[k]] for k in names)])
-                for row in zip(*columns):
+                for row in zip(*columns, strict=True):
                     cp.write_row(row)
             self._run(sql.SQL("INSERT INTO {} ({}) SELECT {} FROM _batch {}").format(_table(ns), cols, cols, conflict))
 
@@ -382,12 +417,19 @@ class PgvectorStore(Store):
     @_locked
     def _delete(self, ns, layout, filter):
         params: list = []
-        self._run(sql.SQL("DELETE FROM {} t WHERE {}").format(_table(ns), self._where(filter, layout.schema, params)), params)
+        self._run(
+            sql.SQL("DELETE FROM {} t WHERE {}").format(_table(ns), self._where(filter, layout.schema, params)), params
+        )
 
     @_locked
     def _count(self, ns, layout, filter):
         params: list = []
-        return self._one(sql.SQL("SELECT count(*) FROM {} t WHERE {}").format(_table(ns), self._where(filter, layout.schema, params)), params)[0]
+        return self._one(
+            sql.SQL("SELECT count(*) FROM {} t WHERE {}").format(
+                _table(ns), self._where(filter, layout.schema, params)
+            ),
+            params,
+        )[0]
 
     @_locked
     def _search(self, ns, layout, queries, metric, include):
@@ -430,19 +472,37 @@ class PgvectorStore(Store):
             query = sql.SQL("SELECT q.qi, array_agg({})::{} AS d{} FROM {} JOIN {} t ON {} GROUP BY q.qi").format(
                 sql.SQL(expr), sql.SQL(agg), sel, rel, _table(ns), where)
             return _unnest_hits(self._run(query, params), index, include, types)
-        inner = sql.SQL("").join(sql.SQL(", {} AS {}").format(_col(a), sql.Identifier("a_" + a)) for a in include if a != "id")
-        sel = sql.SQL("").join(sql.SQL(", h.{}").format(sql.Identifier("id" if a == "id" else "a_" + a)) for a in include)
+        inner = sql.SQL("").join(
+            sql.SQL(", {} AS {}").format(_col(a), sql.Identifier("a_" + a)) for a in include if a != "id"
+        )
+        sel = sql.SQL("").join(
+            sql.SQL(", h.{}").format(sql.Identifier("id" if a == "id" else "a_" + a)) for a in include
+        )
         # each query's k best (one distance a row: the outer select turns it into the metric's value)
-        query = sql.SQL("SELECT q.qi, {} AS d{} FROM {} CROSS JOIN LATERAL "
-                        "(SELECT {} AS o, t.id{} FROM {} t WHERE {} ORDER BY o, t.id LIMIT {}) h "
-                        "ORDER BY q.qi, h.o, h.id").format(
-            sql.SQL(value.format("h.o")), sel, rel, sql.SQL(order), inner, _table(ns), where, sql.Literal(max(int(k), 0)))
+        query = sql.SQL(
+            "SELECT q.qi, {} AS d{} FROM {} CROSS JOIN LATERAL "
+            "(SELECT {} AS o, t.id{} FROM {} t WHERE {} ORDER BY o, t.id LIMIT {}) h "
+            "ORDER BY q.qi, h.o, h.id"
+        ).format(
+            sql.SQL(value.format("h.o")),
+            sel,
+            rel,
+            sql.SQL(order),
+            inner,
+            _table(ns),
+            where,
+            sql.Literal(max(int(k), 0)),
+        )
         rows = self._run(query, params)
         n = len(rows)
-        cols = list(zip(*rows)) if rows else [()] * (2 + len(include))
+        cols = list(zip(*rows, strict=True)) if rows else [()] * (2 + len(include))
         attrs = {}
         for j, a in enumerate(include):
-            attrs[a] = np.fromiter(cols[2 + j], _NP_TYPES[types[a]], n) if types[a] != "str" else np.array(cols[2 + j], dtype=object)
+            attrs[a] = (
+                np.fromiter(cols[2 + j], _NP_TYPES[types[a]], n)
+                if types[a] != "str"
+                else np.array(cols[2 + j], dtype=object)
+            )
         return Hits(index[np.fromiter(cols[0], np.int64, n)], np.fromiter(cols[1], np.float64, n), attrs)
 
     # --- metadata ---
@@ -489,7 +549,9 @@ def _unnest_hits(rows: list, index: np.ndarray, include: Sequence[str], types: d
     attrs = {}
     for j, a in enumerate(include):
         flat = [x for r in rows for x in r[2 + j]]
-        attrs[a] = np.array(flat, dtype=object) if types[a] == "str" else np.asarray(flat, _NP_TYPES[types[a]]).reshape(-1)
+        attrs[a] = (
+            np.array(flat, dtype=object) if types[a] == "str" else np.asarray(flat, _NP_TYPES[types[a]]).reshape(-1)
+        )
     return Hits(query, distance, attrs)
 
 
@@ -499,7 +561,9 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def open_pgvector(data_dir: Path | None = None, dsn: str | None = None, connect_timeout: int = CONNECT_TIMEOUT_S) -> PgvectorStore:
+def open_pgvector(
+    data_dir: Path | None = None, dsn: str | None = None, connect_timeout: int = CONNECT_TIMEOUT_S
+) -> PgvectorStore:
     """The pgvector backend's factory: the server at ``dsn``, or without one a local server
     under the data directory (pglocal), released when the store is closed."""
     if dsn:

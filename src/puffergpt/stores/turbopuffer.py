@@ -156,8 +156,13 @@ class TurbopufferStore(Store):
         self.region, self.prefix, self.max_retries = region, prefix, max_retries
         self.where = base_url or f"region {region!r}"
         try:  # with a base URL, a region (even from the environment) is an error in the client: drop it
-            self.client = turbopuffer.Turbopuffer(api_key=api_key, region=None if base_url else region, base_url=base_url,
-                                                  timeout=timeout, max_retries=max_retries)
+            self.client = turbopuffer.Turbopuffer(
+                api_key=api_key,
+                region=None if base_url else region,
+                base_url=base_url,
+                timeout=timeout,
+                max_retries=max_retries,
+            )
         except turbopuffer.TurbopufferError as e:
             raise StoreError(f"can't set up the turbopuffer client: {e}") from None
         self.unindexed_limit, self.index_poll_s = unindexed_limit, index_poll_s
@@ -171,7 +176,9 @@ class TurbopufferStore(Store):
     def _name(self, ns: str) -> str:
         full = self.prefix + check_name(ns)
         if len(full.encode()) > MAX_NAME_BYTES:
-            raise StoreError(f"namespace name {full!r} is over turbopuffer's {MAX_NAME_BYTES} bytes: use a shorter name or prefix")
+            raise StoreError(
+                f"namespace name {full!r} is over turbopuffer's {MAX_NAME_BYTES} bytes: use a shorter name or prefix"
+            )
         return full
 
     def _ns(self, ns: str):
@@ -183,7 +190,11 @@ class TurbopufferStore(Store):
     def _bill(self, billing) -> None:
         if billing is None:
             return
-        for k in ("billable_logical_bytes_written", "billable_logical_bytes_queried", "billable_logical_bytes_returned"):
+        for k in (
+            "billable_logical_bytes_written",
+            "billable_logical_bytes_queried",
+            "billable_logical_bytes_returned",
+        ):
             self.billed[k.removeprefix("billable_logical_bytes_")] += getattr(billing, k, 0) or 0
         self._bill(getattr(billing, "query", None))
 
@@ -207,7 +218,9 @@ class TurbopufferStore(Store):
     # --- metadata, kept as documents of one namespace with no vectors ---
     def _meta_id(self, key: str) -> str:
         if not isinstance(key, str) or not key or len(key.encode()) > MAX_ID_BYTES:
-            raise StoreError(f"metadata key {key!r} is over turbopuffer's {MAX_ID_BYTES}-byte id limit: use a shorter model name")
+            raise StoreError(
+                f"metadata key {key!r} is over turbopuffer's {MAX_ID_BYTES}-byte id limit: use a shorter model name"
+            )
         return key
 
     @_errors
@@ -240,7 +253,10 @@ class TurbopufferStore(Store):
         self._name(ns)
         room = MAX_ID_BYTES - len("namespace:")
         if len(ns.encode()) > room:  # its layout's id must fit turbopuffer's id limit
-            raise StoreError(f"namespace name {ns!r} is over {room} bytes, all that turbopuffer's {MAX_ID_BYTES}-byte ids leave for it")
+            raise StoreError(
+                f"namespace name {ns!r} is over {room} bytes, "
+                f"all that turbopuffer's {MAX_ID_BYTES}-byte ids leave for it"
+            )
         return f"namespace:{ns}"
 
     # --- namespaces ---
@@ -340,7 +356,10 @@ class TurbopufferStore(Store):
                 self._unindexed[ns] = left
                 return
             if time.monotonic() - shown > 10 * self.index_poll_s:
-                print(f"turbopuffer is indexing {self._name(ns)}: {left / 1e6:.1f} MB to go before the next write", file=sys.stderr)
+                print(
+                    f"turbopuffer is indexing {self._name(ns)}: {left / 1e6:.1f} MB to go before the next write",
+                    file=sys.stderr,
+                )
                 shown = time.monotonic()
             time.sleep(self.index_poll_s)
 
