@@ -120,6 +120,26 @@ def test_a_new_backend_writes_what_the_guide_lists():
         register("memory", "somewhere:Else")
 
 
+def test_the_base_splits_a_batch_at_max_queries(monkeypatch):
+    """A search of more queries than a backend takes reaches it in slices of max_queries,
+    and comes back numbered as one batch: the same hits as a single request."""
+    s = open_store("memory", dsn="postgresql://elsewhere", api_key=None)  # another backend's settings: not its own
+    a, _ = fill(s)
+    q = np.random.default_rng(8).standard_normal((7, 8)).astype(np.float32)
+    queries = [Query(v, (("matrix", "=", "a"), ("row", "<", 10 + i)), top_k=3) for i, v in enumerate(q)]
+    whole = s.search("m", queries, "inner_product", include=("row",))
+    sizes = []
+    real = MemoryStore._search
+    monkeypatch.setattr(MemoryStore, "_search", lambda self, *a: sizes.append(len(a[2])) or real(self, *a))
+    monkeypatch.setattr(s, "max_queries", 3)
+    split = s.search("m", queries, "inner_product", include=("row",))
+    assert sizes == [3, 3, 1]
+    np.testing.assert_array_equal(split.query, whole.query)
+    np.testing.assert_array_equal(split.attrs["row"], whole.attrs["row"])
+    for i, v in enumerate(q):  # each query's 3 best rows among those its own filter keeps
+        np.testing.assert_array_equal(split.attrs["row"][split.query == i], np.argsort(-(a[:10 + i] @ v))[:3])
+
+
 @pytest.fixture(params=list(BACKENDS))
 def store(request, tmp_path):
     options = {}
