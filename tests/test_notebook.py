@@ -542,3 +542,66 @@ def test_cli_reads_notebook_files_as_untrusted(tmp_path, evidence):
     with pytest.raises(NotebookError, match="symbolic link"):
         book.save("Elsewhere", "", [], evidence)
     assert [p.name for p in outside.iterdir()] == [f.name]  # nothing written through the link
+
+
+# --- insights from a conversation: no evidence ------------------------------------------
+
+WORDS = "Attention is a weighted average of values.\n\n```json\n{\"not\": \"evidence\"}\n```"
+
+
+def test_an_insight_without_evidence_saves_reads_lists_and_has_nothing_to_replay(tmp_path, evidence):
+    book = Notebook(tmp_path / "nb")
+    ins = book.save("From a chat", WORDS, ["attention"])
+    assert ins.evidence is None and ins.model is None and commits(book.path) == [ins.commit]
+    text = git(book.path, "show", f"{ins.commit}:{ins.path}")
+    assert text.startswith("---\nversion: 2\n") and "## Evidence" not in text and "model: null" in text
+    assert "No evidence: saved from a conversation." in git(book.path, "log", "-1", "--format=%B")
+    back = book.get(ins.id)  # the body's own ```json block is words, not evidence
+    assert (back.title, back.body, back.tags, back.evidence) == ("From a chat", WORDS, ["attention"], None)
+    assert back.commit == ins.commit
+    with_ev = book.save("From the page", "", [], evidence)  # written as format 1, as before
+    assert git(book.path, "show", f"HEAD:{with_ev.path}").startswith("---\nversion: 1\n")
+    listed = {i.id: i.summary() for i in book.list()}
+    assert listed[ins.id]["kind"] is None and listed[ins.id]["evidence"] is False and listed[with_ev.id]["evidence"]
+    assert [i.id for i in book.list(query="weighted AVERAGE")] == [ins.id]
+    r = nb.replay(back, candidates_at=None)  # nothing is recomputed
+    assert r == {"replayable": False, "matches": None, "reason": nb.NOTHING_TO_REPLAY}
+
+
+def test_an_unknown_format_is_refused_with_a_reason(tmp_path):
+    book = Notebook(tmp_path / "nb")
+    ins = book.save("t", "b", [])
+    path = book.path / ins.path
+    path.write_text(path.read_text().replace("version: 2", "version: 3"))
+    with pytest.raises(NotebookError, match="format 3; this puffergpt reads formats 1, 2: upgrade"):
+        book.get(ins.id)
+
+
+def test_http_saves_an_insight_without_evidence(client):
+    c, book = client
+    r = c.post("/api/insights", json={"title": "From a chat", "body": "words", "tags": ["x"]})
+    assert r.status_code == 201, r.text
+    saved = r.json()
+    assert saved["evidence"] is False and saved["kind"] is None and commits(book.path) == [saved["commit"]]
+    assert c.get(f"/api/insights/{saved['id']}").json()["evidence"] is None
+    assert [i["id"] for i in c.get("/api/insights").json()["insights"]] == [saved["id"]]
+    rep = c.post(f"/api/insights/{saved['id']}/replay")
+    assert rep.status_code == 200 and rep.json()["replayable"] is False and "nothing to replay" in rep.json()["reason"]
+    for body, status, words in [({"body": "b"}, 422, "title"), ({"title": " "}, 400, "the title is empty"),
+                                ({"title": "t", "evidence": {"kind": "token"}}, 400, "evidence  lacks model"),
+                                ({"title": "t", "tags": "one"}, 422, "list")]:
+        r = c.post("/api/insights", json=body)
+        assert r.status_code == status and words in r.text, (body, r.status_code, r.text)
+
+
+def test_cli_shows_and_replays_an_insight_without_evidence(tmp_path):
+    book = Notebook(tmp_path / "nb")
+    ins = book.save("From a chat", "words", [])
+    r = run("list", "--notebook", str(book.path))
+    assert r.exit_code == 0 and nb.NO_EVIDENCE in r.output
+    r = run("show", ins.id, "--notebook", str(book.path))
+    assert r.exit_code == 0 and "words" in r.output and nb.NO_EVIDENCE in r.output
+    r = run("replay", ins.id, "--notebook", str(book.path))
+    assert r.exit_code == 0 and r.output.strip() == f"{ins.id}: {nb.NOTHING_TO_REPLAY}"
+    r = run("replay", ins.id, "--json", "--notebook", str(book.path))
+    assert json.loads(r.output)["replayable"] is False

@@ -15,6 +15,11 @@ A notebook is a git repository on the user's disk. Each insight is one Markdown 
     {...}
     ```
 
+An insight from a conversation (an assistant over MCP, a custom GPT's action) has no
+evidence: its file is format 2, the front matter and the learner's words only (``model``
+and ``kind`` null), and ``replay`` says there is nothing to replay. A file with evidence is
+written as format 1 still, so an older puffergpt reads every insight that has evidence.
+
 The evidence is what the learner was looking at, so that the insight can be replayed
 (``replay``) and its scores re-checked. Its keys (checked by ``check_evidence``):
 
@@ -64,7 +69,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("puffergpt.notebook")
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest format written: 2 is an insight without evidence
+EVIDENCE_FORMAT = 1  # an insight with evidence is written in format 1, unchanged
+FORMATS = (1, 2)  # the formats this puffergpt reads
+NO_EVIDENCE = "no evidence (saved from a conversation)"
+NOTHING_TO_REPLAY = ("nothing to replay: this insight has no evidence (it was saved from a conversation, "
+                     "not from the playground), so there are no scores to recompute")
 INSIGHTS = "insights"  # the folder of insight files inside the notebook
 KINDS = ("token", "candidates", "attention", "lens", "analogy")
 TOLERANCE = 1e-3  # replayed scores must match the stored ones within this
@@ -125,13 +135,14 @@ class Insight:
     body: str
     tags: list[str]
     date: str  # ISO 8601, UTC
-    model: str
-    evidence: dict
+    model: str | None  # the evidence's model; None without evidence
+    evidence: dict | None  # None for an insight from a conversation
     commit: str | None = None  # the last commit that holds the file; None until committed
 
     def summary(self) -> dict:
         return {"id": self.id, "path": self.path, "title": self.title, "tags": self.tags, "date": self.date,
-                "model": self.model, "kind": self.evidence["kind"], "commit": self.commit}
+                "model": self.model, "kind": self.evidence["kind"] if self.evidence else None,
+                "evidence": self.evidence is not None, "commit": self.commit}
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -336,7 +347,7 @@ def render_evidence(ev: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-JSON_HEADING = f"### Evidence data (format {FORMAT_VERSION})"
+JSON_HEADING = f"### Evidence data (format {EVIDENCE_FORMAT})"
 
 
 def evidence_json(ev: dict) -> str:
@@ -356,9 +367,12 @@ def evidence_json(ev: dict) -> str:
 
 
 def render(ins: Insight) -> str:
-    front = {"version": FORMAT_VERSION, "id": ins.id, "title": ins.title, "date": ins.date, "model": ins.model,
-             "kind": ins.evidence["kind"], "tags": ins.tags}
+    ev = ins.evidence
+    front = {"version": EVIDENCE_FORMAT if ev else FORMAT_VERSION, "id": ins.id, "title": ins.title, "date": ins.date,
+             "model": ins.model, "kind": ev["kind"] if ev else None, "tags": ins.tags}
     yaml_text = yaml.safe_dump(front, allow_unicode=True, sort_keys=False, width=10**6)
+    if ev is None:  # format 2: the words only
+        return f"---\n{yaml_text}---\n\n{ins.body}\n" if ins.body else f"---\n{yaml_text}---\n"
     data = evidence_json(ins.evidence)
     body = ins.body + "\n\n" if ins.body else ""
     return f"---\n{yaml_text}---\n\n{body}{render_evidence(ins.evidence)}\n{JSON_HEADING}\n\n```json\n{data}\n```\n"
@@ -378,12 +392,18 @@ def parse(text: str, path: str) -> Insight:
         raise NotebookError(f"{path}: the front matter is not YAML ({e})") from None
     if not isinstance(front, dict) or not {"id", "title", "date", "model", "tags", "version"} <= set(front):
         raise NotebookError(f"{path}: the front matter lacks id, title, date, model, tags or version")
-    if bad := [k for k in ("id", "title", "date", "model") if not _scalar(front[k])] + \
+    if front["version"] not in FORMATS:
+        raise NotebookError(f"{path}: format {front['version']!r}; this puffergpt reads formats "
+                            f"{', '.join(map(str, FORMATS))}: upgrade puffergpt")
+    no_evidence = front["version"] == 2
+    needed = ("id", "title", "date") if no_evidence else ("id", "title", "date", "model")
+    if bad := [k for k in needed if not _scalar(front[k])] + \
             ([] if front["tags"] is None or isinstance(front["tags"], list) and all(map(_scalar, front["tags"])) else ["tags"]):
         # a list or a mapping (YAML aliases can nest one a billion strings deep) is not what a save writes
         raise NotebookError(f"{path}: the front matter's {', '.join(bad)} must be text (tags a list of words)")
-    if front["version"] != FORMAT_VERSION:
-        raise NotebookError(f"{path}: format {front['version']!r}; this puffergpt reads format {FORMAT_VERSION}: upgrade puffergpt")
+    if no_evidence:  # the rest is the learner's words, whatever they hold (a ```json block too)
+        return Insight(id=str(front["id"]), path=path, title=str(front["title"]), body=text[end + 5:].strip("\n"),
+                       tags=[str(t) for t in front["tags"] or []], date=str(front["date"]), model=None, evidence=None)
     # The JSON block is the last fenced block: JSON lines never start with a fence.
     start = text.rfind("\n```json\n")
     stop = text.rfind("\n```")
@@ -482,13 +502,14 @@ class Notebook:
 
     # --- insights ---
 
-    def save(self, title: str, body: str, tags: Sequence[str] | None, evidence: dict) -> Insight:
+    def save(self, title: str, body: str, tags: Sequence[str] | None, evidence: dict | None = None) -> Insight:
         """Write one insight file and commit it (with any earlier uncommitted ones). On a
-        git failure the file stays and GitError says where; the next save commits it."""
+        git failure the file stays and GitError says where; the next save commits it.
+        ``evidence`` None is an insight from a conversation: the words only."""
+        ev = None if evidence is None else check_evidence(evidence)
         ins = Insight(id="", path="", title=check_title(title), body=check_body(body), tags=check_tags(tags),
                       date=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
-                      model="", evidence=check_evidence(evidence))
-        ins.model = ins.evidence["model"]
+                      model=ev["model"] if ev else None, evidence=ev)
         with self.lock:
             self._write(ins)
             earlier = [f for f in self._pending_or_empty() if f != ins.path]
@@ -625,7 +646,8 @@ class Notebook:
         ev = ins.evidence
         lines = [f"Insight: {ins.title}", "",
                  f"{ev['kind']} evidence from {ev['model']} at position {ev['position']} "
-                 f"(token {ev['token_id']}, {len(ev['candidates'])} candidates)."]
+                 f"(token {ev['token_id']}, {len(ev['candidates'])} candidates)." if ev
+                 else "No evidence: saved from a conversation."]
         if ins.tags:
             lines.append(f"Tags: {', '.join(ins.tags)}")
         lines.append(f"File: {ins.path}")
@@ -726,7 +748,10 @@ class Notebook:
 def replay(insight: Insight | dict, candidates_at: CandidatesAt, tolerance: float = TOLERANCE, model: str | None = None) -> dict:
     """Recompute the stored candidates with ``candidates_at`` and compare them: the same
     ids in the same order, and each token's logit within ``tolerance`` of the stored one.
-    ``model``, when given, is the model candidates_at runs; another model is an error."""
+    ``model``, when given, is the model candidates_at runs; another model is an error.
+    An insight without evidence replays to ``{"replayable": False, "matches": None, "reason"}``."""
+    if isinstance(insight, Insight) and insight.evidence is None:
+        return {"replayable": False, "matches": None, "reason": NOTHING_TO_REPLAY}
     ev = insight.evidence if isinstance(insight, Insight) else check_evidence(insight)
     if model is not None and model != ev["model"]:
         raise InvalidInsight(f"this insight was saved from model {ev['model']!r}, not {model!r}: replay it with that model")
@@ -745,7 +770,7 @@ def replay(insight: Insight | dict, candidates_at: CandidatesAt, tolerance: floa
     same_ids = [c["token_id"] for c in stored] == [c["token_id"] for c in now]
     missing = sum(c["token_id"] not in by_id for c in stored)
     max_diff = float(np.max(diffs)) if diffs else None
-    return {"matches": same_ids and max_diff is not None and max_diff <= tolerance, "same_ids": same_ids,
+    return {"replayable": True, "matches": same_ids and max_diff is not None and max_diff <= tolerance, "same_ids": same_ids,
             "max_abs_diff": max_diff, "tolerance": tolerance, "missing": missing,
             "first_differences": first, "now": now}
 

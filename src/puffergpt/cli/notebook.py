@@ -43,7 +43,8 @@ def list_(query, tag, as_json, notebook_path, data_dir) -> None:
         else:
             tags = f"  [{', '.join(ins.tags)}]" if ins.tags else ""
             commit = ins.commit[:10] if ins.commit else "not committed"
-            click.echo(nb._shown(f"{ins.id}  {ins.date[:10]}  {ins.title}{tags}  ({ins.model}, {commit})"))
+            source = ins.model or nb.NO_EVIDENCE
+            click.echo(nb._shown(f"{ins.id}  {ins.date[:10]}  {ins.title}{tags}  ({source}, {commit})"))
     if not found and not as_json:
         click.echo("no insights" + (" match" if query or tag else " yet"), err=True)
 
@@ -59,9 +60,10 @@ def show(insight_id, as_json, notebook_path, data_dir) -> None:
     if as_json:
         click.echo(json.dumps(ins.to_json(), ensure_ascii=False))
         return
-    head = [ins.title, f"{ins.date}  model {ins.model}  tags: {', '.join(ins.tags) or '-'}",
+    head = [ins.title, f"{ins.date}  model {ins.model or '-'}  tags: {', '.join(ins.tags) or '-'}",
             f"{ins.path}  ({'commit ' + ins.commit if ins.commit else 'not committed yet'})", ""]
-    click.echo(nb._shown("\n".join(head) + (ins.body + "\n\n" if ins.body else "") + nb.render_evidence(ins.evidence)))
+    click.echo(nb._shown("\n".join(head) + (ins.body + "\n\n" if ins.body else "")
+                       + (nb.render_evidence(ins.evidence) if ins.evidence else nb.NO_EVIDENCE + "\n")))
 
 
 @notebook.command()
@@ -76,6 +78,10 @@ def replay(insight_id, model, engine, backend, dsn, as_json, notebook_path, data
     """Recompute an insight's candidates and check they still match (exit 1 if not)."""
     with clear_errors():
         ins = open_notebook(notebook_path, data_dir).get(insight_id)
+        if ins.evidence is None:  # a clear answer, not a failure: exit 0
+            r = nb.replay(ins, None)
+            click.echo(json.dumps({"id": ins.id, **r}) if as_json else f"{ins.id}: {r['reason']}")
+            return
         with open_model(engine, model or ins.model, backend, data_dir, dsn) as opened:
             r = nb.replay(ins, nb.candidates_from_products(opened.products))
     if as_json:

@@ -24,7 +24,8 @@ class InsightBody(Strict):
     title: str = Field(..., min_length=1, max_length=nb.MAX_TITLE_CHARS)
     body: str = Field("", max_length=nb.MAX_BODY_CHARS)
     tags: list[Tag] = Field(default_factory=list, max_length=nb.MAX_TAGS)
-    evidence: dict[str, Any]  # its shape is checked by the notebook (check_evidence), which names the problem
+    # None: an insight from a conversation; else checked by the notebook (check_evidence), which names the problem
+    evidence: dict[str, Any] | None = None
 
 
 @contextlib.contextmanager
@@ -102,7 +103,8 @@ def replay(insight_id: str, b: BookDep) -> dict:
             raise
         except ValueError as e:  # the engine refused the prompt (context, vocabulary)
             raise nb.InvalidInsight(f"the model could not replay this insight: {e}") from None
-    return {"id": ins.id, "model": ins.model, "position": ins.evidence["position"], **result}
+    position = ins.evidence["position"] if ins.evidence else None  # None: nothing to replay (the result says so)
+    return {"id": ins.id, "model": ins.model, "position": position, **result}
 
 
 def notebook_router(notebook: Notebook, candidates_at: CandidatesAt, model: str | None = None) -> APIRouter:

@@ -68,7 +68,7 @@ async function evidenceTexts(ev, ask) {
 
 // --- the list ----------------------------------------------------------------------
 
-const meta = (i) => [i.date.slice(0, 16).replace("T", " "), i.kind, i.model, ...(i.tags || []).map((t) => "#" + t)].join(" · ");
+const meta = (i) => [i.date.slice(0, 16).replace("T", " "), i.kind || "conversation", i.model || "no evidence", ...(i.tags || []).map((t) => "#" + t)].join(" · ");
 
 function item(i) {
   return h("li", { class: "nb-item", dataset: { id: i.id } },
@@ -103,6 +103,7 @@ async function openInsight(id) {
   let ins;
   try { ins = await api("GET", path(id)); } catch (e) { box.replaceChildren(h("p", { class: "emb-error", role: "alert", text: e.message })); return; }
   const ev = ins.evidence;
+  if (!ev) { showWords(box, ins); return; }
   const evidence = h("pre", { class: "insight-evidence nb-evidence", text: readable(ev, await evidenceTexts(ev, false)) });
   const out = h("div", { class: "nb-result", role: "status" });
   const replayButton = h("button", { type: "button", class: "nb-replay", onclick: () => replay(ins, out, replayButton) }, "Replay");
@@ -117,6 +118,17 @@ async function openInsight(id) {
   box.dataset.id = ins.id;
   const texts = await evidenceTexts(ev, true);
   if (box.dataset.id === ins.id) evidence.textContent = readable(ev, texts);
+}
+
+// An insight saved from a conversation: its words, and plainly no evidence to replay.
+function showWords(box, ins) {
+  box.replaceChildren(
+    h("h3", { class: "nb-detail-title", text: ins.title }),
+    h("p", { class: "nb-meta", text: meta({ ...ins, kind: null, model: null }) }),
+    h("p", { class: "nb-file" }, "File ", h("code", { text: ins.path }), ", commit ", h("code", { text: ins.commit ? ins.commit.slice(0, 12) : "not committed yet" })),
+    ins.body ? h("p", { class: "nb-body", text: ins.body }) : h("p", { class: "placeholder", text: "(no words)" }),
+    h("h4", { text: "Evidence" }), h("p", { class: "placeholder nb-no-evidence", text: "no evidence (saved from a conversation): nothing to replay" }));
+  box.dataset.id = ins.id;
 }
 
 const sci = (x) => (x === null || x === undefined ? "–" : x === 0 ? "0" : x.toExponential(2));
