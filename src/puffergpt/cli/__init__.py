@@ -9,13 +9,14 @@ application layer and renders what comes back.
     serving.py    serve: the playground and the HTTP API
     benchmark.py  bench: the engines timed side by side
     notebook.py   notebook list|show|replay|push
+    mcp.py        mcp: the tools for an assistant, over the Model Context Protocol
 """
 
 from __future__ import annotations
 
 import click
 
-from puffergpt.cli import ask, benchmark, notebook, serving, weights
+from puffergpt.cli import ask, benchmark, mcp, notebook, serving, weights
 from puffergpt.cli.serving import serve
 
 __all__ = ["main", "serve"]
@@ -28,5 +29,5 @@ def main() -> None:
 
 
 for command in (weights.make_model, weights.load, weights.verify, ask.generate, ask.analogy, serving.serve,
-                benchmark.bench, notebook.notebook):
+                benchmark.bench, notebook.notebook, mcp.mcp):
     main.add_command(command)

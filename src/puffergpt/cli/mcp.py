@@ -1,0 +1,75 @@
+"""``puffergpt mcp``: the Model Context Protocol server over stdio, for an assistant
+(Claude Desktop, Cursor, any MCP client) to generate, look inside, and save insights.
+
+Either the model opened here (``--data``/``--model``/``--backend``, as ``serve``) with the
+notebook at ``--notebook`` (default DATA/notebook), or ``--server URL``: a running
+``puffergpt serve``, which holds the store and the notebook. Stdout carries the protocol
+only; every message goes to stderr."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+
+import click
+
+from puffergpt.cli.options import (
+    MODEL_HELP,
+    backend_option,
+    clear_errors,
+    data_option,
+    fail,
+    notebook_dir,
+    notebook_option,
+    open_model,
+    resolve_model,
+)
+
+
+@click.command("mcp")
+@click.option("--server", "server_url", default=None, metavar="URL",
+              help="a running `puffergpt serve` (http://127.0.0.1:8000), which holds the store and the notebook")
+@click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
+@backend_option
+@data_option
+@notebook_option
+def mcp(server_url, model, backend, dsn, data_dir, notebook_path) -> None:
+    """Serve the tools generate, inspect, save_insight, list_insights and replay_insight over MCP (stdio)."""
+    from puffergpt import mcp_server
+
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="puffergpt mcp: %(message)s")
+    if server_url is not None:
+        # --data and --dsn may come from the environment: they are left unused, not refused
+        given = [o for o, v in (("--model", model), ("--notebook", notebook_path)) if v is not None] + \
+            (["--backend"] if backend != "embedded" else [])
+        if given:
+            fail(f"--server talks to a running `puffergpt serve`, which holds the model, the store and the notebook: "
+                 f"leave out {', '.join(given)} (give them to serve), or leave out --server")
+        if not server_url.startswith(("http://", "https://")):
+            fail(f"--server must be an http:// or https:// URL, got {server_url!r}")
+        backend_ = mcp_server.Remote(server_url)
+    else:
+        backend_ = open_local(model, backend, dsn, data_dir, notebook_path)
+    try:
+        mcp_server.make_server(backend_).run("stdio")
+    finally:
+        backend_.close()
+
+
+def open_local(model, backend, dsn, data_dir, notebook_path):
+    """The model on its store and the notebook, as ``serve`` opens them; anything printed
+    while loading goes to stderr, never into the protocol."""
+    from puffergpt import mcp_server
+    from puffergpt import notebook as nb
+
+    with contextlib.redirect_stdout(sys.stderr), clear_errors():
+        model, _ = resolve_model(model)
+        opened = open_model("search", model, backend, data_dir, dsn)
+        try:
+            book = nb.Notebook(notebook_dir(notebook_path, data_dir))
+        except nb.NotebookError as e:
+            opened.close()
+            fail(f"{e} (choose another with --notebook DIR)")
+    click.echo(f"puffergpt mcp: {model} on {backend}; notebook {book.path}; speaking MCP on stdio", err=True)
+    return mcp_server.Local(opened, book)

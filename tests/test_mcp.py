@@ -1,0 +1,159 @@
+"""``puffergpt mcp`` driven by the official MCP SDK's client over stdio, as an assistant
+would: the tools listed, a greedy generation checked against the numpy reference, a look
+inside, insights saved (each one git commit) and replayed; the same through a running
+``serve`` (``--server URL``)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import anyio
+import numpy as np
+import uvicorn
+from mcp.client import Client
+from mcp.client.stdio import StdioServerParameters
+
+from puffergpt import notebook as nb
+from puffergpt import tokenizer
+from puffergpt.engine import Engine
+from puffergpt.reference import Reference
+from puffergpt.server import ServerConfig, create_app
+from puffergpt.server.bodies import MAX_NEW_TOKENS
+
+PROMPT = "The cat sat on the"
+N = 5
+TOOLS = {"generate", "inspect", "save_insight", "list_insights", "replay_insight"}
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+def mcp_session(args: list[str], script) -> dict:
+    """Start ``puffergpt mcp ARGS`` through the SDK's stdio client, run ``script(client)`` on it."""
+    params = StdioServerParameters(command=sys.executable, args=["-m", "puffergpt.cli", "mcp", *args])
+
+    async def main():
+        async with Client(params) as client:
+            return await script(client)
+
+    return anyio.run(main)
+
+
+async def call(client, tool: str, **arguments) -> dict:
+    r = await client.call_tool(tool, arguments)
+    assert not r.is_error, (tool, r.content)
+    return r.structured_content
+
+
+async def error(client, tool: str, **arguments) -> str:
+    r = await client.call_tool(tool, arguments)
+    assert r.is_error, (tool, r.structured_content)
+    return " ".join(c.text for c in r.content)
+
+
+def reference_greedy(ckpt, ids: list[int], n: int) -> list[int]:
+    out = Reference(ckpt).greedy(ids, n)
+    return out[:out.index(tokenizer.EOT) + 1] if tokenizer.EOT in out else out  # generation stops after it
+
+
+async def tour(client, ckpt, model: str) -> dict:
+    """Every tool once, checked; returns what the caller checks against its notebook."""
+    assert {t.name for t in (await client.list_tools()).tools} >= TOOLS
+    ids = tokenizer.encode(PROMPT)
+    g = await call(client, "generate", prompt=PROMPT, max_tokens=N, temperature=0, candidates=5)
+    want = reference_greedy(ckpt, ids, N)
+    assert g["tokens"] == want and g["text"] == tokenizer.decode(want) and g["prompt_ids"] == ids
+    ref = Reference(ckpt).logits(ids + want[:-1])  # (T, V): the logits each step chose from
+    diffs = []
+    for step in g["steps"]:
+        row = ref[step["position"] - 1]
+        best = np.argsort(-row)[:5]
+        assert [c["token_id"] for c in step["candidates"]] == best.tolist()
+        diffs += [abs(c["logit"] - row[c["token_id"]]) for c in step["candidates"]]
+    assert max(diffs) < 1e-3, f"candidates' logits differ from numpy's by up to {max(diffs):.3g}"
+
+    p = g["steps"][0]["position"]
+    got = await call(client, "inspect", text_id=g["text_id"], position=p, lens_k=3)
+    att = np.array(got["attention"])  # (n_layer, n_head, p)
+    assert att.shape == (ckpt.config.n_layer, ckpt.config.n_head, p)
+    assert np.abs(att.sum(-1) - 1).max() < 1e-4  # each head's weights are a softmax over 0..p-1
+    assert got["final_top1"]["token_id"] == want[0] and len(got["lens"]) >= ckpt.config.n_layer
+    assert got["searches"] > 0 and "attribution" in got
+
+    assert "less than or equal to 512" in await error(client, "generate", prompt=PROMPT, max_tokens=MAX_NEW_TOKENS + 1)
+    assert "no open text 'nope'" in await error(client, "inspect", text_id="nope", position=1)
+    assert "the title is empty" in await error(client, "save_insight", title="   ")
+
+    chat = await call(client, "save_insight", title="Greedy is argmax", body="At temperature 0 the best logit wins.",
+                      tags=["sampling"])
+    first = g["steps"][0]
+    evidence = {"kind": "candidates", "model": model, "prompt_ids": ids + want, "position": p, "token_id": want[0],
+                "sampling": {"temperature": 0.0, "top_k": 40, "seed": None},
+                "candidates": [{"token_id": c["token_id"], "logit": c["logit"]} for c in first["candidates"]]}
+    page = await call(client, "save_insight", title="The first step", body="", tags=[], evidence=evidence)
+    listed = (await call(client, "list_insights"))["insights"]
+    assert {i["id"] for i in listed} == {page["id"], chat["id"]}  # saved in the same second: either order
+    assert [i["id"] for i in (await call(client, "list_insights", query="ARGMAX"))["insights"]] == [chat["id"]]
+    nothing = await call(client, "replay_insight", insight_id=chat["id"])
+    assert nothing["replayable"] is False and nothing["reason"] == nb.NOTHING_TO_REPLAY
+    replayed = await call(client, "replay_insight", insight_id=page["id"])
+    assert replayed["matches"] and replayed["max_abs_diff"] <= nb.TOLERANCE
+    assert "no insight 'nope'" in await error(client, "replay_insight", insight_id="nope")
+    return {"chat": chat, "page": page}
+
+
+def check_commits(book: Path, saved: dict) -> None:
+    """Each save is one commit holding its file."""
+    assert git(book, "rev-list", "--count", "HEAD").strip() == "2"
+    for s in saved.values():
+        assert git(book, "show", "--format=", "--name-only", s["commit"]).split() == [s["path"]]
+    assert (book / saved["chat"]["path"]).read_text().startswith("---\nversion: 2\n")
+
+
+def test_mcp_over_stdio_with_its_own_store(tmp_path, tiny, tiny_dir):
+    book = tmp_path / "notebook"
+    args = ["--data", str(tmp_path / "data"), "--model", str(tiny_dir), "--notebook", str(book)]
+    saved = mcp_session(args, lambda c: tour(c, tiny, str(tiny_dir)))
+    check_commits(book, saved)
+    assert saved["chat"]["file"] == str(book / saved["chat"]["path"])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_mcp_through_a_running_server(tmp_path, tiny, loaded):
+    store, key = loaded(tiny)
+    book = nb.Notebook(tmp_path / "notebook")
+    engine = Engine(store, tiny.name, key)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, ServerConfig(), notebook=book), host="127.0.0.1",
+                                           port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(200):
+            if server.started:
+                break
+            time.sleep(0.05)
+        assert server.started, "uvicorn did not start"
+        saved = mcp_session(["--server", f"http://127.0.0.1:{port}"], lambda c: tour(c, tiny, engine.model))
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    check_commits(book.path, saved)
+
+
+def test_mcp_refuses_server_with_a_model_of_its_own():
+    cmd = [sys.executable, "-m", "puffergpt.cli", "mcp", "--server", "http://127.0.0.1:1", "--model", "demo"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert r.returncode != 0 and r.stdout == "" and "leave out --model" in r.stderr
+    assert "Traceback" not in r.stderr  # one clear line
