@@ -377,8 +377,6 @@ class Store(ABC):
             value = json.loads(json.dumps(value))
         except (TypeError, ValueError) as e:
             raise StoreError(f"metadata {key!r} is not JSON: {e}") from None
-        if not isinstance(value, dict):
-            raise StoreError(f"metadata {key!r} must be a JSON object, not {type(value).__name__}")
         self._put_meta(key, value)
 
     @_serial
