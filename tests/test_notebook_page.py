@@ -313,3 +313,20 @@ def text_of_ids(url, ids):
     t = httpx.post(f"{url}/api/texts", json={"prompt_ids": ids}).json()
     httpx.delete(f"{url}/api/texts/{t['id']}")
     return "".join(x["text"] for x in t["tokens"])
+
+
+def test_an_insight_from_a_conversation_shows_no_evidence_and_no_replay(page, served):
+    url, book, _ = served
+    r = httpx.post(f"{url}/api/insights", json={"title": "From a chat <b>x</b>", "body": "Words only.", "tags": ["chat"]})
+    assert r.status_code == 201, r.text
+    p = page.page
+    p.fill("#nb-tag", "chat")
+    p.click("#nb-find")
+    item = p.locator(f'#nb-list .nb-item[data-id="{r.json()["id"]}"]')
+    expect(item.locator(".nb-meta")).to_contain_text("conversation · no evidence")
+    item.locator(".nb-open").click()
+    detail = p.locator("#nb-detail")
+    expect(detail.locator(".nb-detail-title")).to_have_text("From a chat <b>x</b>")
+    expect(detail.locator(".nb-body")).to_have_text("Words only.")
+    expect(detail.locator(".nb-no-evidence")).to_have_text("no evidence (saved from a conversation): nothing to replay")
+    expect(detail.locator(".nb-replay")).to_have_count(0)
