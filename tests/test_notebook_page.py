@@ -317,7 +317,8 @@ def text_of_ids(url, ids):
 
 def test_an_insight_from_a_conversation_shows_no_evidence_and_no_replay(page, served):
     url, book, _ = served
-    r = httpx.post(f"{url}/api/insights", json={"title": "From a chat <b>x</b>", "body": "Words only.", "tags": ["chat"]})
+    saved = {"title": "From a chat <b>x</b>", "body": "Words only.", "tags": ["chat"]}  # no evidence
+    r = httpx.post(f"{url}/api/insights", json=saved)
     assert r.status_code == 201, r.text
     p = page.page
     p.fill("#nb-tag", "chat")
