@@ -8,13 +8,12 @@ import json
 import numpy as np
 import pytest
 
+from helpers import assert_close, products_for
 from puffergpt import attribution, completion, inside, tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import NumpyProducts
 from puffergpt.sampling import Sampling
 from puffergpt.text import Text
-
-from helpers import assert_close, products_for
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")
 transformers = pytest.importorskip("transformers")
@@ -33,9 +32,11 @@ def hf_parts(m, ids, c):
     got = {"z": {}, "mlp": {}, "act": {}}
     hooks = []
     for l, block in enumerate(m.transformer.h):
-        hooks.append(block.attn.c_proj.register_forward_pre_hook(lambda mod, a, l=l: got["z"].__setitem__(l, a[0][0, -1])))
+        hooks.append(block.attn.c_proj.register_forward_pre_hook(
+            lambda mod, a, l=l: got["z"].__setitem__(l, a[0][0, -1])))
         hooks.append(block.mlp.register_forward_hook(lambda mod, a, out, l=l: got["mlp"].__setitem__(l, out[0, -1])))
-        hooks.append(block.mlp.act.register_forward_hook(lambda mod, a, out, l=l: got["act"].__setitem__(l, out[0, -1])))
+        hooks.append(block.mlp.act.register_forward_hook(
+            lambda mod, a, out, l=l: got["act"].__setitem__(l, out[0, -1])))
     hooks.append(m.transformer.ln_f.register_forward_pre_hook(lambda mod, a: got.__setitem__("x", a[0][0, -1])))
     try:
         with torch.no_grad():
@@ -43,12 +44,18 @@ def hf_parts(m, ids, c):
     finally:
         for h in hooks:
             h.remove()
-    f64 = lambda t: t.detach().double().numpy()
+
+    def f64(t):
+        return t.detach().double().numpy()
+
     ln_f = m.transformer.ln_f
     x, g, b = f64(got["x"]), f64(ln_f.weight), f64(ln_f.bias)
     w = f64(m.transformer.wte.weight[c])
     s = np.sqrt(x.var() + ln_f.eps)
-    value = lambda p: float(((p - p.mean()) / s * g) @ w)
+
+    def value(p):
+        return float(((p - p.mean()) / s * g) @ w)
+
     parts = {"embed": value(f64(out.hidden_states[0][0, -1]))}
     for l, block in enumerate(m.transformer.h):
         W, bias = f64(block.attn.c_proj.weight), f64(block.attn.c_proj.bias)  # Conv1D: (in, out)
@@ -88,7 +95,8 @@ def check(name, m, ckpt, ids, got: dict) -> dict:
             assert len(n["promotes"]) >= 5
             scores = wte @ c_proj[l][n["neuron"]]  # (V,)
             want_ids = np.argsort(-scores, kind="stable")[: len(n["promotes"])]
-            assert [t["token_id"] for t in n["promotes"]] == list(want_ids), f"{name}: layer {l} neuron {n['neuron']} promotes"
+            assert [t["token_id"] for t in n["promotes"]] == list(want_ids), \
+                f"{name}: layer {l} neuron {n['neuron']} promotes"
             d_score = max(d_score, max(abs(t["score"] - scores[t["token_id"]]) for t in n["promotes"]))
     diffs |= {"activation": d_act, "promote score": d_score}
     print(f"{name}: max differences {', '.join(f'{k} {v:.2e}' for k, v in diffs.items())}")
@@ -105,7 +113,8 @@ def test_generate_explains_each_token_as_transformers(request, hf, loaded, kind,
     m = hf(ckpt)
     for prompt in PROMPTS:
         ids = tokenizer.encode(prompt)
-        steps = list(completion.complete(products_for(kind, loaded, ckpt), ids, 2, Sampling(0, 40), inspect=5, explain=True))
+        steps = list(completion.complete(products_for(kind, loaded, ckpt), ids, 2, Sampling(0, 40), inspect=5,
+                                         explain=True))
         for i, step in enumerate(steps):
             upto = ids + [s.token_id for s in steps[:i]]
             assert step.inspect["attribution"]["token_id"] == step.token_id
@@ -153,13 +162,20 @@ def test_numpy_and_search_make_the_same_requests_and_numbers(loaded, tiny):
     ids = tokenizer.encode(PROMPTS[1])
     runs = {}
     for kind in ("numpy", "search"):
-        step = list(completion.complete(products_for(kind, loaded, tiny), ids, 1, Sampling(0, 40), inspect=5, explain=True))[0]
+        step = list(completion.complete(products_for(kind, loaded, tiny), ids, 1, Sampling(0, 40), inspect=5,
+                                        explain=True))[0]
         runs[kind] = step.inspect
     a, b = runs["numpy"]["attribution"], runs["search"]["attribution"]
     assert_close("numpy vs search parts", [p["value"] for p in a["parts"]], [p["value"] for p in b["parts"]], 1e-4)
-    ids_of = lambda got: [[(n["neuron"], [t["token_id"] for t in n["promotes"]]) for n in l] for l in got["neurons"]]
+
+    def ids_of(got):
+        return [[(n["neuron"], [t["token_id"] for t in n["promotes"]]) for n in l] for l in got["neurons"]]
+
     assert ids_of(runs["numpy"]) == ids_of(runs["search"])
-    acts = lambda got: [n["activation"] for l in got["neurons"] for n in l]
+
+    def acts(got):
+        return [n["activation"] for l in got["neurons"] for n in l]
+
     assert_close("numpy vs search activations", acts(runs["numpy"]), acts(runs["search"]), 1e-4)
 
 
@@ -197,17 +213,20 @@ def test_the_inspect_route_gives_the_page_its_shape(loaded, hf, demo):
             v = client.get(f"/api/texts/{t['id']}/steps/{p}/inspect", params={"lens_k": 5}).json()
             assert {"decided_layer", "final_top1", "attribution", "neurons", "lens", "attention", "requests"} <= set(v)
             a = v["attribution"]
-            assert a["token_id"] == v["predicts_token"]["token_id"] and a["token"]["text"] == v["predicts_token"]["text"]
+            assert a["token_id"] == v["predicts_token"]["token_id"]
+            assert a["token"]["text"] == v["predicts_token"]["text"]
             labels = [x["label"] for x in a["parts"]]
             assert labels[0] == "embed" and labels[-1] == "ln_f bias"
             assert labels[1:c.n_head + 3] == [f"L0 H{h}" for h in range(c.n_head)] + ["L0 attn bias", "L0 MLP"]
             assert abs(sum(x["value"] for x in a["parts"]) - a["logit"]) < 1e-3
             ids = tokenizer.encode(PROMPTS[0])[:p] if p < n else tokenizer.encode(PROMPTS[0])
             check(f"demo route at {p}", hf(demo), demo, ids, {"attribution": a, "neurons": v["neurons"]})
-            assert all(set(tok["token"]) >= {"token_id", "text"} for layer in v["neurons"] for nn in layer for tok in nn["promotes"])
+            assert all(set(tok["token"]) >= {"token_id", "text"}
+                       for layer in v["neurons"] for nn in layer for tok in nn["promotes"])
             kinds = [q["kind"] for q in v["requests"]]
-            assert kinds[-(2 * c.n_layer + 2):] == (["wte.fetch"] + [f"h.{l}.attn.c_proj" for l in range(c.n_layer)]
-                                                    + [f"h.{l}.mlp.c_proj" for l in range(c.n_layer)] + ["wte.promotes"])
+            want = (["wte.fetch"] + [f"h.{l}.attn.c_proj" for l in range(c.n_layer)]
+                    + [f"h.{l}.mlp.c_proj" for l in range(c.n_layer)] + ["wte.promotes"])
+            assert kinds[-(2 * c.n_layer + 2):] == want
             assert all(q["extra"] for q in v["requests"])
 
 
@@ -225,8 +244,8 @@ def test_generate_json_inspect_contract(tmp_path_factory, tiny, tiny_dir, hf, en
         assert CliRunner().invoke(main, ["load", "--model", str(tiny_dir), "--data", str(data)],
                                   env={"PUFFERGPT_DATA": None}).exit_code == 0
         args += ["--data", str(data)]
-    r = CliRunner().invoke(main, ["generate", PROMPTS[1], *args, "--json", "--inspect", "--temperature", "0", "-n", "2"],
-                           env={"PUFFERGPT_DATA": None})
+    r = CliRunner().invoke(main, ["generate", PROMPTS[1], *args, "--json", "--inspect", "--temperature", "0",
+                                  "-n", "2"], env={"PUFFERGPT_DATA": None})
     assert r.exit_code == 0, r.output
     lines = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
     tokens = [x for x in lines if "token_id" in x and "attribution" in x]

@@ -6,6 +6,7 @@ output_hidden_states) and numpy on the checkpoint."""
 import numpy as np
 import pytest
 
+from helpers import assert_close, products_for
 from puffergpt import checkpoints, completion, inside, loading, tokenizer, views
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.engine import Engine, round_trips_per_token
@@ -13,8 +14,6 @@ from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
 from puffergpt.stores import open_store
 from puffergpt.text import Text, TextError
-
-from helpers import assert_close, products_for
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")
 transformers = pytest.importorskip("transformers")
@@ -50,9 +49,10 @@ def test_attention_and_lens_equal_transformers(request, hf, loaded, kind, model)
             assert np.allclose(got["weights"].sum(axis=-1), 1, atol=1e-5)
             assert_close(f"{model}/{kind} attention at {T - 1}", got["weights"], want_att, 1e-4)
             assert len(got["lens"]) == ckpt.config.n_layer + 1
-            for e, want in zip(got["lens"], want_lens):
+            for e, want in zip(got["lens"], want_lens, strict=True):
                 top = np.argsort(-want, kind="stable")[:k]
-                assert list(e["ids"]) == list(top), f"{model}/{kind} lens layer {e['layer']}: {list(e['ids'])} != {list(top)}"
+                assert list(e["ids"]) == list(top), \
+                    f"{model}/{kind} lens layer {e['layer']}: {list(e['ids'])} != {list(top)}"
                 assert_close(f"{model}/{kind} lens layer {e['layer']}", e["logits"], want[top], 1e-3)
 
 
@@ -71,7 +71,7 @@ def test_inspect_on_demand_equals_the_generations_own(loaded, tiny):
             got, reqs, recomputed = t.inspect(p, 10)
             assert recomputed and reqs and all(r.extra for r in reqs)
             assert_close(f"weights at {p}", got["weights"], want["weights"], 1e-6)
-            for a, b in zip(got["lens"], want["lens"]):
+            for a, b in zip(got["lens"], want["lens"], strict=True):
                 assert list(a["ids"]) == list(b["ids"])
         assert (list(t.tokens), t.read_upto, t.products.key_counts()) == before
         more = list(t.generate(4, Sampling(0, 40)))
@@ -143,7 +143,8 @@ def test_a_word_of_several_tokens_is_a_clear_error(loaded, tiny):
     store, key = loaded(tiny)
     products = Engine(store, tiny.name, key).open()
     try:
-        with pytest.raises(TextError, match=r"'queen' is 2 GPT-2 tokens \('que' \+ 'en'\).*leading space, ' queen' is one token"):
+        with pytest.raises(TextError,
+                           match=r"'queen' is 2 GPT-2 tokens \('que' \+ 'en'\).*leading space, ' queen' is one token"):
             views.analogy(products, " man", "queen", " king")
         with pytest.raises(TextError, match="k must be"):
             views.neighbours(products, " man", 0)

@@ -5,10 +5,9 @@ over the whole vocabulary."""
 import socket
 import threading
 import time
-
-import httpx
 from pathlib import Path
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -95,12 +94,12 @@ def test_greedy_logprobs_and_echo_equal_transformers(request, servers, hf, model
         worst = max(worst, abs(lp.token_logprobs[t] - row[all_ids[t]]))
         top = np.argsort(-row)[:5]
         assert list(lp.top_logprobs[t]) == [tokenizer.token_text(int(i)) for i in top]
-        worst = max(worst, max(abs(v - row[i]) for v, i in zip(lp.top_logprobs[t].values(), top)))
+        worst = max(worst, max(abs(v - row[i]) for v, i in zip(lp.top_logprobs[t].values(), top, strict=True)))
     assert worst < 1e-3, f"logprobs differ from transformers' by {worst:.2e}"
     # offsets: characters from the prompt's start, each token where its text begins
     text = r.choices[0].text
     assert text.startswith(PROMPT) and lp.text_offset[0] == 0
-    assert [text[o: o + len(t)] for o, t in zip(lp.text_offset, lp.tokens)] == lp.tokens
+    assert [text[o: o + len(t)] for o, t in zip(lp.text_offset, lp.tokens, strict=True)] == lp.tokens
     assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 6 and r.usage.total_tokens == len(ids) + 6
     # one all-vocabulary search a scored position, in the request log's totals
     assert r.model_extra["puffergpt"]["all_vocabulary_searches"] == len(ids) - 1 + 6
@@ -126,7 +125,8 @@ def test_n_with_a_seed_is_three_reproducible_choices(servers, demo):
     assert len({c.text for c in a.choices}) > 1  # each choice its own draw
     top_p = client.completions.create(**{**args, "top_p": 0.5, "n": 1})
     assert top_p.choices[0].text == client.completions.create(**{**args, "top_p": 0.5, "n": 1}).choices[0].text
-    assert client.completions.create(**{**args, "n": 1}, extra_body={"top_k": 5}).choices[0].text  # as llama.cpp and vLLM take it
+    # top_k as llama.cpp and vLLM take it
+    assert client.completions.create(**{**args, "n": 1}, extra_body={"top_k": 5}).choices[0].text
 
 
 def test_a_stop_spanning_two_tokens_is_honoured_and_not_returned(servers, demo):
@@ -153,7 +153,8 @@ def test_streaming_offsets_and_final_chunk(servers, demo):
     assert "".join(c.choices[0].text for c in chunks) == plain.choices[0].text
     offsets = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
     assert offsets == plain.choices[0].logprobs.text_offset and offsets[0] == len(PROMPT)
-    assert chunks[-1].choices[0].finish_reason == "length" and all(c.choices[0].finish_reason is None for c in chunks[:-1])
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
     raw = httpx.post(url + "/completions", json={"prompt": PROMPT, "max_tokens": 2, "stream": True}, timeout=60).text
     assert raw.rstrip().endswith("data: [DONE]")
 
@@ -169,7 +170,8 @@ def test_best_of_and_suffix(servers, tiny):
 
 def test_chat_completions(servers, demo, hf):
     client, _ = servers(demo)
-    messages = [{"role": "system", "content": "You answer about Python."}, {"role": "user", "content": "What is a list?"}]
+    messages = [{"role": "system", "content": "You answer about Python."},
+                {"role": "user", "content": "What is a list?"}]
     r = client.chat.completions.create(model=demo.name, messages=messages, max_tokens=10, temperature=0,
                                        logprobs=True, top_logprobs=3)
     msg = r.choices[0].message
@@ -209,7 +211,8 @@ def test_bad_input_is_a_4xx_in_openai_shape(servers, tiny, call, status):
     assert e.value.status_code == status
     err = e.value.response.json()["error"]
     assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    assert client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=1, temperature=0).choices  # still serving
+    # still serving
+    assert client.completions.create(model=tiny.name, prompt=PROMPT, max_tokens=1, temperature=0).choices
 
 
 def test_unknown_route_is_openai_shaped(servers, tiny):

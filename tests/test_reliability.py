@@ -19,8 +19,8 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 import pytest
@@ -29,10 +29,10 @@ from puffergpt import checkpoints, loading, tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
-from puffergpt.stores import open_store
-from puffergpt.text import opened
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import server
+from puffergpt.stores import open_store
+from puffergpt.text import opened
 
 PROMPT = "The quick brown fox"
 
@@ -213,7 +213,8 @@ def test_stop_lets_the_generation_say_done(served):
     with httpx.Client(base_url=base, timeout=10) as c:
         tid = c.post("/api/texts", json={"prompt": PROMPT}).json()["id"]
         evs = []
-        with c.stream("POST", f"/api/texts/{tid}/generate", json={"max_tokens": 100, "temperature": 1.0, "seed": 3}) as r:
+        body = {"max_tokens": 100, "temperature": 1.0, "seed": 3}
+        with c.stream("POST", f"/api/texts/{tid}/generate", json=body) as r:
             assert r.status_code == 200, r.read()
             for ev in sse_stream(r.iter_lines()):
                 evs.append(ev)
@@ -249,7 +250,8 @@ def test_a_dropped_namespace_is_named_refused_and_repaired(damaged, tiny):
     store, key, m = damaged
     ns = loading.namespace(key, tiny.config.n_embd)
     store.drop_namespace(ns)
-    with pytest.raises(loading.NotLoaded, match=rf"namespace {re.escape(ns)} is missing .*run `puffergpt load --model "):
+    with pytest.raises(loading.NotLoaded,
+                       match=rf"namespace {re.escape(ns)} is missing .*run `puffergpt load --model "):
         Engine(store, tiny.name, key)
     bad = loading.verify(store, m)  # every matrix of the namespace, by name, not a raw store error
     assert set(bad) == {name for name, info in m["matrices"].items() if info["namespace"] == ns}
@@ -281,7 +283,8 @@ def test_a_broken_manifest_names_the_repair(damaged, tiny, broken, monkeypatch):
         monkeypatch.setattr(store, "get_meta", lambda k: json.loads("{broken") if k == f"manifest:{key}" else real(k))
     else:
         store.put_meta(f"manifest:{key}", broken)
-    with pytest.raises(loading.NotLoaded, match=rf"manifest of model .* is broken .*`puffergpt load --model \S+ .*--repair`"):
+    with pytest.raises(loading.NotLoaded,
+                       match=r"manifest of model .* is broken .*`puffergpt load --model \S+ .*--repair`"):
         Engine(store, tiny.name, key)
     monkeypatch.undo()
     assert loading.load(store, tiny, key, progress=False, repair=True) == m
@@ -360,7 +363,8 @@ def test_a_postgresql_crash_under_the_server(pg, new_database, tiny):
             tid = c.post("/api/texts", json={"prompt": PROMPT}).json()["id"]
 
             def generate(text_id: str, n: int) -> list[tuple[str, dict]]:
-                with c.stream("POST", f"/api/texts/{text_id}/generate", json={"max_tokens": n, "temperature": 0}) as resp:
+                body = {"max_tokens": n, "temperature": 0}
+                with c.stream("POST", f"/api/texts/{text_id}/generate", json=body) as resp:
                     assert resp.status_code == 200, resp.read()
                     return list(sse_stream(resp.iter_lines()))
 
@@ -487,7 +491,8 @@ def test_a_lone_surrogate_in_any_field_is_400_naming_it(probed, path, body, fiel
 def test_a_long_or_odd_static_name_is_404(probed, prefix, name):
     r = probed.get(prefix + name)
     assert r.status_code == 404 and r.json()["detail"] == "no such file", (r.status_code, r.text[:200])
-    assert probed.get("/static/main.js").status_code == 200 and probed.get("/docs-assets/swagger-ui.css").status_code == 200
+    assert probed.get("/static/main.js").status_code == 200
+    assert probed.get("/docs-assets/swagger-ui.css").status_code == 200
 
 
 # --- notebook files read as untrusted ---
@@ -514,7 +519,8 @@ def evidence_of(tiny) -> dict:
         step = list(text.generate(1, Sampling(0, 5)))[-1]
         return {"kind": "token", "model": tiny.name, "prompt_ids": text.tokens[:text.length], "position": step.position,
                 "token_id": step.token_id, "sampling": {"temperature": 0.0, "top_k": 5, "seed": None},
-                "candidates": [{"token_id": int(i), "logit": float(v)} for i, v in zip(step.ids, step.logits)]}
+                "candidates": [{"token_id": int(i), "logit": float(v)}
+                               for i, v in zip(step.ids, step.logits, strict=True)]}
     finally:
         text.close()
 
@@ -597,14 +603,16 @@ def test_insight_files_past_what_a_save_writes_are_refused_naming_them(book_clie
     c, book, iid = book_client
     folder = book.path / "insights"
     text = (folder / f"{iid}.md").read_text()
-    levels = ["&l0 [" + ", ".join(["lol"] * 10) + "]"] + [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 6)]
+    levels = (["&l0 [" + ", ".join(["lol"] * 10) + "]"]
+              + [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 6)])
     bomb, big, fifo = (f"{iid[:-6]}{x}" for x in ("aaaaaa", "bbbbbb", "cccccc"))
     (folder / f"{bomb}.md").write_text(text.replace("title: t\n", f"title: [{', '.join(levels)}]\n", 1))
     (folder / f"{big}.md").write_text(text.replace("words", "w" * (nb.MAX_FILE_BYTES + 1), 1))
     os.mkfifo(folder / f"{fifo}.md")
     for name, words in ((bomb, "must be text"), (big, "more than"), (fifo, "not a regular file")):
         r = c.get(f"/api/insights/{name}")
-        assert r.status_code == 409 and f"insights/{name}.md" in r.json()["detail"] and words in r.json()["detail"], r.text[:300]
+        detail = r.json()["detail"]
+        assert r.status_code == 409 and f"insights/{name}.md" in detail and words in detail, r.text[:300]
     got = []
     listing = threading.Thread(target=lambda: got.append(c.get("/api/insights")), daemon=True)
     listing.start()

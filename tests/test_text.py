@@ -4,11 +4,10 @@ import threading
 
 import pytest
 
-from puffergpt import tokenizer
+from puffergpt import tokenizer, views
 from puffergpt.engine import Engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
-from puffergpt import views
 from puffergpt.text import Text, TextBusy, TextError, Texts
 
 GREEDY = Sampling(0, 40)

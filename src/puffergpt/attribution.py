@@ -92,10 +92,11 @@ def neurons(p: Products, tops: list[tuple[np.ndarray, np.ndarray]], k: int = PRO
     out = []
     for ids, acts in tops:
         layer = []
-        for n, a in zip(ids, acts):
+        for n, a in zip(ids, acts, strict=True):
             t_ids, scores = next(promoted)
             layer.append({"neuron": int(n), "activation": float(a),
-                          "promotes": [{"token_id": int(t), "score": float(v)} for t, v in zip(t_ids, scores)]})
+                          "promotes": [{"token_id": int(t), "score": float(v)}
+                                       for t, v in zip(t_ids, scores, strict=True)]})
         out.append(layer)
     return out
 

@@ -13,8 +13,8 @@
 from __future__ import annotations
 
 import codecs
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 from puffergpt import tokenizer
 from puffergpt.reference import Products
@@ -107,7 +107,8 @@ def choice_pieces(open_products: Callable[[], Products], ids: list[int], max_tok
                 queue, taken, sent = queue[len(now):], [], safe
         if finish == "length":
             out += utf8.decode(b"", final=True)
-        yield Piece(out[sent:], [e for e in queue if e["offset"] < base + len(out) or finish == "length"], taken, finish)
+        last = [e for e in queue if e["offset"] < base + len(out) or finish == "length"]
+        yield Piece(out[sent:], last, taken, finish)
     finally:
         steps.close()  # here, in the thread that drove it: the text and its keys go now
 
@@ -121,13 +122,13 @@ def compare(search: Callable[[], Products], reference: Callable[[], Products], i
     rows = {}
     for name, open_products in (("search", search), ("reference", reference)):
         products = open_products()  # the checkpoint's load is not the comparison's time
-        steps = list(complete(lambda: products, ids, 1, Sampling(1.0, top_k)))
+        steps = list(complete(lambda p=products: p, ids, 1, Sampling(1.0, top_k)))
         step = steps[0]
         rows[name] = {"ids": [int(i) for i in step.ids], "logits": [float(v) for v in step.logits],
                       "requests": len(step.requests), "ms": round(step.ms, 1)}
-    ref = dict(zip(rows["reference"]["ids"], rows["reference"]["logits"]))
+    ref = dict(zip(rows["reference"]["ids"], rows["reference"]["logits"], strict=True))
     table = [{"rank": i, **token_dict(tid), "search": lg, "reference": ref.get(tid)}
-             for i, (tid, lg) in enumerate(zip(rows["search"]["ids"], rows["search"]["logits"]))]
+             for i, (tid, lg) in enumerate(zip(rows["search"]["ids"], rows["search"]["logits"], strict=True))]
     diffs = [abs(r["search"] - r["reference"]) for r in table if r["reference"] is not None]
     return {"prompt_tokens": len(ids), "rows": table, "same_ids": rows["search"]["ids"] == rows["reference"]["ids"],
             "max_abs_diff": max(diffs) if diffs else None,
@@ -149,13 +150,13 @@ class Usage:
     cost_usd: float = 0.0
 
     @classmethod
-    def of(cls, steps: list[Step], tokens: int | None = None) -> "Usage":
+    def of(cls, steps: list[Step], tokens: int | None = None) -> Usage:
         reqs = [r for st in steps for r in st.requests]
         return cls(len(steps) if tokens is None else tokens, len(reqs), sum(r.round_trips for r in reqs),
                    sum(r.bytes for r in reqs), round(sum(st.ms for st in steps), 1), sum(r.cost_usd() for r in reqs))
 
     @classmethod
-    def phases(cls, steps: list[Step], prompt_tokens: int) -> dict[str, "Usage"]:
+    def phases(cls, steps: list[Step], prompt_tokens: int) -> dict[str, Usage]:
         """The prefill (the first step, which read the prompt) and the decode apart."""
         return {"prefill": cls.of(steps[:1], prompt_tokens if steps else 0), "decode": cls.of(steps[1:])}
 

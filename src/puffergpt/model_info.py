@@ -16,7 +16,8 @@ def model_name(model: str) -> str:
 STARTERS = {
     # GPT-2 small: recall, copying a repetition (the attention panel shows induction heads), counting.
     "gpt2": [{"kind": "Recall a fact", "prompt": "The capital of France is"},
-             {"kind": "Copy a repetition", "prompt": "Mr and Mrs Dursley of number four, Privet Drive. Mr and Mrs Dursley of number"},
+             {"kind": "Copy a repetition",
+              "prompt": "Mr and Mrs Dursley of number four, Privet Drive. Mr and Mrs Dursley of number"},
              {"kind": "Continue a count", "prompt": "1, 2, 3, 4, 5,"}],
     # The demo model learnt WordNet's glosses, fortunes and the copying drill it was given
     # (its model card): prompts in those shapes. The copy prompt answers " 3" at temperature 0.
@@ -36,7 +37,8 @@ EMBEDDING_WORDS = {
     "gpt2": {"neighbours": " king", "analogy": [" man", " king", " woman"],
              "map": [" king", " queen", " man", " woman", " Paris", " France", " London", " England"]},
     "demo": {"neighbours": " house", "analogy": [" he", " she", " his"],
-             "map": [" one", " two", " three", " four", " he", " she", " his", " her", " up", " down", " hot", " cold"]},
+             "map": [" one", " two", " three", " four", " he", " she", " his", " her", " up", " down", " hot",
+                     " cold"]},
 }
 
 
@@ -51,7 +53,10 @@ def about(model: str, c) -> dict:
                 "description": "the demo model that ships with puffergpt: GPT-2's architecture and tokenizer, "
                                "4 layers of width 192 trained for half an hour on 2 CPU cores on WordNet's glosses, "
                                "fortunes and Python's docs (English perplexity about 800; it writes dictionary-like "
-                               "phrases, soon loops at temperature 0, and has no induction head; its model card says more)",
-                "how_to_get_gpt2": "run `puffergpt serve --model gpt2` (or `make run MODEL=gpt2`) on a machine that can "
-                                   "reach the Hugging Face hub once, or `--model PATH` to a local copy in Hugging Face layout"}
-    return {"name": model, "is_demo": False, "shape": shape, "description": f"{model}: {shape}", "how_to_get_gpt2": None}
+                               "phrases, soon loops at temperature 0, and has no induction head; its model card "
+                               "says more)",
+                "how_to_get_gpt2": "run `puffergpt serve --model gpt2` (or `make run MODEL=gpt2`) on a machine that "
+                                   "can reach the Hugging Face hub once, or `--model PATH` to a local copy in Hugging "
+                                   "Face layout"}
+    return {"name": model, "is_demo": False, "shape": shape, "description": f"{model}: {shape}",
+            "how_to_get_gpt2": None}

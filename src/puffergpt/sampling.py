@@ -16,7 +16,7 @@ class Sampling:
     seed: int | None = None
     top_p: float = 1.0  # nucleus: below 1, sampling keeps the smallest set of tokens with this much mass
 
-    def check(self, n_vocab: int) -> "Sampling":
+    def check(self, n_vocab: int) -> Sampling:
         if not np.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a number >= 0, got {self.temperature}")
         if not 1 <= self.top_k <= n_vocab:

@@ -31,8 +31,8 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -40,7 +40,6 @@ from puffergpt import attribution, inside, tokenizer
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.reference import Cache, Products, Trace, forward
 from puffergpt.sampling import Sampling, distribution, log_softmax, pick, probabilities
-
 
 log = logging.getLogger("puffergpt")
 KEEP_CANDIDATES = 100  # a step keeps this many candidates, whatever top_k was (the page shows 40)
@@ -75,14 +74,15 @@ def check_generation(c: GPT2Config, s: Sampling, length: int, n, limit: int | No
     except ValueError as e:
         raise TextError(str(e)) from None
     if length + n > c.n_ctx:
-        raise TextError(f"{length + n} tokens ({length} read, {n} new) would not fit the model's context of {c.n_ctx} tokens")
+        raise TextError(f"{length + n} tokens ({length} read, {n} new) would not fit the model's context "
+                        f"of {c.n_ctx} tokens")
     return s
 
 
 def edit(method: Callable) -> Callable:
     """An edit of a text: made under its lock, and refused while it generates (``begin``)."""
     @functools.wraps(method)
-    def run(self: "Text", *args, **kwargs):
+    def run(self: Text, *args, **kwargs):
         with self.lock:
             if self.generating:
                 raise TextBusy("this text is generating: stop it before you edit it")
@@ -111,7 +111,7 @@ class Step:
 
     def logprobs(self, k: int) -> list[tuple[int, float]]:
         """The k best tokens and their exact log-probabilities (needs ``logz``)."""
-        return [(int(i), float(l) - self.logz) for i, l in zip(self.ids[:k], self.logits[:k])]
+        return [(int(i), float(l) - self.logz) for i, l in zip(self.ids[:k], self.logits[:k], strict=True)]
 
     @property
     def text(self) -> str:
@@ -121,7 +121,7 @@ class Step:
         t = self.temperature if temperature is None else temperature
         probs = probabilities(self.logits, t)
         return [{"token_id": int(i), "text": tokenizer.token_text(int(i)), "logit": float(l), "prob": float(p)}
-                for i, l, p in zip(self.ids, self.logits, probs)]
+                for i, l, p in zip(self.ids, self.logits, probs, strict=True)]
 
     def to_json(self) -> dict:
         return {"position": self.position, "token_id": self.token_id, "text": self.text,
@@ -393,47 +393,61 @@ class Text:
             if should_stop is not None and should_stop():
                 return
             with self.lock:
-                if self.length >= self.config.n_ctx:  # an edit from elsewhere may have filled it
-                    raise TextError(f"the text has reached the model's context of {self.config.n_ctx} tokens")
-                log0, t0, first = len(self._log()), time.perf_counter(), self.read_upto
-                trace = Trace() if inspect else None
-                p = self.length
-                if full:
-                    scores, read = self._all_logits(p, trace)
-                    tok = pick(distribution(scores, s), rng)
-                    whole = self._full_step(p, tok, scores, s.temperature, read, "decode")
-                    ids, logits, scores = whole.ids, whole.logits, None  # (V,) scores go here
-                else:
-                    ids, logits, read = self._candidates(s.top_k, trace)
-                    tok = int(ids[pick(distribution(logits, s), rng)])
-                users = read and any(q not in self.steps for q in range(first, first + read))  # not the model's own
-                got = None
-                if inspect and read:  # the lens: one more request, marked extra
-                    self.products.extra = True
-                    try:
-                        got = inside.inspection(self.products, trace, inspect, (ids, logits))
-                    finally:
-                        self.products.extra = False
-                    if explain:
-                        self._explain(got, tok)
-                step = Step(p, tok, ids[:KEEP_CANDIDATES], logits[:KEEP_CANDIDATES], s.temperature,
-                            list(self._log()[log0:]), (time.perf_counter() - t0) * 1e3, read,
-                            "prefill" if users else "decode")
-                if full:
-                    step.logz, step.logprob = whole.logz, whole.logprob
-                self._set(p, tok)
-                self.steps[p] = step
-                if got is not None:
-                    self.keep_inspection(p, got)
-                elif inspect:  # replayed: what was kept, or the token through the layers again
-                    got = self._inspect(p, inspect)[0]
-                    if explain:
-                        self._explain(got, tok)
-                step.inspect = got
-                self.last_used = time.monotonic()
+                step = self._next(s, rng, inspect, full, explain)
+                tok = step.token_id
             yield step
             if tok == tokenizer.EOT:
                 return
+
+    def _next(self, s: Sampling, rng: np.random.Generator, inspect: int, full: bool, explain: bool) -> Step:
+        """One token written at the end of the text (the lock held): chosen, recorded as a
+        step, and inspected when asked."""
+        if self.length >= self.config.n_ctx:  # an edit from elsewhere may have filled it
+            raise TextError(f"the text has reached the model's context of {self.config.n_ctx} tokens")
+        log0, t0, first = len(self._log()), time.perf_counter(), self.read_upto
+        trace = Trace() if inspect else None
+        p = self.length
+        ids, logits, read, tok, whole = self._choose(p, s, rng, full, trace)
+        users = read and any(q not in self.steps for q in range(first, first + read))  # not the model's own
+        got = None
+        if inspect and read:  # the lens: one more request, marked extra
+            self.products.extra = True
+            try:
+                got = inside.inspection(self.products, trace, inspect, (ids, logits))
+            finally:
+                self.products.extra = False
+            if explain:
+                self._explain(got, tok)
+        step = Step(p, tok, ids[:KEEP_CANDIDATES], logits[:KEEP_CANDIDATES], s.temperature,
+                    list(self._log()[log0:]), (time.perf_counter() - t0) * 1e3, read,
+                    "prefill" if users else "decode")
+        if whole is not None:
+            step.logz, step.logprob = whole.logz, whole.logprob
+        self._set(p, tok)
+        self.steps[p] = step
+        if got is not None:
+            self.keep_inspection(p, got)
+        elif inspect:  # replayed: what was kept, or the token through the layers again
+            got = self._inspect(p, inspect)[0]
+            if explain:
+                self._explain(got, tok)
+        step.inspect = got
+        self.last_used = time.monotonic()
+        return step
+
+    def _choose(self, p: int, s: Sampling, rng: np.random.Generator, full: bool,
+                trace: Trace | None) -> tuple[np.ndarray, np.ndarray, int, int, Step | None]:
+        """The candidates at p, the tokens read to get them, and the token picked: from the
+        whole vocabulary (``full``: the exact distribution; the step it returns holds the
+        normaliser, and the (V,) scores are dropped here) or from a top-k search.
+        -> (candidate ids, their logits, tokens read, token, the whole vocabulary's step)"""
+        if full:
+            scores, read = self._all_logits(p, trace)
+            tok = pick(distribution(scores, s), rng)
+            whole = self._full_step(p, tok, scores, s.temperature, read, "decode")
+            return whole.ids, whole.logits, read, tok, whole
+        ids, logits, read = self._candidates(s.top_k, trace)
+        return ids, logits, read, int(ids[pick(distribution(logits, s), rng)]), None
 
     def close(self) -> None:
         close = getattr(self.products, "close", None)
@@ -494,7 +508,8 @@ class Texts:
     def expire(self, now: float | None = None) -> list[str]:
         now = time.monotonic() if now is None else now
         with self._lock:
-            old = [i for i, t in self._texts.items() if t is not None and not t.generating and now - t.last_used > self.idle_s]
+            old = [i for i, t in self._texts.items()
+                   if t is not None and not t.generating and now - t.last_used > self.idle_s]
         closed = []
         for i in old:
             try:

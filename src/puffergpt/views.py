@@ -53,7 +53,8 @@ def token_dict(tok: int) -> dict:
 
 
 UNKNOWN_UNTRAINED = ("this store was loaded by an older puffergpt, which did not record which token vectors were "
-                     "never trained (they may rank as answers): run `puffergpt load` with the same options to record them")
+                     "never trained (they may rank as answers): run `puffergpt load` with the same options to "
+                     "record them")
 
 
 def _untrained(products) -> frozenset[int] | None:
@@ -61,7 +62,8 @@ def _untrained(products) -> frozenset[int] | None:
     return getattr(products, "untrained", None)
 
 
-def _best(sims: np.ndarray, k: int, exclude: set[int], untrained: frozenset[int] | None) -> tuple[list[dict], int | None]:
+def _best(sims: np.ndarray, k: int, exclude: set[int],
+          untrained: frozenset[int] | None) -> tuple[list[dict], int | None]:
     """The k best answers, never the inputs nor an untrained row; and how many untrained
     rows ranked among them and were skipped (None when which rows are untrained is unknown)."""
     order = np.argsort(-sims, kind="stable")
@@ -89,7 +91,8 @@ def _honesty(words: dict[str, int], untrained: frozenset[int] | None, skipped: i
         notes.append(f"{', '.join(repr(w) for w in bad)} {'was' if len(bad) == 1 else 'were'} never trained: "
                      f"the model never saw {'it' if len(bad) == 1 else 'them'} in its training text, so "
                      f"{'its vector is' if len(bad) == 1 else 'their vectors are'} the one shared by every unseen "
-                     f"token and {'says' if len(bad) == 1 else 'say'} nothing about the word; try a word the model knows")
+                     f"token and {'says' if len(bad) == 1 else 'say'} nothing about the word; try a word the "
+                     "model knows")
     if skipped:
         notes.append(f"{skipped} untrained token vector{'s' if skipped != 1 else ''} (all alike, never trained) "
                      f"ranked among the answers and {'were' if skipped != 1 else 'was'} skipped")
@@ -105,8 +108,8 @@ def analogy(products, a: str, b: str, c: str, k: int = 10) -> dict:
     wa, wb, wc = products.token_rows(ids).astype(np.float64)
     sims = products.cosine_all((wb - wa + wc).astype(np.float32))
     results, skipped = _best(sims, k, set(ids), _untrained(products))
-    return {"tokens": {n: {"text": tokenizer.token_text(i), "token_id": i} for n, i in zip("abc", ids)},
-            "results": results, **_honesty(dict(zip((a, b, c), ids)), _untrained(products), skipped)}
+    return {"tokens": {n: {"text": tokenizer.token_text(i), "token_id": i} for n, i in zip("abc", ids, strict=True)},
+            "results": results, **_honesty(dict(zip((a, b, c), ids, strict=True)), _untrained(products), skipped)}
 
 
 def neighbours(products, word: str, k: int = 10) -> dict:
@@ -138,7 +141,7 @@ def embedding_map(products, words: list[str], residual: np.ndarray | None = None
     explained = [float(v) for v in (var[:2] / var.sum() if var.sum() > 0 else np.zeros(2))]
     bad = _untrained(products)
     out = {"points": [{"label": tokenizer.token_text(i), "token_id": i, "x": float(x), "y": float(y),
-                       "untrained": None if bad is None else i in bad} for i, (x, y) in zip(ids, xy)],
+                       "untrained": None if bad is None else i in bad} for i, (x, y) in zip(ids, xy, strict=True)],
            "explained": explained, "path": [], **_degenerate(ids, xy, explained, bad)}
     if residual is not None:
         c = products.config

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Callable
+from collections.abc import Callable
 
 from fastapi import FastAPI
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -54,10 +54,11 @@ async def lifespan(app: FastAPI):
     served.texts.close_all()
 
 
-def create_app(engine: Engine, config: ServerConfig = ServerConfig(), reference: Callable[[], Products] | None = None,
+def create_app(engine: Engine, config: ServerConfig | None = None, reference: Callable[[], Products] | None = None,
                notebook=None) -> FastAPI:
     """The app over one loaded model. ``reference`` returns a numpy Products for Compare;
     ``notebook`` (a ``notebook.Notebook``) adds the insight routes."""
+    config = config or ServerConfig()
     served = Served(engine, config, Texts(engine.open, max_open=config.max_open_texts, idle_s=config.idle_s),
                     Generations(), reference)
     app = FastAPI(title="puffergpt", description="GPT-2 where every matrix multiply is a vector search.",

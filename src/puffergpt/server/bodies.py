@@ -43,7 +43,9 @@ class _Refused:
 
 def _int(text: str):
     digits = len(text.lstrip("-"))
-    return int(text) if digits <= MAX_INT_DIGITS else _Refused(f"is an integer of {digits} digits, at most {MAX_INT_DIGITS}")
+    if digits > MAX_INT_DIGITS:
+        return _Refused(f"is an integer of {digits} digits, at most {MAX_INT_DIGITS}")
+    return int(text)
 
 
 def _float(text: str):
@@ -67,7 +69,8 @@ def parse_json(raw: bytes):
     try:
         value = json.loads(text, parse_int=_int, parse_float=_float, parse_constant=_constant)
     except json.JSONDecodeError as e:
-        raise BodyError(f"the body is not JSON ({e.msg} at line {e.lineno} column {e.colno}): send a JSON object") from None
+        raise BodyError(f"the body is not JSON ({e.msg} at line {e.lineno} column {e.colno}): "
+                        "send a JSON object") from None
     except RecursionError:  # past the interpreter's limit, before MAX_DEPTH could be counted
         key = re.match(r'\s*\{\s*"([\w.-]{1,64})"', text)  # the field it starts in, for the message
         raise BodyError(_too_deep(key and key[1]), key and key[1]) from None

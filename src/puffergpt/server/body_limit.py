@@ -34,7 +34,8 @@ class BoundedBody:
             try:  # a client that declares more than it sends must not hold the connection
                 message = await asyncio.wait_for(receive(), self.read_timeout_s)
             except TimeoutError:
-                return await self._refuse(scope, send, 408, f"the request body stopped arriving for {self.read_timeout_s:g} s",
+                return await self._refuse(scope, send, 408,
+                                          f"the request body stopped arriving for {self.read_timeout_s:g} s",
                                           headers={"Connection": "close"})
             if message["type"] != "http.request":  # the client went away
                 return

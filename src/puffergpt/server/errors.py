@@ -53,7 +53,8 @@ async def not_unicode(_, e: UnicodeEncodeError) -> JSONResponse:
                                    "send text without lone surrogates"}, status_code=400)
 
 
-HANDLERS = {OpenAIError: openai_error, TextError: text_error, StoreError: store_error, CheckpointError: checkpoint_error,
+HANDLERS = {OpenAIError: openai_error, TextError: text_error, StoreError: store_error,
+            CheckpointError: checkpoint_error,
             RequestValidationError: invalid, UnicodeEncodeError: not_unicode}
 
 

@@ -24,9 +24,10 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
-from typing import Annotated, Callable, Iterator
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
@@ -38,8 +39,15 @@ from puffergpt.completion import Piece, Usage, choice_pieces
 from puffergpt.engine import Engine
 from puffergpt.model_info import model_name
 from puffergpt.server.bodies import BodyError, parse_json
-from puffergpt.server.openai_bodies import (MAX_CHOICES, TURN_STOPS, ChatBody, CommonBody, CompletionBody, OpenAIError,
-                                            chat_prompt)
+from puffergpt.server.openai_bodies import (
+    MAX_CHOICES,
+    TURN_STOPS,
+    ChatBody,
+    CommonBody,
+    CompletionBody,
+    OpenAIError,
+    chat_prompt,
+)
 from puffergpt.server.state import ConfigDep, EngineDep, GenerationsDep, ServerConfig
 from puffergpt.server.streaming import Generations, stream
 from puffergpt.stores.base import StoreError
@@ -177,7 +185,8 @@ def _sse(d: dict) -> str:
     return f"data: {json.dumps(d)}\n\n"
 
 
-def completion_events(how: Choices, reply: Reply, prompts: list[list[int]], n: int, stop: threading.Event) -> Iterator[str]:
+def completion_events(how: Choices, reply: Reply, prompts: list[list[int]], n: int,
+                      stop: threading.Event) -> Iterator[str]:
     """/v1/completions streamed: each choice's pieces, then its finish, then the usage if asked."""
     steps = []
     for pi, ids in enumerate(prompts):
@@ -186,9 +195,11 @@ def completion_events(how: Choices, reply: Reply, prompts: list[list[int]], n: i
                 steps += pc.steps
                 lp = None if how.k is None else _completion_logprobs(pc.tokens)
                 if pc.text or pc.tokens:
-                    yield _sse(reply.chunk([{"text": pc.text, "index": pi * n + j, "logprobs": lp, "finish_reason": None}]))
+                    yield _sse(reply.chunk([{"text": pc.text, "index": pi * n + j, "logprobs": lp,
+                                             "finish_reason": None}]))
                 if pc.finish:
-                    yield _sse(reply.chunk([{"text": "", "index": pi * n + j, "logprobs": None, "finish_reason": pc.finish}]))
+                    yield _sse(reply.chunk([{"text": "", "index": pi * n + j, "logprobs": None,
+                                             "finish_reason": pc.finish}]))
     if (how.body.stream_options or {}).get("include_usage"):
         yield _sse(reply.chunk([], **_usage(sum(map(len, prompts)), steps)))
 
@@ -266,8 +277,8 @@ async def completions(body: Annotated[CompletionBody, Depends(body_of(Completion
         raise OpenAIError(400, f"{len(prompts)} prompts x {best_of} choices is over {MAX_CHOICES} a request", "n")
     for ids in prompts:
         check_prompt(engine, config, ids, body, body.new_tokens())
-    how = Choices(engine.open, engine.config.n_vocab, body, body.new_tokens(), body.stop, body.needs_full() or best_of > n,
-                  body.echo, body.logprobs)
+    how = Choices(engine.open, engine.config.n_vocab, body, body.new_tokens(), body.stop,
+                  body.needs_full() or best_of > n, body.echo, body.logprobs)
     reply = Reply(f"cmpl-{uuid.uuid4().hex[:24]}", "text_completion", model_name(engine.model))
     if body.stream:
         return streamed(generations, partial(completion_events, how, reply, prompts, n))
@@ -279,8 +290,8 @@ async def chat(body: Annotated[ChatBody, Depends(body_of(ChatBody))], engine: En
                generations: GenerationsDep):
     ids = tokenizer.encode(chat_prompt(body.messages))
     check_prompt(engine, config, ids, body, body.new_tokens())
-    how = Choices(engine.open, engine.config.n_vocab, body, body.new_tokens(), body.stop + TURN_STOPS, body.needs_full(),
-                  False, body.top_logprobs_k())
+    how = Choices(engine.open, engine.config.n_vocab, body, body.new_tokens(), body.stop + TURN_STOPS,
+                  body.needs_full(), False, body.top_logprobs_k())
     reply = Reply(f"chatcmpl-{uuid.uuid4().hex[:24]}", "chat.completion.chunk", model_name(engine.model))
     if body.stream:
         return streamed(generations, partial(chat_events, how, reply, ids, body.n or 1))

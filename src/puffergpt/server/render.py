@@ -42,14 +42,20 @@ def explained_json(got: dict) -> dict:
                          for n in layer] for layer in got["neurons"]]}
 
 
+def lens_json(entries: list[dict], chosen: int | None) -> list[dict]:
+    """The logit lens, a layer an entry: its top tokens as text, and the rank of ``chosen``."""
+    return [{"layer": e["layer"],
+             "top": [{**token_json(int(i)), "logit": float(v)} for i, v in zip(e["ids"], e["logits"], strict=True)],
+             "chosen_rank": None if chosen is None else inside.rank_of(e, chosen)} for e in entries]
+
+
 def inspect_json(got: dict, text: Text, p: int, requests: list, recomputed: bool) -> dict:
     nxt = text.tokens[p] if p < len(text.tokens) and p < text.length else None
-    lens = [{"layer": e["layer"], "top": [{**token_json(int(i)), "logit": float(v)} for i, v in zip(e["ids"], e["logits"])],
-             "chosen_rank": None if nxt is None else inside.rank_of(e, nxt)} for e in got["lens"]]
     d = {"position": p, "query_position": p - 1, "predicts_token": None if nxt is None else token_json(nxt),
          "tokens": [{"position": i, **token_json(t)} for i, t in enumerate(text.tokens[:p])],
-         "attention": np.round(got["weights"][:, :, :p], 6).tolist(), "scores": np.round(got["scores"][:, :, :p], 5).tolist(),
-         "lens": lens, "lens_k": got["k"], "decided_layer": inside.decided_layer(got["lens"]),
+         "attention": np.round(got["weights"][:, :, :p], 6).tolist(),
+         "scores": np.round(got["scores"][:, :, :p], 5).tolist(), "lens": lens_json(got["lens"], nxt),
+         "lens_k": got["k"], "decided_layer": inside.decided_layer(got["lens"]),
          "final_top1": token_json(inside.final_top1(got["lens"])),
          "requests": [request_json(r) for r in requests], "recomputed": recomputed}
     if "attribution" in got:
@@ -60,9 +66,8 @@ def inspect_json(got: dict, text: Text, p: int, requests: list, recomputed: bool
 def step_inspect_json(step: Step) -> dict:
     got = step.inspect
     return {"attention": np.round(got["weights"][:, :, :step.position], 6).tolist(),
-            "lens": [{"layer": e["layer"], "top": [{**token_json(int(i)), "logit": float(v)} for i, v in zip(e["ids"], e["logits"])],
-                      "chosen_rank": inside.rank_of(e, step.token_id)} for e in got["lens"]],
-            "decided_layer": inside.decided_layer(got["lens"]), "final_top1": token_json(inside.final_top1(got["lens"]))}
+            "lens": lens_json(got["lens"], step.token_id), "decided_layer": inside.decided_layer(got["lens"]),
+            "final_top1": token_json(inside.final_top1(got["lens"]))}
 
 
 def step_json(step: Step, full: bool = True) -> dict:
@@ -90,7 +95,7 @@ def text_json(t: Text, full: bool = True) -> dict:
 def _chosen_prob(step: Step | None) -> float | None:
     if step is None:
         return None
-    probs = dict(zip(map(int, step.ids), (c["prob"] for c in step.candidates())))
+    probs = dict(zip(map(int, step.ids), (c["prob"] for c in step.candidates()), strict=True))
     return probs.get(step.token_id, 0.0)
 
 

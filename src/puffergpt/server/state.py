@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Callable
+from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 
@@ -39,7 +40,8 @@ class Served:
     texts: Texts
     generations: Generations  # each in a worker thread of its own (streaming.py)
     reference: Callable[[], Products] | None = None  # numpy Products for Compare
-    comparing: threading.Lock = field(default_factory=threading.Lock)  # each comparison reads the checkpoint: one at a time
+    # Each comparison reads the checkpoint: one at a time.
+    comparing: threading.Lock = field(default_factory=threading.Lock)
 
 
 def served(request: Request) -> Served:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from starlette.background import BackgroundTask
 from starlette.responses import StreamingResponse
@@ -119,7 +119,8 @@ def stream(generations: Generations, produce: Callable[[threading.Event], Iterat
     worker = threading.Thread(target=work, name="puffergpt-generation", daemon=True)
     generations.add(worker, cut_now)
     worker.start()
-    return StreamingResponse(body(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", **(headers or {})},
+    return StreamingResponse(body(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", **(headers or {})},
                              background=BackgroundTask(cut_now))
 
 
