@@ -19,7 +19,8 @@ PROMPT = "The quick brown fox"
 @pytest.fixture(scope="module")
 def client(loaded, tiny):
     store, key = loaded(tiny)
-    app = create_app(Engine(store, tiny.name, key), ServerConfig(max_open_texts=4), reference=lambda: NumpyProducts(tiny))
+    app = create_app(Engine(store, tiny.name, key), ServerConfig(max_open_texts=4),
+                     reference=lambda: NumpyProducts(tiny))
     with TestClient(app) as c:
         yield c
 
@@ -67,7 +68,8 @@ def test_completions_stream(client):
 def test_texts_api_round_trip(client, tiny):
     t = client.post("/api/texts", json={"prompt": PROMPT}).json()
     n = len(tokenizer.encode(PROMPT))
-    assert t["length"] == n and [x["text"] for x in t["tokens"]] == [tokenizer.token_text(i) for i in tokenizer.encode(PROMPT)]
+    assert t["length"] == n
+    assert [x["text"] for x in t["tokens"]] == [tokenizer.token_text(i) for i in tokenizer.encode(PROMPT)]
     r = client.post(f"/api/texts/{t['id']}/generate", json={"max_tokens": 4, "temperature": 0, "top_k": 40})
     evs = events(r)
     assert [e for e, _ in evs] == ["token"] * 4 + ["done"]
@@ -124,7 +126,8 @@ def test_bad_requests_get_4xx_with_a_message(client, path, body, status, match):
 def test_bad_edits_leave_the_text_alone(client):
     t = client.post("/api/texts", json={"prompt": PROMPT}).json()
     for path, body in [("branch", {"position": 99, "token_id": 1}), ("branch", {"position": 1, "token_id": 60000}),
-                       ("cut", {"position": -1}), ("step_back", {"position": 0}), ("branch", {"position": 1, "rank": 0})]:
+                       ("cut", {"position": -1}), ("step_back", {"position": 0}),
+                       ("branch", {"position": 1, "rank": 0})]:
         r = client.post(f"/api/texts/{t['id']}/{path}", json=body)
         assert r.status_code == 400 and r.json()["detail"], (path, body)
     assert client.get(f"/api/texts/{t['id']}").json() == t
@@ -134,7 +137,8 @@ def test_bad_edits_leave_the_text_alone(client):
 
 
 def test_body_over_the_bound(client):
-    r = client.post("/api/texts", content=b'{"prompt": "' + b"a" * MAX_BODY + b'"}', headers={"content-type": "application/json"})
+    r = client.post("/api/texts", content=b'{"prompt": "' + b"a" * MAX_BODY + b'"}',
+                    headers={"content-type": "application/json"})
     assert r.status_code == 413 and "request body" in r.json()["detail"]
 
 
@@ -161,6 +165,19 @@ def test_serve_binds_loopback_by_default():
 def test_openapi_documents_the_api(client):
     paths = client.get("/openapi.json").json()["paths"]
     assert {"/v1/completions", "/api/texts", "/api/texts/{text_id}/generate", "/api/compare"} <= set(paths)
+
+
+def test_openapi_names_the_main_responses_fields(client):
+    """The response models document what the page reads, without changing it: the schema
+    names the fields, and a response has every field the model declares."""
+    api = client.get("/openapi.json").json()
+    schemas = api["components"]["schemas"]
+    ok = api["paths"]["/api/texts/{text_id}"]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+    assert ok == {"$ref": "#/components/schemas/TextView"}
+    for name, path in [("Info", "/api/info"), ("TextView", "/api/texts")]:
+        body = client.get(path).json() if name == "Info" else client.post(path, json={"prompt": PROMPT}).json()
+        assert set(schemas[name]["properties"]) <= set(body), name
+    client.delete(f"/api/texts/{body['id']}")
 
 
 def test_idle_texts_are_swept(loaded, tiny):
@@ -229,7 +246,8 @@ def test_the_servers_max_new_tokens_is_enforced(loaded, tiny):
         r = c.post(f"/api/texts/{t['id']}/generate", json={"max_tokens": 3, "temperature": 0})
         assert r.status_code == 200 and events(r)[-1][1]["tokens"] == 3
         for path, body in [("/v1/completions", {"prompt": PROMPT, "max_tokens": 4}),
-                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})]:
+                           ("/v1/chat/completions",
+                            {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})]:
             r = c.post(path, json=body)
             assert r.status_code == 400 and "limit of 3" in r.json()["error"]["message"], (path, r.text)
         assert c.post("/v1/completions", json={"prompt": PROMPT, "max_tokens": 3}).status_code == 200
@@ -444,7 +462,7 @@ def test_the_body_parser_at_its_bounds():
     assert parse_json(f'{{"x": {deep}}}'.encode())["x"] == json.loads(deep)
     e = refused(f'{{"x": [{deep}]}}'.encode())
     assert e.param == "x" and "nested more than" in e.message
-    assert parse_json('{"w": "\\ud83d\\ude00"}'.encode()) == {"w": "\U0001F600"}  # a pair is one character
+    assert parse_json(b'{"w": "\\ud83d\\ude00"}') == {"w": "\U0001F600"}  # a pair is one character
     e = refused(b'{"words": ["ok", "\\ud83d"], "k": 1}')
     assert e.param == "words" and e.message.startswith("words[1] is not valid Unicode")
     assert parse_json(b'{"t": 1e308, "u": 5e-324}') == {"t": 1e308, "u": 5e-324}

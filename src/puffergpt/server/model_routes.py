@@ -8,13 +8,14 @@ from fastapi import APIRouter, HTTPException
 
 from puffergpt import completion, costs, loading, model_info, tokenizer
 from puffergpt.engine import requests_per_token, round_trips_per_token
+from puffergpt.server import responses
 from puffergpt.server.bodies import CompareBody
 from puffergpt.server.state import ServedDep
 
 router = APIRouter(prefix="/api")
 
 
-@router.get("/info")
+@router.get("/info", response_model=responses.Info)
 def info(served: ServedDep) -> dict:
     engine, config = served.engine, served.config
     m, c = engine.manifest, engine.config
@@ -31,7 +32,7 @@ def info(served: ServedDep) -> dict:
             "fallback": config.fallback}
 
 
-@router.post("/compare")
+@router.post("/compare", response_model=responses.Compare)
 def compare(body: CompareBody, served: ServedDep) -> dict:
     """The prompt through the engine and through the numpy reference: top-k side by side."""
     if served.reference is None:

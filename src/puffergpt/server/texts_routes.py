@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 from fastapi import APIRouter, HTTPException
 
 from puffergpt import tokenizer, views
 from puffergpt.sampling import Sampling
+from puffergpt.server import responses
 from puffergpt.server.bodies import AppendBody, BranchBody, CreateBody, PositionBody, SamplingBodyInspect
 from puffergpt.server.render import inspect_json, request_json, sse, step_json, text_json
 from puffergpt.server.state import ConfigDep, GenerationsDep, TextDep, TextsDep
@@ -23,19 +24,19 @@ from puffergpt.text import Text, TextError, check_generation
 router = APIRouter(prefix="/api/texts")
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, response_model=responses.TextView)
 def create(body: CreateBody, texts: TextsDep) -> dict:
     ids = tokenizer.encode(body.prompt) if body.prompt is not None else body.prompt_ids  # ids: checked by the text
     return text_json(texts.create(ids))
 
 
-@router.get("/{text_id}")
+@router.get("/{text_id}", response_model=responses.TextView)
 def show(t: TextDep) -> dict:
     with t.lock:  # a generation in another thread adds steps between tokens
         return text_json(t)
 
 
-@router.delete("/{text_id}")
+@router.delete("/{text_id}", response_model=responses.Closed)
 def close(text_id: str, texts: TextsDep) -> dict:
     try:
         texts.close(text_id)
@@ -51,31 +52,31 @@ def edited(t: Text) -> dict:
         return text_json(t)
 
 
-@router.post("/{text_id}/append")
+@router.post("/{text_id}/append", response_model=responses.TextView)
 def append(body: AppendBody, t: TextDep) -> dict:
     t.append(tokenizer.encode(body.text))
     return edited(t)
 
 
-@router.post("/{text_id}/step_back")
+@router.post("/{text_id}/step_back", response_model=responses.TextView)
 def step_back(body: PositionBody, t: TextDep) -> dict:
     t.step_back(body.position)
     return edited(t)
 
 
-@router.post("/{text_id}/step_forward")
+@router.post("/{text_id}/step_forward", response_model=responses.TextView)
 def step_forward(body: PositionBody, t: TextDep) -> dict:
     t.step_forward(body.position)
     return edited(t)
 
 
-@router.post("/{text_id}/cut")
+@router.post("/{text_id}/cut", response_model=responses.TextView)
 def cut(body: PositionBody, t: TextDep) -> dict:
     t.cut(body.position)
     return edited(t)
 
 
-@router.post("/{text_id}/branch")
+@router.post("/{text_id}/branch", response_model=responses.TextView)
 def branch(body: BranchBody, t: TextDep) -> dict:
     t.branch(body.position, token_id=body.token_id, rank=body.rank)
     return edited(t)
@@ -83,7 +84,7 @@ def branch(body: BranchBody, t: TextDep) -> dict:
 
 # --- generating ---
 
-@router.post("/{text_id}/stop")
+@router.post("/{text_id}/stop", response_model=responses.Stopping)
 def stop(text_id: str, t: TextDep) -> dict:
     t.stop()
     return {"stopping": text_id}
@@ -118,7 +119,7 @@ def generate(body: SamplingBodyInspect, t: TextDep, config: ConfigDep, generatio
 
 # --- inside the transformer: each view is searches, counted ---
 
-@router.get("/{text_id}/steps/{position}/inspect")
+@router.get("/{text_id}/steps/{position}/inspect", response_model=responses.Inspection)
 def inspect(position: int, t: TextDep, lens_k: int = 10) -> dict:
     """The view from the token at position - 1, whose output predicts ``position``:
     attention per layer and head over 0..position-1, and the logit lens."""
@@ -127,7 +128,7 @@ def inspect(position: int, t: TextDep, lens_k: int = 10) -> dict:
         return inspect_json(got, t, position, requests, recomputed)
 
 
-@router.get("/{text_id}/kv")
+@router.get("/{text_id}/kv", response_model=responses.KV)
 def kv(t: TextDep) -> dict:
     """The text's key namespace: which positions hold keys, and which read wrote them."""
     with t.lock:

@@ -4,12 +4,13 @@ products of its own, counted in the response's ``requests``."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from fastapi import APIRouter
 
 from puffergpt import views
 from puffergpt.engine import Engine
+from puffergpt.server import responses
 from puffergpt.server.bodies import AnalogyBody, MapBody, NeighboursBody
 from puffergpt.server.render import request_json
 from puffergpt.server.state import EngineDep, TextsDep, open_text
@@ -30,18 +31,18 @@ def view(engine: Engine, run: Callable[[object], dict]) -> dict:
         products.close()
 
 
-@router.post("/analogy")
+@router.post("/analogy", response_model=responses.Analogy)
 def analogy(body: AnalogyBody, engine: EngineDep) -> dict:
     """"a is to b as c is to ?": the tokens nearest by cosine to wte[b] - wte[a] + wte[c]."""
     return view(engine, lambda p: views.analogy(p, body.a, body.b, body.c, body.k))
 
 
-@router.post("/neighbours")
+@router.post("/neighbours", response_model=responses.Neighbours)
 def neighbours(body: NeighboursBody, engine: EngineDep) -> dict:
     return view(engine, lambda p: views.neighbours(p, body.word, body.k))
 
 
-@router.post("/map")
+@router.post("/map", response_model=responses.Map)
 def embedding_map(body: MapBody, engine: EngineDep, texts: TextsDep) -> dict:
     """Some token vectors on a plane, and the path of a text's token through the layers."""
     residual = None

@@ -1,0 +1,132 @@
+"""The playground API's main responses, as pydantic models: the OpenAPI schema (/docs)
+names their fields. Each allows extra keys, and declares only keys every response has
+(a key present only sometimes, such as an inspection's ``attribution``, stays an extra):
+the JSON the page reads (``static/*.js``) is exactly what the routes render
+(``render.py``, ``views.py``, ``completion.py``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Response(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Info(Response):
+    """The model served, what it holds in the store and costs, and the server's limits."""
+
+    model: str
+    backend: str
+    metric: str
+    config: dict[str, Any]
+    documents: int
+    namespaces: dict[str, Any]
+    megabytes: float
+    requests_per_token: int
+    round_trips_per_token: int
+    storage_usd_per_month: float
+    rates: dict[str, Any]
+    max_new_tokens: int
+    max_open_texts: int
+    about: dict[str, Any]
+    starters: list[dict[str, Any]]
+    embedding_words: dict[str, Any]
+    fallback: str | None
+
+
+class TextView(Response):
+    """A text: its tokens (``length`` of them; ``known`` counts those kept after a step
+    back), how far the model has read, and each generated position's step."""
+
+    id: str
+    length: int
+    known: int
+    read_upto: int
+    tokens: list[dict[str, Any]]
+    steps: dict[str, dict[str, Any]]
+
+
+class Closed(Response):
+    closed: str
+
+
+class Stopping(Response):
+    stopping: str
+
+
+class Inspection(Response):
+    """The view from the token at ``query_position``: attention (L, H, position) and the
+    logit lens; with the attribution and the neurons when asked (extra keys)."""
+
+    position: int
+    query_position: int
+    predicts_token: dict[str, Any] | None
+    tokens: list[dict[str, Any]]
+    attention: list
+    scores: list
+    lens: list[dict[str, Any]]
+    lens_k: int
+    decided_layer: int
+    final_top1: dict[str, Any]
+    requests: list[dict[str, Any]]
+    recomputed: bool
+
+
+class KV(Response):
+    """A text's key namespace: which positions hold keys, and which read wrote them."""
+
+    namespace: str | None
+    layers: int
+    heads: int
+    length: int
+    read_upto: int
+    known: int
+    documents: int | None
+    per_layer: list[int] | None
+    positions: list[dict[str, Any]]
+    writes: list[dict[str, Any]]
+    requests: list[dict[str, Any]]
+
+
+class Analogy(Response):
+    """"a is to b as c is to ?": the inputs, the answers, and what rows never trained did
+    (``untrained_*`` None: not recorded in the store)."""
+
+    tokens: dict[str, dict[str, Any]]
+    results: list[dict[str, Any]]
+    untrained_inputs: list[str] | None
+    untrained_skipped: int | None
+    note: str | None
+    requests: list[dict[str, Any]]
+
+
+class Neighbours(Response):
+    token: dict[str, Any]
+    results: list[dict[str, Any]]
+    untrained_inputs: list[str] | None
+    untrained_skipped: int | None
+    note: str | None
+    requests: list[dict[str, Any]]
+
+
+class Map(Response):
+    points: list[dict[str, Any]]
+    explained: list[float]
+    path: list[dict[str, Any]]
+    degenerate: bool
+    note: str | None
+    requests: list[dict[str, Any]]
+
+
+class Compare(Response):
+    """The engine's top-k beside the reference's logits, and the largest difference."""
+
+    prompt_tokens: int
+    rows: list[dict[str, Any]]
+    same_ids: bool
+    max_abs_diff: float | None
+    search: dict[str, Any]
+    reference: dict[str, Any]
