@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-# Max abs difference of the engine's top-40 logits from numpy's, per encoding (see README).
+# Max abs difference of the engine's top-40 logits from numpy's, per encoding (see docs/how-it-works.md).
 LOGIT_BOUNDS = {"inner_product": 1e-3, "euclidean_squared": 5e-3, "cosine_distance": 1e-3}
 
 # Max abs error of y = x @ W + b through a store, which computes distances in float32.

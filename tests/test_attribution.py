@@ -233,7 +233,7 @@ def test_the_inspect_route_gives_the_page_its_shape(loaded, hf, demo):
 @pytest.mark.parametrize("engine", ["reference", "search"])
 def test_generate_json_inspect_contract(tmp_path_factory, tiny, tiny_dir, hf, engine):
     """`puffergpt generate --json --inspect`: each token line has attribution and neurons
-    as the README's contract says, equal to transformers within 1e-3."""
+    as docs/openai.md's contract says, equal to transformers within 1e-3."""
     from click.testing import CliRunner
 
     from puffergpt.cli import main

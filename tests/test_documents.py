@@ -41,7 +41,7 @@ def test_encoding_is_exact_in_real_arithmetic(metric):
 def test_encoding_through_the_embedded_store(tmp_path, metric):
     store = open_store("embedded", tmp_path)
     err = encoding_error_through(store, metric)
-    print(f"{metric}: max abs error {err:.3g}")  # shown with pytest -s; the figures are in the README
+    print(f"{metric}: max abs error {err:.3g}")  # shown with pytest -s; the figures are in docs/how-it-works.md
     store.close()
 
 

