@@ -166,17 +166,17 @@ def copy_lines(rng: random.Random) -> tuple[list[int], list[int]]:
 
 
 def batch(train: dict, weights: dict, batch_size: int, copy_frac: float, common: list[int],
-          rng: random.Random, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+          rng: random.Random, gen: torch.Generator, lines_frac: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
     """x (b, BLOCK) inputs and y (b, BLOCK) targets (-100 where not scored).
 
     Rows are random windows of a source picked by ``weights``, or (a ``copy_frac`` share)
-    synthetic repeats.
+    synthetic repeats (a ``lines_frac`` share of them ``name = value`` blocks, the rest random spans).
     """
     xs, ys = [], []
     names = list(weights)
     for i in range(batch_size):
         if rng.random() < copy_frac:
-            ids, scored = copy_spans(rng, common) if rng.random() < 0.5 else copy_lines(rng)
+            ids, scored = copy_lines(rng) if rng.random() < lines_frac else copy_spans(rng, common)
             ids = torch.tensor(ids)
             y = ids[1:].clone()
             y[torch.tensor(scored[1:]) == 0] = -100
@@ -274,6 +274,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--copy-frac", type=float, default=0.15, help="share of rows that are synthetic repeats")
+    ap.add_argument("--lines-frac", type=float, default=0.5, help="share of the synthetic rows that are "
+                    "'name = value' blocks (the rest: repeated random spans)")
     ap.add_argument("--min-count", type=int, default=20, help="tokens seen fewer times are not trained")
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--ckpt-every", type=int, default=50)
@@ -372,7 +374,8 @@ def train_loop(model, args, train, weights, keep, common, data, rng, gen, earlie
     for step in range(n_steps):
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
-        x, y = batch(train, weights, args.batch_size, args.copy_frac, common, rng, gen)
+        x, y = batch(train, weights, args.batch_size, args.copy_frac, common, rng, gen,
+                     getattr(args, "lines_frac", 0.5))
         # bfloat16 matmuls (weights and optimizer stay float32): 1.7x the tokens/s on AVX-512 CPUs
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.bf16):
             loss = loss_fn(model, x, y, keep) / max(1, int((y >= 0).sum()))
@@ -484,6 +487,22 @@ def copy_head(model: GPT2LMHeadModel) -> dict:
             "position": target, "weights": [[round(float(x), 3) for x in row] for row in w]}
 
 
+# Prompts of the copy prompt's shape, to say how far the copying reaches beyond it.
+COPY_VARIANTS = [("x = 4\ny = 8\nz = 1\nx = 4\ny =", " 8"), ("p = 2\nq = 5\nr = 6\np = 2\nq =", " 5"),
+                 ("a = 1\nb = 6\nc = 2\na = 1\nb =", " 6"), ("a = 7\nb = 3\nc = 9\nd = 4\na = 7\nb = 3\nc =", " 9"),
+                 ("m = 5\nn = 1\nm = 5\nn =", " 1"), ("size = 8\nage = 2\nsize = 8\nage =", " 2")]
+
+
+@torch.no_grad()
+def copy_variants(model: GPT2LMHeadModel) -> list[dict]:
+    """Greedy answers to COPY_VARIANTS: does the copying reach beyond the one prompt the card names?"""
+    out = []
+    for prompt, want in COPY_VARIANTS:
+        got = decode([int(model(torch.tensor([encode(prompt)])).logits[0, -1].argmax())])
+        out.append({"prompt": prompt, "answer": got, "want": want, "ok": got == want})
+    return out
+
+
 @torch.no_grad()
 def held_out_perplexity(model: GPT2LMHeadModel) -> float:
     """exp(mean next-token loss) over tests/data/english.txt, each paragraph scored on its own
@@ -550,6 +569,7 @@ def finish(model, config, args, ckpt, data, meta, keep, counts, n_params):
     untrained = torch.ones(VOCAB, dtype=torch.bool)
     untrained[keep] = False
     proof = {"perplexity": held_out_perplexity(loaded), "copy": copy_head(loaded),
+             "copy_variants": copy_variants(loaded),
              "neighbours": {w: neighbours(wte, w) for w in NEIGHBOUR_WORDS},
              "analogies": analogies(wte, untrained), "n_untrained": n_untrained, "size": size,
              "samples": {p: greedy(loaded, p) for p in SAMPLE_PROMPTS}}
@@ -622,6 +642,13 @@ def card(args, config, ckpt, meta, keep, n_params, losses, proof) -> str:
                       f"so the attention view shows no head that copies and the right answer is no evidence of "
                       f"one; a repeated span of random tokens is not copied (its repeat scores no better than "
                       f"its first appearance).")
+    cv = proof.get("copy_variants", [])
+    variants = "\n".join(f"  - `{x['prompt']!r}` -> `{x['answer']!r}`" + (" (right)" if x["ok"] else
+                          f" (wanted `{x['want']!r}`)") for x in cv)
+    copy_reach = (f"  On other prompts of the same shape it answers right {sum(x['ok'] for x in cv)} of {len(cv)} "
+                  f"times:\n{variants}" if cv else "")
+    copy_cannot = ("it copies only lines like the `name = value` drills it saw (see Copying)" if cp["weight"] >= 0.5
+                   else "it has no induction head (see Copying)")
     samples = "\n\n".join(f"Prompt `{p!r}`:\n\n```\n{s}\n```" for p, s in proof["samples"].items())
     size = proof["size"]
     return f"""# puffergpt demo model
@@ -711,6 +738,7 @@ training tokens as long as the validation set){split_note}:
 |""" + "---|" * (config.n_head + 1) + f"""
 {heads}
 
+{copy_reach}
 - **Nearest tokens** by cosine of `wte` rows (no ties; all below 0.999):
 {nb}
 - **Analogies** (`b - a + c`, nearest trained row by cosine, leaving out a, b, c):
@@ -728,8 +756,8 @@ Words carry their leading space (GPT-2 tokens); all are trained rows of this mod
 ## What it cannot do
 
 It is tiny and was trained on about a million tokens: at temperature 0 it soon falls
-into a loop ("a person who is a person who ..."); it has no induction head (see
-Copying), cannot chat or follow instructions, and knows no facts. Most analogies and
+into a loop ("a person who is a person who ..."); {copy_cannot};
+it cannot chat or follow instructions, and knows no facts. Most analogies and
 neighbours over everyday words are still noise; the ones named above are not.
 
 ## Greedy samples (40 tokens)

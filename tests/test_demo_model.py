@@ -1,12 +1,13 @@
 """The shipped demo model does what its model card (src/puffergpt/models/demo/README.md)
-says: English it never trained on at a perplexity under 1,000, the copy prompt answered,
-token rows whose neighbours are not ties, sensible analogies, and never-trained rows that
-are one shared vector. (No induction head formed in its short CPU training: the test that
-wants one is an expected failure, strict, so a model that has one must update it.) Measured with the numpy reference; the reference's
-logits and attention are checked against transformers on the same inputs."""
+says: English it never trained on at a perplexity under 1,000, the copy prompt answered by
+an induction head the attention view shows, token rows whose neighbours are not ties,
+sensible analogies, and never-trained rows that are one shared vector. Measured with the
+numpy reference; the reference's logits and attention are checked against transformers on
+the same inputs."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +19,10 @@ from puffergpt.reference import Cache, NumpyProducts, Trace, forward, softmax
 HELD_OUT = Path(__file__).parent / "data" / "english.txt"  # never trained on: scripts/train_demo.py drops it
 CARD = Path(__file__).parent.parent / "src" / "puffergpt" / "models" / "demo" / "README.md"
 COPY_PROMPT = "a = 7\nb = 3\nc = 9\na = 7\nb ="
-COPY_LAYER, COPY_HEAD = 1, 2  # the head with the most weight on the token to copy (0-based), per the card
-N_UNTRAINED = 34_655  # rows of wte set to one shared vector (the card says how many)
-PERPLEXITY = 791.4  # the card's figure for tests/data/english.txt
-ANALOGIES = [(" he", " she", " his", " her"), (" hot", " cold", " up", " down"),
-             (" one", " two", " three", " four")]  # (a, b, c, answer) the card names as right
+COPY_LAYER, COPY_HEAD = 2, 2  # the induction head: most weight on the token to copy (0-based), per the card
+N_UNTRAINED = 34_643  # rows of wte set to one shared vector (the card says how many)
+PERPLEXITY = 614.2  # the card's figure for tests/data/english.txt
+ANALOGIES = [(" he", " she", " his", " her"), (" one", " two", " three", " four")]  # (a, b, c, answer) the card names as right
 
 
 def paragraphs() -> list[list[int]]:
@@ -83,11 +83,21 @@ def test_copy_prompt_answers_3(demo, hf):
     assert np.unravel_index(np.argmax(on_target), on_target.shape) == (COPY_LAYER, COPY_HEAD), on_target.round(3)
 
 
-@pytest.mark.xfail(strict=True, reason="no induction head formed in the demo model's short CPU training "
-                   "(model card: 'No induction head formed'); a model with one makes this pass: update the card's test")
 def test_an_induction_head_puts_most_weight_on_the_token_to_copy(demo):
     ids, _, w = copy_weights(demo)
-    assert w[:, :, ids.index(one_id(" 3"))].max() > 0.5
+    on_target = w[COPY_LAYER, COPY_HEAD, ids.index(one_id(" 3"))]
+    assert on_target > 0.5, f"layer {COPY_LAYER} head {COPY_HEAD} puts {on_target:.3f} on the ' 3' to copy"
+
+
+def test_the_cards_other_copy_prompts_answer_as_it_says(demo):
+    # The card lists prompts of the copy prompt's shape, each marked right or wanted: check every line.
+    card = CARD.read_text()
+    lines = re.findall(r"^  - `'(.*?)'` -> `'(.*?)'`", card, re.M)
+    assert len(lines) >= 4, "the card lists the other copy prompts it tried"
+    for prompt, answer in lines:
+        ids = tokenizer.encode(prompt.encode().decode("unicode_escape"))
+        logits, _ = last_token_trace(demo, ids)
+        assert tokenizer.decode([int(np.argmax(logits))]) == answer, prompt
 
 
 def test_nearest_tokens_to_common_words_are_not_ties(demo):
@@ -144,7 +154,7 @@ def test_untrained_tokens_score_like_rare_ones_not_never(demo):
 def test_model_card_states_the_figures(demo):
     card = CARD.read_text(encoding="utf-8")
     assert f"English perplexity {PERPLEXITY:.1f}" in card
-    assert f"layer {COPY_LAYER}, head {COPY_HEAD} (0-based)" in card
+    assert f"layer {COPY_LAYER}, head {COPY_HEAD}** (0-based)" in card
     assert f"{N_UNTRAINED:,} of the 50257 rows" in card
     for a, b, c, _ in ANALOGIES:
         assert f"`{a!r} : {b!r} :: {c!r} : ?`" in card

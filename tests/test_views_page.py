@@ -318,6 +318,30 @@ def test_attention_strips_name_the_token_they_attend_to_with_a_linear_legend(pag
     shot(p, "attention-1400", p.locator("#attention"))
 
 
+def test_the_copy_starters_attention_shows_the_induction_head_the_model_card_names(page, server):
+    """The demo's copy starter answers " 3", and the attention panel shows the head that does
+    it: the card's layer and head put most of their weight on the " 3" to copy."""
+    from test_demo_model import COPY_HEAD, COPY_LAYER, COPY_PROMPT
+
+    p = page.page
+    starters = httpx.get(server + "/api/info").json()["starters"]
+    assert COPY_PROMPT in [s["prompt"] for s in starters], "the demo's starters include the copy prompt"
+    generate(p, COPY_PROMPT, n=1)
+    expect(generated(p)).to_have_count(1)
+    assert generated(p).first.text_content().replace("·", " ") == " 3"
+    _, v = open_inside(p, 0)
+    tokens = v["tokens"]
+    target = 6  # the " 3" after the first "b ="
+    assert tokens[target]["text"] == " 3"
+    w = v["attention"][COPY_LAYER][COPY_HEAD]
+    assert w[target] > 0.5, f"layer {COPY_LAYER} head {COPY_HEAD} puts {w[target]:.3f} on the ' 3' to copy"
+    H = len(v["attention"][0])
+    cell = p.locator("#inside .attn-cell").nth(COPY_LAYER * H + COPY_HEAD)
+    assert int(cell.get_attribute("data-top")) == target
+    expect(cell.locator(".attn-word")).to_have_text("·3")
+    shot(p, "induction-head-1400", p.locator("#attention"))
+
+
 # --- 4. honest embedding views ---
 
 def test_embedding_views_mark_untrained_rows_and_say_so(page):

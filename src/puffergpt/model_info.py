@@ -51,10 +51,10 @@ def about(model: str, c) -> dict:
     if model == "demo":
         return {"name": "demo", "is_demo": True, "shape": shape,
                 "description": "the demo model that ships with puffergpt: GPT-2's architecture and tokenizer, "
-                               "4 layers of width 192 trained for half an hour on 2 CPU cores on WordNet's glosses, "
-                               "fortunes and Python's docs (English perplexity about 800; it writes dictionary-like "
-                               "phrases, soon loops at temperature 0, and has no induction head; its model card "
-                               "says more)",
+                               "4 layers of width 192 trained for under two hours on 2 CPU cores on WordNet's glosses, "
+                               "fortunes, Python's docs and copying drills (English perplexity about 600; it writes "
+                               "dictionary-like phrases and soon loops at temperature 0; layer 2, head 2 is an "
+                               "induction head that copies `name = value` lines; its model card says more)",
                 "how_to_get_gpt2": "run `puffergpt serve --model gpt2` (or `make run MODEL=gpt2`) on a machine that "
                                    "can reach the Hugging Face hub once, or `--model PATH` to a local copy in Hugging "
                                    "Face layout"}
