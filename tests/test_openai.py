@@ -20,7 +20,8 @@ from puffergpt.server import ServerConfig, create_app
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")
 transformers = pytest.importorskip("transformers")
 
-PROMPT = "The return statement"
+PROMPT = "The return statement"  # the demo model ends it: greedy, <|endoftext|> comes next
+LONG = "The list"  # the demo model goes on past 12 tokens
 
 
 def _free_port() -> int:
@@ -80,10 +81,12 @@ def test_greedy_logprobs_and_echo_equal_transformers(request, servers, hf, model
     r = client.completions.create(model=ckpt.name, prompt=PROMPT, max_tokens=6, temperature=0, logprobs=5, echo=True)
     ids = tokenizer.encode(PROMPT)
     lp = r.choices[0].logprobs
-    got_ids = [tokenizer.encode(t) for t in lp.tokens]  # one token a piece for these texts
     assert lp.tokens[: len(ids)] == [tokenizer.token_text(i) for i in ids]
-    all_ids = ids + [tokenizer.encode(t)[0] for t in lp.tokens[len(ids):]]
-    assert all(len(g) == 1 for g in got_ids)
+    all_ids = ids + [tokenizer.encode(t)[0] for t in lp.tokens[len(ids):]]  # one token a piece for these texts
+    assert tokenizer.decode(all_ids) == "".join(lp.tokens)
+    generated = len(all_ids) - len(ids)  # every generated token, a generated <|endoftext|> included
+    stopped = r.choices[0].finish_reason == "stop"
+    assert (generated, all_ids[-1] == tokenizer.EOT) == ((generated, True) if stopped else (6, False))
     want = hf_logprobs(hf(ckpt), all_ids)  # (T, V): row t predicts token t + 1
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing predicts the first
     worst = 0.0
@@ -92,17 +95,68 @@ def test_greedy_logprobs_and_echo_equal_transformers(request, servers, hf, model
         if t >= len(ids):  # greedy: the model's best token over the whole vocabulary
             assert all_ids[t] == int(np.argmax(row))
         worst = max(worst, abs(lp.token_logprobs[t] - row[all_ids[t]]))
-        top = np.argsort(-row)[:5]
-        assert list(lp.top_logprobs[t]) == [tokenizer.token_text(int(i)) for i in top]
-        worst = max(worst, max(abs(v - row[i]) for v, i in zip(lp.top_logprobs[t].values(), top, strict=True)))
+        top = [tokenizer.token_text(int(i)) for i in np.argsort(-row)[:5]]
+        # the 5 most likely, then the token itself when it is not among them (OpenAI's "up to logprobs + 1")
+        assert list(lp.top_logprobs[t]) == top + ([] if lp.tokens[t] in top else [lp.tokens[t]])
+        worst = max(worst, max(abs(v - row[tokenizer.encode(k)[0]]) for k, v in lp.top_logprobs[t].items()))
     assert worst < 1e-3, f"logprobs differ from transformers' by {worst:.2e}"
-    # offsets: characters from the prompt's start, each token where its text begins
+    # offsets: characters from the prompt's start, each token where its text begins (<|endoftext|> at the end)
     text = r.choices[0].text
-    assert text.startswith(PROMPT) and lp.text_offset[0] == 0
-    assert [text[o: o + len(t)] for o, t in zip(lp.text_offset, lp.tokens, strict=True)] == lp.tokens
-    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 6 and r.usage.total_tokens == len(ids) + 6
+    assert text.startswith(PROMPT) and lp.text_offset[0] == 0 and "<|endoftext|>" not in text
+    shown = [t for t in lp.tokens if t != "<|endoftext|>"]
+    assert [text[o: o + len(t)] for o, t in zip(lp.text_offset, shown, strict=False)] == shown
+    assert lp.text_offset[len(shown):] == [len(text)] * (len(lp.tokens) - len(shown))
+    assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == generated
+    assert r.usage.total_tokens == len(ids) + generated
     # one all-vocabulary search a scored position, in the request log's totals
-    assert r.model_extra["puffergpt"]["all_vocabulary_searches"] == len(ids) - 1 + 6
+    assert r.model_extra["puffergpt"]["all_vocabulary_searches"] == len(ids) - 1 + generated
+
+
+def lm_eval_loglikelihoods(url: str, model: str, requests: list[tuple[list[int], list[int]]]) -> list[tuple]:
+    """What lm-eval's ``local-completions`` does (lm_eval/models/openai_completions.py): one
+    echo request for a batch of (context, continuation) token ids, ``max_tokens`` 1,
+    ``logprobs`` 1, temperature 0; a continuation's log-likelihood is
+    ``sum(token_logprobs[ctxlen:-1])``, the [-1] dropping the one generated token, and it
+    is greedy when each of its logprobs is its ``top_logprobs`` entry's max."""
+    r = httpx.post(url + "/completions", json={"model": model, "prompt": [c + x for c, x in requests],
+                                               "temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234,
+                                               "echo": True}, timeout=300)
+    assert r.status_code == 200, r.text
+    out = []
+    for choice, (context, _) in zip(sorted(r.json()["choices"], key=lambda c: c["index"]), requests, strict=True):
+        got = choice["logprobs"]["token_logprobs"][len(context):-1]
+        tops = choice["logprobs"]["top_logprobs"][len(context):-1]
+        out.append((sum(got), all(lp == max(top.values()) for lp, top in zip(got, tops, strict=True)), len(got)))
+    return out
+
+
+def test_lm_eval_slicing_equals_transformers_even_when_the_model_ends(servers, demo, hf):
+    """lm-eval's loglikelihoods through the server, against transformers: a continuation
+    whose greedy next token is <|endoftext|> (the response must still hold that generated
+    token, or [-1] drops the continuation's last), and one ending in <|endoftext|>."""
+    _, url = servers(demo)
+    context = tokenizer.encode("The return")
+    requests = [(context, tokenizer.encode(" statement")), (context, tokenizer.encode(" statement<|endoftext|>")),
+                (tokenizer.encode("x = 1\ny"), tokenizer.encode(" = 2"))]
+    m = hf(demo)
+    first = hf_logprobs(m, requests[0][0] + requests[0][1])
+    assert int(np.argmax(first[-1])) == tokenizer.EOT, "the demo model no longer ends after 'The return statement'"
+    got = lm_eval_loglikelihoods(url, demo.name, requests)
+    worst = 0.0
+    for (ll, greedy, n), (c, x) in zip(got, requests, strict=True):
+        want = hf_logprobs(m, c + x)  # (T, V): row t predicts token t + 1
+        rows = [want[len(c) + i - 1] for i in range(len(x))]
+        assert n == len(x), f"lm-eval read {n} continuation logprobs for {len(x)} tokens"
+        worst = max(worst, abs(ll - sum(r[t] for r, t in zip(rows, x, strict=True))))
+        assert greedy == all(int(np.argmax(r)) == t for r, t in zip(rows, x, strict=True))
+    assert worst < 1e-3, f"lm-eval's loglikelihoods differ from transformers' by {worst:.2e}"
+
+
+def test_logprobs_zero_is_the_chosen_token_only(servers, demo):
+    client, _ = servers(demo)
+    r = client.completions.create(model=demo.name, prompt="x = 1\ny", max_tokens=3, temperature=0, logprobs=0)
+    lp = r.choices[0].logprobs
+    assert lp.top_logprobs == [{t: v} for t, v in zip(lp.tokens, lp.token_logprobs, strict=True)]
 
 
 def test_prompt_forms_one_choice_each(servers, tiny):
@@ -131,31 +185,31 @@ def test_n_with_a_seed_is_three_reproducible_choices(servers, demo):
 
 def test_a_stop_spanning_two_tokens_is_honoured_and_not_returned(servers, demo):
     client, _ = servers(demo)
-    free = client.completions.create(model=demo.name, prompt=PROMPT, max_tokens=12, temperature=0, logprobs=1)
+    free = client.completions.create(model=demo.name, prompt=LONG, max_tokens=12, temperature=0, logprobs=1)
     toks = free.choices[0].logprobs.tokens
     stop = toks[3][-2:] + toks[4][:2] if len(toks[3]) >= 2 else toks[3] + toks[4][:1]  # across tokens 3 and 4
     assert len(tokenizer.encode(stop)) >= 1 and stop in free.choices[0].text
-    r = client.completions.create(model=demo.name, prompt=PROMPT, max_tokens=12, temperature=0, stop=[stop, "zzzz"])
+    r = client.completions.create(model=demo.name, prompt=LONG, max_tokens=12, temperature=0, stop=[stop, "zzzz"])
     want = free.choices[0].text[: free.choices[0].text.index(stop)]
     assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
     assert free.choices[0].finish_reason == "length"
     # streamed: the same text, the stop held back and never sent
-    chunks = list(client.completions.create(model=demo.name, prompt=PROMPT, max_tokens=12, temperature=0, stop=stop,
+    chunks = list(client.completions.create(model=demo.name, prompt=LONG, max_tokens=12, temperature=0, stop=stop,
                                             stream=True))
     assert "".join(c.choices[0].text for c in chunks) == want and chunks[-1].choices[0].finish_reason == "stop"
 
 
 def test_streaming_offsets_and_final_chunk(servers, demo):
     client, url = servers(demo)
-    chunks = list(client.completions.create(model=demo.name, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2,
+    chunks = list(client.completions.create(model=demo.name, prompt=LONG, max_tokens=8, temperature=0, logprobs=2,
                                             stream=True))
-    plain = client.completions.create(model=demo.name, prompt=PROMPT, max_tokens=8, temperature=0, logprobs=2)
+    plain = client.completions.create(model=demo.name, prompt=LONG, max_tokens=8, temperature=0, logprobs=2)
     assert "".join(c.choices[0].text for c in chunks) == plain.choices[0].text
     offsets = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
-    assert offsets == plain.choices[0].logprobs.text_offset and offsets[0] == len(PROMPT)
+    assert offsets == plain.choices[0].logprobs.text_offset and offsets[0] == len(LONG)
     assert chunks[-1].choices[0].finish_reason == "length"
     assert all(c.choices[0].finish_reason is None for c in chunks[:-1])
-    raw = httpx.post(url + "/completions", json={"prompt": PROMPT, "max_tokens": 2, "stream": True}, timeout=60).text
+    raw = httpx.post(url + "/completions", json={"prompt": LONG, "max_tokens": 2, "stream": True}, timeout=60).text
     assert raw.rstrip().endswith("data: [DONE]")
 
 

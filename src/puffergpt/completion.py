@@ -73,7 +73,8 @@ def choice_pieces(open_products: Callable[[], Products], ids: list[int], max_tok
                   stops: list[str], full: bool, echo: bool, k: int | None,
                   should_stop: Callable[[], bool] | None = None) -> Iterator[Piece]:
     """One choice: the prompt (with ``echo``, scored when ``k`` is set), then the new text
-    as it becomes safe to show. Offsets count characters from the prompt's start."""
+    as it becomes safe to show. Offsets count characters from the prompt's start. A generated
+    ``<|endoftext|>`` ends the choice and is its last token (offset: the text's end), never text."""
     prompt = tokenizer.decode(ids)
     steps = complete(open_products, ids, max_tokens, s, should_stop, full=full or k is not None,
                      echo=echo and k is not None)
@@ -81,7 +82,7 @@ def choice_pieces(open_products: Callable[[], Products], ids: list[int], max_tok
         if echo and k is None:
             yield Piece(prompt)
         utf8, offset = codecs.getincrementaldecoder("utf-8")(errors="replace"), 0
-        out, sent, queue, taken, finish = "", 0, [], [], "length"
+        out, sent, queue, taken, finish, eot = "", 0, [], [], "length", []
         base = len(prompt)  # the new text's offsets follow the prompt's, echoed or not
         for step in steps:
             if step.phase == "prompt":  # echo's scored prompt: no stop applies to it
@@ -90,8 +91,10 @@ def choice_pieces(open_products: Callable[[], Products], ids: list[int], max_tok
                 offset += len(t)
                 continue
             taken.append(step)
-            if step.token_id == tokenizer.EOT:
+            if step.token_id == tokenizer.EOT:  # the model's end: in the tokens (lm-eval counts it), not the text
                 finish = "stop"
+                out += utf8.decode(b"", final=True)
+                eot = [_entry(step, base + len(out), k)]
                 break
             queue.append(_entry(step, base + len(out), k))
             out += utf8.decode(tokenizer.token_bytes(step.token_id))
@@ -107,7 +110,7 @@ def choice_pieces(open_products: Callable[[], Products], ids: list[int], max_tok
                 queue, taken, sent = queue[len(now):], [], safe
         if finish == "length":
             out += utf8.decode(b"", final=True)
-        last = [e for e in queue if e["offset"] < base + len(out) or finish == "length"]
+        last = [e for e in queue if e["offset"] < base + len(out) or finish == "length" or eot] + eot
         yield Piece(out[sent:], last, taken, finish)
     finally:
         steps.close()  # here, in the thread that drove it: the text and its keys go now

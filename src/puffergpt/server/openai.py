@@ -155,10 +155,19 @@ def streamed(generations: Generations, produce: Callable[[threading.Event], Iter
 
 # --- rendering ---
 
+def _top(e: dict) -> dict | None:
+    """The k most likely tokens, and the chosen one after them when it is not among them (OpenAI's
+    "up to logprobs + 1"): ``logprobs: 0`` gives the chosen token alone. None where nothing is scored."""
+    if e["top"] is None:
+        return None
+    top = {tokenizer.token_text(i): lp for i, lp in e["top"]}
+    top.setdefault(e["token"], e["logprob"])
+    return top
+
+
 def _completion_logprobs(tokens: list[dict]) -> dict:
     return {"tokens": [e["token"] for e in tokens], "token_logprobs": [e["logprob"] for e in tokens],
-            "top_logprobs": [None if e["top"] is None else {tokenizer.token_text(i): lp for i, lp in e["top"]}
-                             for e in tokens],
+            "top_logprobs": [_top(e) for e in tokens],
             "text_offset": [e["offset"] for e in tokens]}
 
 
