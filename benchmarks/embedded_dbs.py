@@ -57,16 +57,24 @@ def store_timings(tmp, W, V, x, X, ref, repeat) -> dict[str, float]:
     for name, M in (("c_fc", W), ("wte", V)):
         for a in range(0, len(M), 4096):
             b = min(a + 4096, len(M))
-            s.upsert("m", [f"{name}.{i}" for i in range(a, b)], M[a:b], {"matrix": [name] * (b - a), "row": np.arange(a, b)})
+            s.upsert(
+                "m", [f"{name}.{i}" for i in range(a, b)], M[a:b], {"matrix": [name] * (b - a), "row": np.arange(a, b)}
+            )
     one = [Query(x, (("matrix", "=", "c_fc"),))]
     h = s.search("m", one, "inner_product", ("row",))
     check_product("store", h.attrs["row"], h.distance, ref)
     batch = [Query(v, (("matrix", "=", "c_fc"),)) for v in X]
     top = [Query(x, (("matrix", "=", "wte"),), top_k=K)]
-    out = {"qdrant-edge store.search, 1 query": timeit(lambda: s.search("m", one, "inner_product", ("row",)), repeat),
-           f"qdrant-edge store.search, {BATCH} queries (per query)":
-               timeit(lambda: s.search("m", batch, "inner_product", ("row",)), repeat) / BATCH,
-           f"qdrant-edge store.search top-{K} of {VOCAB:,}": timeit(lambda: s.search("m", top, "inner_product", ("row",)), repeat)}
+    out = {
+        "qdrant-edge store.search, 1 query": timeit(lambda: s.search("m", one, "inner_product", ("row",)), repeat),
+        f"qdrant-edge store.search, {BATCH} queries (per query)": timeit(
+            lambda: s.search("m", batch, "inner_product", ("row",)), repeat
+        )
+        / BATCH,
+        f"qdrant-edge store.search top-{K} of {VOCAB:,}": timeit(
+            lambda: s.search("m", top, "inner_product", ("row",)), repeat
+        ),
+    }
     out |= binding_timings(s._get("m"), x, X, repeat)
     s.close()
     return out
@@ -86,15 +94,33 @@ def binding_timings(n, x, X, repeat) -> dict[str, float]:
     def unpack(r):
         return np.fromiter((p.id for p in r), np.int64, len(r)), np.fromiter((p.score for p in r), np.float64, len(r))
 
-    reqs = lambda: qe.QueryBatchRequest([qe.QueryRequest(limit=ROWS, query=qe.Query.Nearest(v, using="inner_product"), filter=f,  # noqa: E731
-                                                         with_payload=False, params=exact) for v in X])
+    def reqs():
+        return qe.QueryBatchRequest(
+            [
+                qe.QueryRequest(
+                    limit=ROWS,
+                    query=qe.Query.Nearest(v, using="inner_product"),
+                    filter=f,
+                    with_payload=False,
+                    params=exact,
+                )
+                for v in X
+            ]
+        )
     total = len(n.slots)
-    return {"binding: ids + scores, limit = rows": timeit(lambda: unpack(ask(ROWS, False)), repeat),
-            f"binding: ids + scores, limit = all {total:,} docs": timeit(lambda: unpack(ask(total, False)), repeat),
-            "binding: payload 'row' + scores, limit = rows": timeit(lambda: [(p.payload["row"], p.score) for p in ask(ROWS, ["row"])], repeat),
-            "binding: query only, no unpacking": timeit(lambda: ask(ROWS, False), repeat),
-            "binding: limit 1 (the search alone)": timeit(lambda: ask(1, False), repeat),
-            f"binding: query_batch of {BATCH} (per query)": timeit(lambda: [unpack(r) for r in n.shard.query_batch(reqs())], repeat) / BATCH}
+    return {
+        "binding: ids + scores, limit = rows": timeit(lambda: unpack(ask(ROWS, False)), repeat),
+        f"binding: ids + scores, limit = all {total:,} docs": timeit(lambda: unpack(ask(total, False)), repeat),
+        "binding: payload 'row' + scores, limit = rows": timeit(
+            lambda: [(p.payload["row"], p.score) for p in ask(ROWS, ["row"])], repeat
+        ),
+        "binding: query only, no unpacking": timeit(lambda: ask(ROWS, False), repeat),
+        "binding: limit 1 (the search alone)": timeit(lambda: ask(1, False), repeat),
+        f"binding: query_batch of {BATCH} (per query)": timeit(
+            lambda: [unpack(r) for r in n.shard.query_batch(reqs())], repeat
+        )
+        / BATCH,
+    }
 
 
 def duckdb_timings(tmp, W, V, x, X, ref, repeat) -> dict[str, float]:
@@ -115,12 +141,19 @@ def duckdb_timings(tmp, W, V, x, X, ref, repeat) -> dict[str, float]:
     q = f"SELECT row, array_inner_product(vec, $1::FLOAT[{DIM}]) AS d FROM docs WHERE matrix = 'c_fc'"
     r = con.execute(q, [x.tolist()]).fetchnumpy()
     check_product("duckdb", r["row"], r["d"], ref)
-    qb = (f"SELECT q.i, d.row, array_inner_product(d.vec, q.v) FROM docs d, "
-          f"(SELECT unnest(range(len($1::FLOAT[{DIM}][]))) AS i, unnest($1::FLOAT[{DIM}][]) AS v) q WHERE d.matrix = 'c_fc'")
+    qb = (
+        f"SELECT q.i, d.row, array_inner_product(d.vec, q.v) FROM docs d, "
+        f"(SELECT unnest(range(len($1::FLOAT[{DIM}][]))) AS i, unnest($1::FLOAT[{DIM}][]) AS v) q WHERE d.matrix = 'c_fc'"
+    )
     qt = f"SELECT row, array_inner_product(vec, $1::FLOAT[{DIM}]) AS d FROM docs WHERE matrix = 'wte' ORDER BY d DESC LIMIT {K}"
-    return {"duckdb array_inner_product, 1 query": timeit(lambda: con.execute(q, [x.tolist()]).fetchnumpy(), repeat),
-            f"duckdb batched, {BATCH} queries (per query)": timeit(lambda: con.execute(qb, [X.tolist()]).fetchnumpy(), repeat) / BATCH,
-            f"duckdb top-{K} of {VOCAB:,}": timeit(lambda: con.execute(qt, [x.tolist()]).fetchnumpy(), repeat)}
+    return {
+        "duckdb array_inner_product, 1 query": timeit(lambda: con.execute(q, [x.tolist()]).fetchnumpy(), repeat),
+        f"duckdb batched, {BATCH} queries (per query)": timeit(
+            lambda: con.execute(qb, [X.tolist()]).fetchnumpy(), repeat
+        )
+        / BATCH,
+        f"duckdb top-{K} of {VOCAB:,}": timeit(lambda: con.execute(qt, [x.tolist()]).fetchnumpy(), repeat),
+    }
 
 
 def main() -> None:

@@ -60,17 +60,23 @@ def before_copy(store, ns):
 
 def before_product(store, old, q, matrix):
     """The old statement: one result row per (query, document), decoded as the old code did."""
-    rows = store._run(f'SELECT q.qi, -(t.vector <#> q.v) AS d, t."row" FROM unnest(%b::int4[], %b::vector[]) AS q(qi, v) '
-                      f'JOIN {old} t ON t.matrix = %b::text', [list(range(len(q))), list(q), matrix])
-    cols = list(zip(*rows))
+    rows = store._run(
+        f'SELECT q.qi, -(t.vector <#> q.v) AS d, t."row" FROM unnest(%b::int4[], %b::vector[]) AS q(qi, v) '
+        f"JOIN {old} t ON t.matrix = %b::text",
+        [list(range(len(q))), list(q), matrix],
+    )
+    cols = list(zip(*rows, strict=True))
     n = len(rows)
     return np.fromiter(cols[0], np.int64, n), np.fromiter(cols[1], np.float64, n), np.fromiter(cols[2], np.int64, n)
 
 
 def before_top_k(store, old, q, matrix, k):
-    return store._run(f'SELECT q.qi, -h.o AS d, h.id FROM unnest(%b::int4[], %b::vector[]) AS q(qi, v) CROSS JOIN LATERAL '
-                      f'(SELECT (t.vector <#> q.v) AS o, t.id FROM {old} t WHERE t.matrix = %b::text ORDER BY o, t.id LIMIT {int(k)}) h '
-                      f'ORDER BY q.qi, h.o, h.id', [list(range(len(q))), list(q), matrix])
+    return store._run(
+        f"SELECT q.qi, -h.o AS d, h.id FROM unnest(%b::int4[], %b::vector[]) AS q(qi, v) CROSS JOIN LATERAL "
+        f"(SELECT (t.vector <#> q.v) AS o, t.id FROM {old} t WHERE t.matrix = %b::text ORDER BY o, t.id LIMIT {int(k)}) h "
+        f"ORDER BY q.qi, h.o, h.id",
+        [list(range(len(q))), list(q), matrix],
+    )
 
 
 def timed(f, rounds):
@@ -93,8 +99,10 @@ def main():
     tmp = tempfile.TemporaryDirectory(prefix="puffergpt-pgtune-")
     store = open_pgvector(args.data or Path(tmp.name))
     try:
-        version = store._one("SELECT current_setting('server_version'), (SELECT extversion FROM pg_extension WHERE extname = 'vector'), "
-                             "current_setting('shared_buffers')")
+        version = store._one(
+            "SELECT current_setting('server_version'), (SELECT extversion FROM pg_extension WHERE extname = 'vector'), "
+            "current_setting('shared_buffers')"
+        )
         out = {"postgres": version[0], "pgvector": version[1], "shared_buffers": version[2]}
         parts = [("wte", 50_257), ("fc", 3_072)]
         parts.append(("other", max(0, args.rows - sum(n for _, n in parts))))
@@ -106,20 +114,34 @@ def main():
         proj = store.fetch("w3074", [f"proj.{i}" for i in range(768)])
         q1 = (rng.standard_normal((16, 770))).astype(np.float32)
         q4 = (rng.standard_normal((1, 3074))).astype(np.float32)
-        after = lambda ns, q, m, k=None: store.search(ns, [Query(v, (("matrix", "=", m),), top_k=k) for v in q], "inner_product", ("row",))  # noqa: E731
+        def after(ns, q, m, k=None):
+            return store.search(ns, [Query(v, (("matrix", "=", m),), top_k=k) for v in q], "inner_product", ("row",))
+
         # the two paths agree before anything is timed
         h = after("w770", q1[:1], "fc")
         qi, d, r = before_product(store, old770, q1[:1], "fc")
         assert np.array_equal(h.distance[np.argsort(h.attrs["row"])], d[np.argsort(r)])
         cases = {
-            "product 3072x770, 1 query": (lambda: before_product(store, old770, q1[:1], "fc"), lambda: after("w770", q1[:1], "fc"),
-                                          lambda: q1[:1] @ fc.T),
-            "product 3072x770, 16 queries": (lambda: before_product(store, old770, q1, "fc"), lambda: after("w770", q1, "fc"),
-                                             lambda: q1 @ fc.T),
-            "product 768x3074, 1 query": (lambda: before_product(store, old3074, q4, "proj"), lambda: after("w3074", q4, "proj"),
-                                          lambda: q4 @ proj.T),
-            "top-40 of 50257, 1 query": (lambda: before_top_k(store, old770, q1[:1], "wte", 40), lambda: after("w770", q1[:1], "wte", 40),
-                                         lambda: np.argpartition(-(q1[:1] @ wte.T), 40, axis=1)[:, :40]),
+            "product 3072x770, 1 query": (
+                lambda: before_product(store, old770, q1[:1], "fc"),
+                lambda: after("w770", q1[:1], "fc"),
+                lambda: q1[:1] @ fc.T,
+            ),
+            "product 3072x770, 16 queries": (
+                lambda: before_product(store, old770, q1, "fc"),
+                lambda: after("w770", q1, "fc"),
+                lambda: q1 @ fc.T,
+            ),
+            "product 768x3074, 1 query": (
+                lambda: before_product(store, old3074, q4, "proj"),
+                lambda: after("w3074", q4, "proj"),
+                lambda: q4 @ proj.T,
+            ),
+            "top-40 of 50257, 1 query": (
+                lambda: before_top_k(store, old770, q1[:1], "wte", 40),
+                lambda: after("w770", q1[:1], "wte", 40),
+                lambda: np.argpartition(-(q1[:1] @ wte.T), 40, axis=1)[:, :40],
+            ),
         }
         out["ms"] = {}
         for name, (b, a, n) in cases.items():
@@ -127,7 +149,10 @@ def main():
             out["ms"][name] = {"before": timed(b, rounds), "after": timed(a, rounds), "numpy": timed(n, rounds)}
             print(f"{name:32s} before {out['ms'][name]['before']:8.2f} ms   after {out['ms'][name]['after']:8.2f} ms   "
                   f"numpy {out['ms'][name]['numpy']:6.2f} ms", flush=True)
-        out["bytes"] = {ns: store._one(f"SELECT pg_total_relation_size('{ns}')")[0] for ns in ('"ns:w770"', old770, '"ns:w3074"', old3074)}
+        out["bytes"] = {
+            ns: store._one(f"SELECT pg_total_relation_size('{ns}')")[0]
+            for ns in ('"ns:w770"', old770, '"ns:w3074"', old3074)
+        }
         print(json.dumps(out, indent=1))
     finally:
         store.close()

@@ -31,7 +31,9 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--data", default=None)
     ap.add_argument("--tokens", type=int, default=8)
-    ap.add_argument("--prefill", type=int, default=0, help="profile the prefill of a prompt of this many tokens instead")
+    ap.add_argument(
+        "--prefill", type=int, default=0, help="profile the prefill of a prompt of this many tokens instead"
+    )
     a = ap.parse_args()
     ckpt = checkpoints.load(a.model)
     store = open_store("embedded", a.data or tempfile.mkdtemp(prefix="puffergpt-profile-"))

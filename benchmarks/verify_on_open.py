@@ -43,9 +43,12 @@ def main() -> None:
         files = store.stamp(list(m["namespaces"]))
     finally:
         store.close()
-    print(f"{a.model}: {m['documents']:,} documents, {len(files)} files ({sum(v[0] for v in files.values()) / 1e6:,.0f} MB): "
-          f"full check {full:.1f} s; stamp check {stamped * 1e3:.0f} ms (unchanged: {same}), "
-          f"after a start {after * 1e3:.0f} ms (unchanged: {same2})")
+    print(
+        f"{a.model}: {m['documents']:,} documents, {len(files)} files "
+        f"({sum(v[0] for v in files.values()) / 1e6:,.0f} MB): "
+        f"full check {full:.1f} s; stamp check {stamped * 1e3:.0f} ms (unchanged: {same}), "
+        f"after a start {after * 1e3:.0f} ms (unchanged: {same2})"
+    )
 
 
 if __name__ == "__main__":

@@ -129,7 +129,9 @@ class Probe:
             k = f"{r.status_code // 100}xx"
             self.counts[k] = self.counts.get(k, 0) + 1
             if k != "4xx" or expect is not None:
-                self.wrong.append((method, path[:80], str(body if raw is None else raw)[:80], r.status_code, r.text[:160]))
+                self.wrong.append(
+                    (method, path[:80], str(body if raw is None else raw)[:80], r.status_code, r.text[:160])
+                )
         self.alive()
         return r
 
@@ -150,7 +152,7 @@ def evidence(engine: Engine, name: str) -> dict:
     top, logits = nb.candidates_from_products(engine.open)(ids, len(ids), 5)
     return {"kind": "token", "model": name, "prompt_ids": ids, "position": len(ids), "token_id": top[0],
             "sampling": {"temperature": 1.0, "top_k": 5, "seed": None},
-            "candidates": [{"token_id": i, "logit": v} for i, v in zip(top, logits)]}
+            "candidates": [{"token_id": i, "logit": v} for i, v in zip(top, logits, strict=True)]}
 
 
 @contextlib.contextmanager
@@ -183,8 +185,12 @@ def notebook_attacks(p: Probe, book: nb.Notebook, good: dict, outside: Path) -> 
     stem = iid[:-6]
     bad_utf8, bomb, big, fifo, link = (f"{stem}{x * 6}" for x in "abcde")
     (folder / f"{bad_utf8}.md").write_bytes(text.replace(b"title: ", b"title: \xff", 1))
-    levels = ["&l0 [" + ", ".join(["lol"] * 10) + "]"] + [f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 6)]
-    (folder / f"{bomb}.md").write_bytes(re.sub(rb"(?m)^title: .*$", f"title: [{', '.join(levels)}]".encode(), text, count=1))
+    levels = ["&l0 [" + ", ".join(["lol"] * 10) + "]"] + [
+        f"&l{i} [" + ", ".join([f"*l{i - 1}"] * 10) + "]" for i in range(1, 6)
+    ]
+    (folder / f"{bomb}.md").write_bytes(
+        re.sub(rb"(?m)^title: .*$", f"title: [{', '.join(levels)}]".encode(), text, count=1)
+    )
     (folder / f"{big}.md").write_bytes(text + b"x" * nb.MAX_FILE_BYTES)
     os.mkfifo(folder / f"{fifo}.md")
     (outside / "secret.md").write_bytes(text)
@@ -231,7 +237,10 @@ def main() -> None:
     book = nb.Notebook(tmp / "notebook")
     (tmp / "outside").mkdir()
     app = create_app(engine, ServerConfig(max_open_texts=8), reference=lambda: NumpyProducts(ckpt), notebook=book)
-    fields = {**FIELDS, "/api/insights": {"title": "t", "body": "b", "tags": ["x"], "evidence": evidence(engine, ckpt.name)}}
+    fields = {
+        **FIELDS,
+        "/api/insights": {"title": "t", "body": "b", "tags": ["x"], "evidence": evidence(engine, ckpt.name)},
+    }
     srv, thread, port = serve(app)
     notes = []
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
@@ -258,10 +267,12 @@ def main() -> None:
     thread.join(30)
     counts = p.counts
     t = time.strftime("%Y-%m-%d %H:%M")
-    print(f"{t}: {sum(counts.values())} inputs: {counts['4xx']} refused (4xx), {counts['5xx']} 5xx, "
-          f"{counts['hang']} hangs, {counts['expected']} answered with their expected status (a saved insight, the "
-          f"notebook's list, the read-only notebook's 503), {counts.get('2xx', 0)} accepted (values that are valid for "
-          f"their field, e.g. 0 tokens, a seed of 0, token ids as a prompt: listed below); {before} texts open at the end")
+    print(
+        f"{t}: {sum(counts.values())} inputs: {counts['4xx']} refused (4xx), {counts['5xx']} 5xx, "
+        f"{counts['hang']} hangs, {counts['expected']} answered with their expected status (a saved insight, the "
+        f"notebook's list, the read-only notebook's 503), {counts.get('2xx', 0)} accepted (values that are valid for "
+        f"their field, e.g. 0 tokens, a seed of 0, token ids as a prompt: listed below); {before} texts open at the end"
+    )
     for w in p.wrong:
         print("  accepted:" if w[-2] in (200, 201) else "  WRONG:", w)
     for n in notes:

@@ -129,7 +129,10 @@ def load_data(val_frac: float, seed: int) -> tuple[dict, dict]:
         docs = [d for d in fn(inputs) if not any(h in d for h in held_lines)]
         random.Random(seed).shuffle(docs)
         n_val = max(1, int(len(docs) * val_frac))
-        flat = lambda ds: torch.tensor([t for d in ds for t in encode(d) + [EOT]], dtype=torch.long)
+
+        def flat(ds: list[str]) -> torch.Tensor:  # documents joined with <|endoftext|>
+            return torch.tensor([t for d in ds for t in encode(d) + [EOT]], dtype=torch.long)
+
         data[name] = (flat(docs[:-n_val]), flat(docs[-n_val:]))
         stats[name] = {"docs": len(docs), "val_docs": n_val,
                        "train_tokens": len(data[name][0]), "val_tokens": len(data[name][1])}
@@ -174,7 +177,7 @@ def batch(train: dict, weights: dict, batch_size: int, copy_frac: float, common:
     """
     xs, ys = [], []
     names = list(weights)
-    for i in range(batch_size):
+    for _ in range(batch_size):
         if rng.random() < copy_frac:
             ids, scored = copy_lines(rng) if rng.random() < lines_frac else copy_spans(rng, common)
             ids = torch.tensor(ids)
@@ -452,7 +455,7 @@ def neighbours(wte: torch.Tensor, word: str, k: int = 5) -> list[tuple[str, floa
     cos = unit @ unit[i]  # (V,)
     cos[i] = -2
     top = torch.topk(cos, k)
-    return [(decode([int(t)]), round(float(c), 4)) for t, c in zip(top.indices, top.values)]
+    return [(decode([int(t)]), round(float(c), 4)) for t, c in zip(top.indices, top.values, strict=True)]
 
 
 def analogies(wte: torch.Tensor, untrained: torch.Tensor) -> list[dict]:
@@ -608,7 +611,9 @@ def card(args, config, ckpt, meta, keep, n_params, losses, proof) -> str:
                          for i, p in enumerate(phases))
     done, hist_rows = 0, []
     for p in phases:
-        hist_rows += [f"| {done + h['step']} | {h['train']:.3f} | {h['val']:.3f} | {h['s'] / 60:.1f} |" for h in p["history"]]
+        hist_rows += [
+            f"| {done + h['step']} | {h['train']:.3f} | {h['val']:.3f} | {h['s'] / 60:.1f} |" for h in p["history"]
+        ]
         done += p["step"]
     hist = "\n".join(hist_rows)
     # The train/validation split is shuffled with --seed, so phases with different seeds split
@@ -637,11 +642,13 @@ def card(args, config, ckpt, meta, keep, n_params, losses, proof) -> str:
         copy_words = (f"The head that does it is **layer {cp['layer']}, head {cp['head']}** (0-based): its last-token "
                       f"attention puts {cp['weight']:.2f} of its weight on the `' 3'` to copy (an induction head).")
     else:  # say so plainly: the attention view will show no induction head
-        copy_words = (f"**No induction head formed** in this short run: the head with the most weight on the "
-                      f"`' 3'` to copy is layer {cp['layer']}, head {cp['head']} (0-based) with only {cp['weight']:.2f}, "
-                      f"so the attention view shows no head that copies and the right answer is no evidence of "
-                      f"one; a repeated span of random tokens is not copied (its repeat scores no better than "
-                      f"its first appearance).")
+        copy_words = (
+            f"**No induction head formed** in this short run: the head with the most weight on the "
+            f"`' 3'` to copy is layer {cp['layer']}, head {cp['head']} (0-based) with only {cp['weight']:.2f}, "
+            f"so the attention view shows no head that copies and the right answer is no evidence of "
+            f"one; a repeated span of random tokens is not copied (its repeat scores no better than "
+            f"its first appearance)."
+        )
     cv = proof.get("copy_variants", [])
     variants = "\n".join(f"  - `{x['prompt']!r}` -> `{x['answer']!r}`" + (" (right)" if x["ok"] else
                           f" (wanted `{x['want']!r}`)") for x in cv)

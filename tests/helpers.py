@@ -29,7 +29,9 @@ def encoding_error_through(store, metric: str) -> float:
     enc = Encoding(metric)
     docs, M = enc.documents(w, b)
     store.create_namespace("m", docs.shape[1], {"matrix": "str", "row": "int"}, metric)
-    store.upsert("m", [f"w.{i}" for i in range(len(docs))], docs, {"matrix": ["w"] * len(docs), "row": np.arange(len(docs))})
+    store.upsert(
+        "m", [f"w.{i}" for i in range(len(docs))], docs, {"matrix": ["w"] * len(docs), "row": np.arange(len(docs))}
+    )
     q = enc.queries(x)
     hits = store.search("m", [Query(v, (("matrix", "=", "w"),)) for v in q], metric, include=("row",))
     dist = np.zeros((len(q), len(docs)))
@@ -43,7 +45,8 @@ def report_diff(name: str, got: np.ndarray, want: np.ndarray) -> str:
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     d = np.abs(got - want)
     i = np.unravel_index(np.argmax(d), d.shape) if d.size else ()
-    return f"{name}: max |diff| {d.max():.3g} at {tuple(int(j) for j in i)} (got {got[i]:.6g}, want {want[i]:.6g}), mean {d.mean():.3g}"
+    where = tuple(int(j) for j in i)
+    return f"{name}: max |diff| {d.max():.3g} at {where} (got {got[i]:.6g}, want {want[i]:.6g}), mean {d.mean():.3g}"
 
 
 def assert_close(name: str, got, want, atol: float) -> float:
@@ -89,7 +92,9 @@ def compare_with_reference(ckpt, text, prompt: str, n: int, metric: str = "inner
             assert set(g) == set(w), f"{prompt!r} step {step}: top-40 ids differ"
             worst = max(worst, assert_close(f"{prompt!r} step {step} top-40 logits", [g[t] for t in w],
                                             list(w.values()), LOGIT_BOUNDS[metric]))
-            assert got.token_id == want.token_id, f"{prompt!r} step {step}: token {got.token_id} != reference {want.token_id}"
+            assert got.token_id == want.token_id, (
+                f"{prompt!r} step {step}: token {got.token_id} != reference {want.token_id}"
+            )
             tokens.append(got.token_id)
     finally:
         text.close()

@@ -9,7 +9,9 @@ from puffergpt.cli import main
 
 def test_bench_quick_json(tmp_path, tiny_dir):
     out, png = tmp_path / "bench.json", tmp_path / "bench.png"
-    r = CliRunner().invoke(main, ["bench", "--model", str(tiny_dir), "--quick", "--json", str(out), "--chart", str(png)])
+    r = CliRunner().invoke(
+        main, ["bench", "--model", str(tiny_dir), "--quick", "--json", str(out), "--chart", str(png)]
+    )
     assert r.exit_code == 0, r.output
     report = json.loads(out.read_text())
     assert {"model", "machine", "results"} <= set(report)

@@ -22,7 +22,10 @@ COPY_PROMPT = "a = 7\nb = 3\nc = 9\na = 7\nb ="
 COPY_LAYER, COPY_HEAD = 2, 2  # the induction head: most weight on the token to copy (0-based), per the card
 N_UNTRAINED = 34_643  # rows of wte set to one shared vector (the card says how many)
 PERPLEXITY = 614.2  # the card's figure for tests/data/english.txt
-ANALOGIES = [(" he", " she", " his", " her"), (" one", " two", " three", " four")]  # (a, b, c, answer) the card names as right
+ANALOGIES = [
+    (" he", " she", " his", " her"),
+    (" one", " two", " three", " four"),
+]  # (a, b, c, answer) the card names as right
 
 
 def paragraphs() -> list[list[int]]:

@@ -3,10 +3,9 @@
 import numpy as np
 import pytest
 
+from helpers import assert_close, encoding_error_through, layer
 from puffergpt.documents import METRICS, Encoding
 from puffergpt.stores import open_store
-
-from helpers import assert_close, encoding_error_through, layer
 
 # Max abs error of y = x @ W + b for a (768 -> 3072) layer with GPT-2-like scales,
 # when the distances are computed exactly in float64 from float32 documents. The

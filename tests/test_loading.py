@@ -79,7 +79,9 @@ def test_an_altered_document_is_detected_and_named(store, tiny):
                                                         "norm2": loading.row_norm2(v + 1e-3, 64)})
     bad = loading.verify(store, m)
     assert list(bad) == ["h.0.attn.c_attn"] and "altered" in bad["h.0.attn.c_attn"]
-    with pytest.raises(loading.StoreDamaged, match=r"h\.0\.attn\.c_attn: .*altered.*\n.*puffergpt load --model tiny .*--repair"):
+    with pytest.raises(
+        loading.StoreDamaged, match=r"h\.0\.attn\.c_attn: .*altered.*\n.*puffergpt load --model tiny .*--repair"
+    ):
         Engine(store, "tiny", verify=True)  # as serve and generate open it
     # The counts look right, but the files changed since they were verified: a plain load reads
     # every document back and rewrites what differs.
@@ -178,7 +180,11 @@ def test_a_verified_store_is_not_read_again_until_its_files_change(tmp_path, tin
         return len(reads)
 
     assert opened() == 0 and opened() == 0  # an open rewrote files: same bytes, no read
-    (chunk,) = glob.glob(str(tmp_path / "edge" / "tiny.64" / "shard" / "segments" / "*" / "vector_storage-*" / "vectors" / "chunk_0.mmap"))
+    (chunk,) = glob.glob(
+        str(
+            tmp_path / "edge" / "tiny.64" / "shard" / "segments" / "*" / "vector_storage-*" / "vectors" / "chunk_0.mmap"
+        )
+    )
     os.utime(chunk, ns=(1, 1))
     assert opened() == 0  # a new mtime alone: its bytes are those verified
     with open(chunk, "r+b") as f:

@@ -52,8 +52,13 @@ def offline_env(tmp_path) -> dict[str, str]:
     home = tmp_path / "home"
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("HF_", "XDG_", "PUFFERGPT_")) and k not in ("MODEL", "HOST", "PORT")}
-    return env | {"HOME": str(home), "XDG_CACHE_HOME": str(home / ".cache"), "XDG_DATA_HOME": str(home / ".local/share"),
-                  "XDG_CONFIG_HOME": str(home / ".config"), "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    return env | {
+        "HOME": str(home),
+        "XDG_CACHE_HOME": str(home / ".cache"),
+        "XDG_DATA_HOME": str(home / ".local/share"),
+        "XDG_CONFIG_HOME": str(home / ".config"),
+        "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}",
+    }
 
 
 def dry_run(tree: Path, *args: str, env: dict | None = None) -> list[str]:
@@ -85,7 +90,9 @@ def test_make_run_model_is_explicit(tree, tmp_path):
         f"{venv}/bin/puffergpt serve --model 'gpt2' --host 127.0.0.1 --port 8001"
     # A MODEL (or HOST) exported for something else does not change what `make run` serves.
     env = os.environ | {"MODEL": "llama", "HOST": "0.0.0.0"}
-    assert dry_run(tree, "run", f"VENV={venv}", env=env)[-1] == f"{venv}/bin/puffergpt serve --host 127.0.0.1 --port 8000"
+    assert (
+        dry_run(tree, "run", f"VENV={venv}", env=env)[-1] == f"{venv}/bin/puffergpt serve --host 127.0.0.1 --port 8000"
+    )
 
 
 @pytest.fixture
@@ -103,8 +110,14 @@ def linked_venv(tmp_path, tree) -> Path:
 
 def start_make_run(tree: Path, venv: Path, env: dict, *args: str) -> subprocess.Popen:
     # Its own process group, so that stopping it stops make, the shell and the server.
-    return subprocess.Popen(["make", "-C", str(tree), "--no-print-directory", "run", f"VENV={venv}", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True)
+    return subprocess.Popen(
+        ["make", "-C", str(tree), "--no-print-directory", "run", f"VENV={venv}", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def stop(p: subprocess.Popen) -> str:

@@ -59,10 +59,16 @@ def step_evidence(products, model: str, prompt: str = PROMPT, n: int = 3, s: Sam
     try:
         text.append(tokenizer.encode(prompt))
         step = list(text.generate(n, s))[-1]
-        return {"kind": "token", "model": model, "prompt_ids": text.tokens[: text.length], "position": step.position,
-                "token_id": step.token_id, "sampling": {"temperature": s.temperature, "top_k": s.top_k, "seed": s.seed},
-                "candidates": [{"token_id": int(i), "logit": float(v)} for i, v in zip(step.ids, step.logits)],
-                "requests": [r.to_json() for r in step.requests]}
+        return {
+            "kind": "token",
+            "model": model,
+            "prompt_ids": text.tokens[: text.length],
+            "position": step.position,
+            "token_id": step.token_id,
+            "sampling": {"temperature": s.temperature, "top_k": s.top_k, "seed": s.seed},
+            "candidates": [{"token_id": int(i), "logit": float(v)} for i, v in zip(step.ids, step.logits, strict=True)],
+            "requests": [r.to_json() for r in step.requests],
+        }
     finally:
         text.close()
 
@@ -95,7 +101,9 @@ def numpy_candidates_at(ckpt):
 
 def test_a_save_is_one_commit_holding_the_file(tmp_path, evidence):
     book = Notebook(tmp_path / "nb")  # absent: initialised
-    ins = book.save("Temperature finally clicked", "Dividing by T before softmax flattens it.", ["temperature"], evidence)
+    ins = book.save(
+        "Temperature finally clicked", "Dividing by T before softmax flattens it.", ["temperature"], evidence
+    )
     repo = tmp_path / "nb"
     assert commits(repo) == [ins.commit]
     assert git(repo, "show", "--name-only", "--format=", ins.commit).split() == [ins.path]
@@ -111,7 +119,13 @@ def test_a_save_is_one_commit_holding_the_file(tmp_path, evidence):
     assert tokenizer.decode(evidence["prompt_ids"][: evidence["position"]]) in on_disk
     assert f"{evidence['candidates'][0]['logit']:.6f}" in on_disk
     got = book.get(ins.id)
-    assert (got.title, got.body, got.tags, got.model, got.commit) == (ins.title, ins.body, ins.tags, ins.model, ins.commit)
+    assert (got.title, got.body, got.tags, got.model, got.commit) == (
+        ins.title,
+        ins.body,
+        ins.tags,
+        ins.model,
+        ins.commit,
+    )
     assert got.evidence == evidence  # the machine-readable block round-trips exactly
 
 
@@ -136,7 +150,10 @@ def test_a_readable_section_edited_by_hand_still_reads(tmp_path, evidence):
     book = Notebook(tmp_path / "nb")
     ins = book.save("Edited", "my words", [], evidence)
     f = tmp_path / "nb" / ins.path
-    f.write_text(f.read_text(encoding="utf-8").replace("- kind: token", "- kind: token (I looked at this twice)"), encoding="utf-8")
+    f.write_text(
+        f.read_text(encoding="utf-8").replace("- kind: token", "- kind: token (I looked at this twice)"),
+        encoding="utf-8",
+    )
     got = book.get(ins.id)
     assert got.body == "my words" and got.evidence == evidence
 
@@ -164,7 +181,9 @@ def test_two_insights_with_the_same_title_are_two_files(tmp_path, evidence):
     assert a.path != b.path and a.id != b.id
     assert (book.get(a.id).body, book.get(b.id).body) == ("first", "second")
     assert commits(tmp_path / "nb") == [b.commit, a.commit]
-    assert sorted(git(tmp_path / "nb", "ls-tree", "--name-only", "HEAD", "insights/").split()) == sorted([a.path, b.path])
+    assert sorted(git(tmp_path / "nb", "ls-tree", "--name-only", "HEAD", "insights/").split()) == sorted(
+        [a.path, b.path]
+    )
 
 
 def test_a_non_empty_directory_that_is_not_a_repository_is_refused(tmp_path):
@@ -199,7 +218,9 @@ def test_a_directory_inside_another_repository_is_its_own_or_refused(tmp_path, e
         Notebook(outer / "notes")  # the outer project's folder is not a notebook
     ins = Notebook(outer / "book").save("Nested", "", [], evidence)  # an empty one becomes a repository of its own
     assert commits(outer / "book") == [ins.commit]
-    assert subprocess.run(["git", "-C", str(outer), "rev-parse", "HEAD"], capture_output=True).returncode != 0  # the project untouched
+    assert (
+        subprocess.run(["git", "-C", str(outer), "rev-parse", "HEAD"], capture_output=True).returncode != 0
+    )  # the project untouched
 
 
 @pytest.mark.parametrize("title, body, tags, problem", [
@@ -273,7 +294,9 @@ def test_a_locked_index_is_a_clear_error_and_the_next_save_commits_both(tmp_path
     after = book.save("After", "", [], evidence)
     assert commits(root) == [after.commit, first.commit]
     stuck_path = f"insights/{stuck[0].name}"
-    assert sorted(git(root, "show", "--name-only", "--format=", after.commit).split()) == sorted([stuck_path, after.path])
+    assert sorted(git(root, "show", "--name-only", "--format=", after.commit).split()) == sorted(
+        [stuck_path, after.path]
+    )
     assert stuck_path in git(root, "log", "-1", "--format=%B")
     assert git(root, "status", "--porcelain") == ""
 
@@ -301,7 +324,9 @@ def test_saves_at_once_are_each_one_commit(tmp_path, evidence):
     book = Notebook(tmp_path / "nb")
     with ThreadPoolExecutor(4) as pool:
         saved = list(pool.map(lambda i: book.save(f"Same moment {i}", "", [], evidence), range(6)))
-    assert len(set(commits(tmp_path / "nb"))) == 6 and sorted(commits(tmp_path / "nb")) == sorted(i.commit for i in saved)
+    assert len(set(commits(tmp_path / "nb"))) == 6 and sorted(commits(tmp_path / "nb")) == sorted(
+        i.commit for i in saved
+    )
     for ins in saved:
         assert git(tmp_path / "nb", "show", "--name-only", "--format=", ins.commit).split() == [ins.path]
 
@@ -379,7 +404,10 @@ def test_a_tampered_logit_is_reported_as_a_mismatch(tmp_path, engine_evidence, t
     assert r["max_abs_diff"] == pytest.approx(0.01, abs=nb.TOLERANCE)
     assert [d["rank"] for d in r["first_differences"]] == [3]
     # another model (or another order) is not the same either
-    swapped = {**ins.evidence, "candidates": [ins.evidence["candidates"][1], ins.evidence["candidates"][0], *ins.evidence["candidates"][2:]]}
+    swapped = {
+        **ins.evidence,
+        "candidates": [ins.evidence["candidates"][1], ins.evidence["candidates"][0], *ins.evidence["candidates"][2:]],
+    }
     r2 = nb.replay(swapped, numpy_candidates_at(tiny))
     assert not r2["same_ids"] and not r2["matches"] and [d["rank"] for d in r2["first_differences"]] == [0, 1]
     with pytest.raises(InvalidInsight, match="saved from model"):
@@ -399,7 +427,9 @@ def client(tmp_path, tiny):
 
 def test_http_save_list_show_replay(client, engine_evidence):
     c, book = client
-    r = c.post("/api/insights", json={"title": HOSTILE, "body": "my words", "tags": ["attention"], "evidence": engine_evidence})
+    r = c.post(
+        "/api/insights", json={"title": HOSTILE, "body": "my words", "tags": ["attention"], "evidence": engine_evidence}
+    )
     assert r.status_code == 201, r.text
     saved = r.json()
     assert set(saved) >= {"id", "path", "commit"} and saved["title"] == HOSTILE

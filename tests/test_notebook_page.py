@@ -69,7 +69,9 @@ def save_from_token(p, title, body="", tags=""):
     p.fill("#insight-tags", tags)
     p.click("#insight-save")
     expect(p.locator("#insight-result .insight-path")).to_be_visible()
-    return p.locator("#insight-result .insight-path").inner_text(), p.locator("#insight-result .insight-commit").inner_text()
+    return p.locator("#insight-result .insight-path").inner_text(), p.locator(
+        "#insight-result .insight-commit"
+    ).inner_text()
 
 
 def numpy_top(demo, ids, position, k):
@@ -190,7 +192,9 @@ def test_a_head_a_lens_layer_and_an_analogy_save_their_data(page, served):
     position = int(generated(p).nth(0).get_attribute("data-position"))
     p.click("#look-inside")
     p.locator('#attention .attn-cell[data-layer="1"][data-head="0"]').click()
-    view = httpx.get(f"{url}/api/texts/{p.locator('#tokens').get_attribute('data-text-id')}/steps/{position}/inspect").json()
+    view = httpx.get(
+        f"{url}/api/texts/{p.locator('#tokens').get_attribute('data-text-id')}/steps/{position}/inspect"
+    ).json()
     saved = {}
 
     def save(button, title):
@@ -209,13 +213,20 @@ def test_a_head_a_lens_layer_and_an_analogy_save_their_data(page, served):
     save("#analogy-result .save-insight", "An analogy")
     got = {t: httpx.get(f"{url}/api/insights/{i}").json()["evidence"] for t, i in saved.items()}
     head = got["A head"]
-    assert head["kind"] == "attention" and head["position"] == position and head["data"]["layer"] == 1 and head["data"]["head"] == 0
+    assert (
+        head["kind"] == "attention"
+        and head["position"] == position
+        and head["data"]["layer"] == 1
+        and head["data"]["head"] == 0
+    )
     assert head["data"]["weights"] == pytest.approx(view["attention"][1][0], abs=1e-6)
     lens = got["A lens layer"]
     assert lens["kind"] == "lens" and lens["data"]["ids"] == [t["token_id"] for t in view["lens"][1]["top"]]
     assert lens["data"]["logits"] == pytest.approx([t["logit"] for t in view["lens"][1]["top"]], abs=1e-6)
     terms = [p.input_value(f"#an-{x}") for x in "abc"]
-    analogy = httpx.post(f"{url}/api/analogy", json={"a": terms[0], "b": terms[1], "c": terms[2], "k": int(p.input_value("#an-k"))}).json()
+    analogy = httpx.post(
+        f"{url}/api/analogy", json={"a": terms[0], "b": terms[1], "c": terms[2], "k": int(p.input_value("#an-k"))}
+    ).json()
     an = got["An analogy"]
     assert an["kind"] == "analogy" and an["data"]["terms"] == terms
     assert an["data"]["ids"] == [r["token_id"] for r in analogy["results"]]
@@ -300,8 +311,13 @@ def test_a_sampled_token_reopens_as_recorded_and_its_evidence_reads_at_once(brow
     fresh.locator("#nb-detail .nb-reopen").click()
     said = fresh.locator("#nb-detail .nb-reopened")
     expect(said.last).to_contain_text(f"Back at position {position}")
-    expect(said.nth(1)).to_contain_text(f"Generated again from position {start} with seed 5: the same {position - start + 1} tokens as recorded")
-    assert "Sampling chose" not in fresh.locator("#nb-detail").inner_text() and "put back" not in fresh.locator("#nb-detail").inner_text()
+    expect(said.nth(1)).to_contain_text(
+        f"Generated again from position {start} with seed 5: the same {position - start + 1} tokens as recorded"
+    )
+    assert (
+        "Sampling chose" not in fresh.locator("#nb-detail").inner_text()
+        and "put back" not in fresh.locator("#nb-detail").inner_text()
+    )
     reopened = text_of(url, fresh)
     assert [t["token_id"] for t in reopened["tokens"]][: reopened["length"]] == ids[: position + 1]
     assert not w.errors, w.errors

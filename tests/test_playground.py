@@ -272,7 +272,8 @@ def test_waterfall_and_phases(page, server):
     # The slowest round trip is marked, named in the summary, and in view without scrolling:
     # the slowest of the requests on the critical path (a concurrent key write makes no one wait).
     log = wf.locator("tr.wf-row[data-kind]").evaluate_all(
-        "rs => rs.map(r => r.classList.contains('concurrent') ? -1 : parseFloat(r.querySelector('td:nth-child(7)').textContent))")
+        "rs => rs.map(r => r.classList.contains('concurrent') ? -1 : parseFloat(r.querySelector('td:nth-child(7)').textContent))"
+    )
     largest = wf.locator("tr.largest")
     expect(largest).to_have_count(1)
     assert int(largest.locator("td.idx").inner_text()) - 1 == log.index(max(log))
@@ -433,7 +434,9 @@ def test_lens_table(page):
         chips = rows.nth(i).locator(".lens-chip")
         expect(chips).to_have_count(len(entry["top"]))
         rank = rows.nth(i).locator("td.rank").inner_text()
-        assert rank == (str(entry["chosen_rank"] + 1) if entry["chosen_rank"] is not None else f"not in top {len(entry['top'])}")
+        assert rank == (
+            str(entry["chosen_rank"] + 1) if entry["chosen_rank"] is not None else f"not in top {len(entry['top'])}"
+        )
     # The decided layer: the smallest from which every layer's top-1 is the final top-1.
     tops = [entry["top"][0]["token_id"] for entry in want["lens"]]
     decided = min(l for l in range(len(tops)) if all(t == tops[-1] for t in tops[l:]))
@@ -445,7 +448,8 @@ def test_lens_table(page):
 
 def test_analogy_neighbours_and_a_multi_token_word(page, server):
     p = page.page
-    p.fill("#an-a", " man"); p.fill("#an-b", " king"); p.fill("#an-c", " woman"); p.fill("#an-k", "5")
+    for field, value in (("#an-a", " man"), ("#an-b", " king"), ("#an-c", " woman"), ("#an-k", "5")):
+        p.fill(field, value)
     p.click("#an-go")
     want = httpx.post(server + "/api/analogy", json={"a": " man", "b": " king", "c": " woman", "k": 5}).json()
     rows = p.locator("#analogy-result tbody tr")
@@ -453,7 +457,9 @@ def test_analogy_neighbours_and_a_multi_token_word(page, server):
     assert rows.evaluate_all("rs => rs.map(r => Number(r.dataset.tokenId))") == [r["token_id"] for r in want["results"]]
     ops = [r["op"] for r in want["requests"]]
     assert ops == ["fetch", "search"]  # the words' vectors, then one search over all the token vectors
-    expect(p.locator("#analogy-result .searched")).to_contain_text("1 fetch of the words' vectors by id, then 1 exact search over")
+    expect(p.locator("#analogy-result .searched")).to_contain_text(
+        "1 fetch of the words' vectors by id, then 1 exact search over"
+    )
     # A word of several tokens: the server's message, naming its tokens, shown as it is.
     p.fill("#an-a", "puffergpt")
     p.click("#an-go")
@@ -532,7 +538,9 @@ def test_a_400px_phone(browser, server):
     hidden = p.evaluate("""() => [...document.querySelectorAll('tbody td')].filter(td => td.offsetParent === null
       && td.closest('.card') && getComputedStyle(td.closest('.card')).display !== 'none').length""")
     assert hidden == 0
-    unnamed = p.evaluate("() => [...document.querySelectorAll('.table-scroll tbody td')].filter(td => td.dataset.label === undefined).length")
+    unnamed = p.evaluate(
+        "() => [...document.querySelectorAll('.table-scroll tbody td')].filter(td => td.dataset.label === undefined).length"
+    )
     assert unnamed == 0
     shot(p, "playground-phone")
     assert not errors, errors

@@ -3,10 +3,9 @@
 import numpy as np
 import pytest
 
-from puffergpt import checkpoints, tokenizer
-from puffergpt.reference import Cache, NumpyProducts, Reference, forward, gelu, layer_norm, softmax
-
 from helpers import PROMPTS, assert_close
+from puffergpt import tokenizer
+from puffergpt.reference import Cache, NumpyProducts, Reference, forward, gelu, layer_norm, softmax
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")  # noqa: F841
 transformers = pytest.importorskip("transformers")
@@ -33,7 +32,8 @@ def test_32_greedy_tokens_equal_transformers(request, hf, model):
             want = m.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                               max_new_tokens=32, do_sample=False, pad_token_id=tokenizer.EOT)[0, len(ids):].tolist()
         got = ref.greedy(ids, 32)
-        assert got[: len(want)] == want, f"{model} {prompt!r}: first difference at {next(i for i, (a, b) in enumerate(zip(got, want)) if a != b)}"
+        first = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), len(want))
+        assert got[: len(want)] == want, f"{model} {prompt!r}: first difference at {first}"
 
 
 def test_kv_cache_decode_equals_full_forward(tiny):

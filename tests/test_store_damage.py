@@ -98,7 +98,10 @@ def edit_documents(data: Path) -> None:
 # damage -> what verify names (the rest of the message is the same for all)
 DAMAGE = {
     "exponent bytes flipped in a vector file": (flip_exponents, r"h\.0\.attn\.c_attn: .*checksum.*\(altered\)"),
-    "64 bytes flipped in mutable_id_tracker.mappings": (flip_mappings, r"namespace \S+\.64: its files are damaged \(opening it\).*reader died \(killed by signal"),
+    "64 bytes flipped in mutable_id_tracker.mappings": (
+        flip_mappings,
+        r"namespace \S+\.64: its files are damaged \(opening it\).*reader died \(killed by signal",
+    ),
     "deleted flags set": (set_deleted, r"h\.0\.attn\.c_attn: .*lost the vectors of \d+ documents"),
     "a vector file truncated": (truncate_vectors, r"failed to read from .*out of bounds"),
     "payload bytes flipped": (flip_payload, r"namespace \S+\.64: .*can't read namespace"),
@@ -123,7 +126,9 @@ def test_damage_is_named_refused_and_repaired(tmp_path, clean, tiny_dir, tiny, k
     said = error(cli("generate", PROMPT, "--model", model, *where, "-n", "4", "--temperature", "0"))
     assert re.search(named, said), said
     fix = f"run `puffergpt load --model {model} --backend embedded --data {data} --repair` to rewrite it"
-    assert said.startswith(f"Error: the stored model {model!r} does not match its manifest") and said.endswith(fix), said
+    assert said.startswith(f"Error: the stored model {model!r} does not match its manifest") and said.endswith(fix), (
+        said
+    )
     assert error(cli("serve", "--model", model, *where, "--port", "0", timeout=120)) == said
     assert error(cli("verify", "--model", model, *where)) == said  # the message verify gives
 
@@ -133,7 +138,9 @@ def test_damage_is_named_refused_and_repaired(tmp_path, clean, tiny_dir, tiny, k
     try:  # the engine, checking the store as serve does, gives numpy's tokens again
         t = Text(Engine(store, model, verify=True).open())
         t.append(tokenizer.encode(PROMPT))
-        assert [s.token_id for s in t.generate(4, Sampling(0, 40))] == Reference(tiny).greedy(tokenizer.encode(PROMPT), 4)
+        assert [s.token_id for s in t.generate(4, Sampling(0, 40))] == Reference(tiny).greedy(
+            tokenizer.encode(PROMPT), 4
+        )
         t.close()
     finally:
         store.close()

@@ -16,6 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 from playwright.sync_api import Page, expect
+
+from puffergpt.engine import Engine
+from puffergpt.reference import NumpyProducts
+from puffergpt.server import create_app
 from test_playground import (  # noqa: F401  (browser: a fixture)
     TIMEOUT_MS,
     Watched,
@@ -28,10 +32,6 @@ from test_playground import (  # noqa: F401  (browser: a fixture)
     serve_app,
     text_id,
 )
-
-from puffergpt.engine import Engine
-from puffergpt.reference import NumpyProducts
-from puffergpt.server import create_app
 
 SHOTS = Path("/tmp/shots")
 
@@ -89,7 +89,12 @@ def test_every_panel_counts_the_same_requests_round_trips_and_cost(page, server)
     text = api_get(p, f"/api/texts/{text_id(p)}")
     steps = {int(k): v for k, v in text["steps"].items()}
     first, decode = min(steps), min(steps) + 1
-    assert steps[decode]["round_trips"] == info["round_trips_per_token"] < steps[decode]["requests"] == info["requests_per_token"]
+    assert (
+        steps[decode]["round_trips"]
+        == info["round_trips_per_token"]
+        < steps[decode]["requests"]
+        == info["requests_per_token"]
+    )
 
     wf = p.locator("#waterfall")
     for pos in (first, decode):
@@ -98,11 +103,17 @@ def test_every_panel_counts_the_same_requests_round_trips_and_cost(page, server)
         expect(wf.locator(".stat-requests b")).to_have_text(str(s["requests"]))
         expect(wf.locator(".stat-trips b")).to_have_text(str(s["round_trips"]))
         expect(wf.locator("tr.wf-row[data-kind]")).to_have_count(s["requests"])
-        assert abs(number(wf.locator(".stat-cost b").inner_text()) - s["cost_usd"]) <= 5e-3 * s["cost_usd"]  # shown to 3 significant digits
+        assert (
+            abs(number(wf.locator(".stat-cost b").inner_text()) - s["cost_usd"]) <= 5e-3 * s["cost_usd"]
+        )  # shown to 3 significant digits
         beside = wf.locator("tr.wf-row.concurrent").count()
-        assert s["requests"] - beside == s["round_trips"]  # what the page draws beside is what the server does not count
+        assert (
+            s["requests"] - beside == s["round_trips"]
+        )  # what the page draws beside is what the server does not count
     # The decode step says which requests wait and which don't; never "each request waits".
-    expect(wf.locator(".wf-note")).to_contain_text(f"{steps[decode]['round_trips']} of its {steps[decode]['requests']} requests run one after another")
+    expect(wf.locator(".wf-note")).to_contain_text(
+        f"{steps[decode]['round_trips']} of its {steps[decode]['requests']} requests run one after another"
+    )
     assert "Each request waits" not in wf.inner_text()
 
     # Prefill and decode: the sums of the same steps.
@@ -110,9 +121,12 @@ def test_every_panel_counts_the_same_requests_round_trips_and_cost(page, server)
     pre = [s for s in steps.values() if s["read"] > 1]
     dec = [s for s in steps.values() if s["read"] == 1]
     expect(phases.locator(".phase-prefill")).to_contain_text(f"in {sum(s['requests'] for s in pre)} requests")
-    expect(phases.locator(".phase-prefill")).to_contain_text(f"{sum(s['round_trips'] for s in pre)} round trips one after another")
+    expect(phases.locator(".phase-prefill")).to_contain_text(
+        f"{sum(s['round_trips'] for s in pre)} round trips one after another"
+    )
     expect(phases.locator(".phase-decode")).to_contain_text(
-        f"{sum(s['requests'] for s in dec) // len(dec)} requests/token, {sum(s['round_trips'] for s in dec) // len(dec)} round trips/token")
+        f"{sum(s['requests'] for s in dec) // len(dec)} requests/token, {sum(s['round_trips'] for s in dec) // len(dec)} round trips/token"
+    )
     expect(phases.locator(".saving")).to_contain_text(f"cost {sum(s['round_trips'] for s in pre)} round trips")
     shot(p, "phases-kv-1400", p.locator("#phases").locator("xpath=.."))
 
@@ -138,7 +152,9 @@ def test_every_panel_counts_the_same_requests_round_trips_and_cost(page, server)
     expect(main).to_contain_text("key writes (one per layer, each billed the minimum) and its attention searches")
     for wrong in ("requests in a row", "costs most", "Every request waits"):
         assert wrong not in main.inner_text(), wrong
-    expect(main).to_contain_text("the smallest layer from which the lens's top-1 is the final top-1 at every later layer")
+    expect(main).to_contain_text(
+        "the smallest layer from which the lens's top-1 is the final top-1 at every later layer"
+    )
 
 
 def test_the_waterfall_draws_concurrent_writes_in_their_own_lane(page):
@@ -158,15 +174,17 @@ def test_the_waterfall_draws_concurrent_writes_in_their_own_lane(page):
         starts.append(t)
         if not r["concurrent"]:
             t += r["ms"]
-    span = max(step["ms"], max(s + r["ms"] for s, r in zip(starts, log)))  # a write beside may end after the token
-    for (conc, left, _), r, s in zip(got, log, starts):
+    span = max(step["ms"], max(s + r["ms"] for s, r in zip(starts, log, strict=True)))  # a write beside may end after the token
+    for (conc, left, _), r, s in zip(got, log, starts, strict=True):
         assert conc == r["concurrent"]
         assert abs(left - 100 * s / span) < 0.05 + 1e-6, (r["kind"], left, 100 * s / span)
     # The total is the critical path and the server's arithmetic, not the sum of every bar.
     assert t <= step["ms"] + 1e-6
     server_row = p.locator("#waterfall tr.wf-server")
     if step["ms"] - t > 0:
-        assert abs(number(server_row.locator("td").nth(6).inner_text()) - (step["ms"] - t)) <= max(0.01, 0.01 * (step["ms"] - t))
+        assert abs(number(server_row.locator("td").nth(6).inner_text()) - (step["ms"] - t)) <= max(
+            0.01, 0.01 * (step["ms"] - t)
+        )
     # The slowest request named is the slowest on the critical path.
     path = [(r["ms"], i) for i, r in enumerate(log) if not r["concurrent"]]
     expect(p.locator("#waterfall tr.largest td.idx")).to_have_text(str(max(path)[1] + 1))
@@ -278,7 +296,9 @@ def test_the_mlp_as_a_memory_lists_neurons_their_tokens_and_searches(page):
         assert rows.evaluate_all("rs => rs.map(r => Number(r.dataset.neuron))") == [n["neuron"] for n in want]
         chips = rows.first.locator(".lens-chip")
         expect(chips).to_have_count(len(want[0]["promotes"]))
-        assert chips.evaluate_all("cs => cs.map(c => Number(c.title.match(/token (\\d+)/)[1]))") == [t["token_id"] for t in want[0]["promotes"]]
+        assert chips.evaluate_all("cs => cs.map(c => Number(c.title.match(/token (\\d+)/)[1]))") == [
+            t["token_id"] for t in want[0]["promotes"]
+        ]
         expect(blocks.nth(l).locator(".neuron-searches")).to_contain_text(f"h.{l}.mlp.c_proj")
     kinds = [r["kind"] for r in v["requests"]]
     assert "wte.promotes" in kinds
@@ -286,7 +306,9 @@ def test_the_mlp_as_a_memory_lists_neurons_their_tokens_and_searches(page):
     # The searches are in the waterfall's extra requests too.
     extra = p.locator("#waterfall .wf-extra tr.wf-row[data-kind]")
     expect(extra).to_have_count(len(v["requests"]))
-    expect(p.locator('#waterfall .wf-extra tr.wf-row[data-kind="wte.promotes"]')).to_have_count(kinds.count("wte.promotes"))
+    expect(p.locator('#waterfall .wf-extra tr.wf-row[data-kind="wte.promotes"]')).to_have_count(
+        kinds.count("wte.promotes")
+    )
     shot(p, "neurons-1400", p.locator("#neurons"))
     shot(p, "inside-1400", p.locator("#inside"))
 
@@ -314,7 +336,12 @@ def test_attention_strips_name_the_token_they_attend_to_with_a_linear_legend(pag
         "c => Array.from(c.getContext('2d').getImageData(0, 0, c.width, 1).data)")
     for j, x in enumerate(w):
         want = [round(255 - x * (255 - c)) for c in (79, 70, 229)]
-        assert all(abs(a - b) <= 1 for a, b in zip(pixels[4 * j: 4 * j + 3], want)), (j, x, pixels[4 * j: 4 * j + 3], want)
+        assert all(abs(a - b) <= 1 for a, b in zip(pixels[4 * j : 4 * j + 3], want, strict=True)), (
+            j,
+            x,
+            pixels[4 * j : 4 * j + 3],
+            want,
+        )
     shot(p, "attention-1400", p.locator("#attention"))
 
 
@@ -349,11 +376,20 @@ def test_embedding_views_mark_untrained_rows_and_say_so(page):
     shape (the server's own ranking is tested in the server's tests), and the real one."""
     p = page.page
     canned = {
-        "tokens": {"a": {"text": " niece", "token_id": 41803}, "b": {"text": " nephew", "token_id": 26301},
-                   "c": {"text": " man", "token_id": 582}},
-        "results": [{"token_id": 2415, "text": " woman", "score": 0.61}, {"token_id": 3367, "text": " girl", "score": 0.55}],
-        "untrained_skipped": 7, "untrained_inputs": [" niece"], "note": "7 rows the model never trained tie at 0.8298.",
-        "requests": [{"kind": "wte.fetch", "op": "fetch"}, {"kind": "wte.cosine", "op": "search"}]}
+        "tokens": {
+            "a": {"text": " niece", "token_id": 41803},
+            "b": {"text": " nephew", "token_id": 26301},
+            "c": {"text": " man", "token_id": 582},
+        },
+        "results": [
+            {"token_id": 2415, "text": " woman", "score": 0.61},
+            {"token_id": 3367, "text": " girl", "score": 0.55},
+        ],
+        "untrained_skipped": 7,
+        "untrained_inputs": [" niece"],
+        "note": "7 rows the model never trained tie at 0.8298.",
+        "requests": [{"kind": "wte.fetch", "op": "fetch"}, {"kind": "wte.cosine", "op": "search"}],
+    }
     p.route("**/api/analogy", lambda r: r.fulfill(json=canned))
     p.click("#an-go")
     box = p.locator("#analogy-result")
@@ -373,7 +409,9 @@ def test_embedding_views_mark_untrained_rows_and_say_so(page):
     expect(res.locator(".map-degenerate")).to_contain_text("degenerate")
     expect(res.locator(".map-point")).to_have_count(8)
     expect(res.locator(".map-point.untrained")).to_have_count(6)
-    boxes = res.locator(".map-point text").evaluate_all("ts => ts.map(t => { const b = t.getBBox(); return [b.x, b.y, b.x + b.width, b.y + b.height]; })")
+    boxes = res.locator(".map-point text").evaluate_all(
+        "ts => ts.map(t => { const b = t.getBBox(); return [b.x, b.y, b.x + b.width, b.y + b.height]; })"
+    )
     for i, a in enumerate(boxes):
         for b in boxes[i + 1:]:
             assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], ("labels overlap", a, b)
@@ -389,7 +427,9 @@ def test_embedding_views_mark_untrained_rows_and_say_so(page):
     p.click("#nb-go")
     rows = p.locator("#neighbours-result tbody tr")
     expect(rows).to_have_count(len(want["results"]))
-    assert p.locator("#neighbours-result tr.untrained").count() == sum(bool(r.get("untrained")) for r in want["results"])
+    assert p.locator("#neighbours-result tr.untrained").count() == sum(
+        bool(r.get("untrained")) for r in want["results"]
+    )
     if want.get("untrained_skipped"):
         expect(p.locator("#neighbours-result .untrained-skipped")).to_contain_text(str(want["untrained_skipped"]))
 
@@ -403,8 +443,10 @@ def test_a_phone_tap_shows_its_token_and_every_view_fits(phone, server):
     tok.tap()
     card = p.locator("#candidates")
     # The tap answers on screen: the selected token's panel scrolls into view.
-    p.wait_for_function("() => { const r = document.querySelector('#candidates').closest('section').getBoundingClientRect();"
-                        " return r.top >= -1 && r.top < window.innerHeight * 0.6; }")
+    p.wait_for_function(
+        "() => { const r = document.querySelector('#candidates').closest('section').getBoundingClientRect();"
+        " return r.top >= -1 && r.top < window.innerHeight * 0.6; }"
+    )
     expect(card.locator(".sel-token")).to_be_visible()
     # Candidate cards: a probability's bar lies under its number, never over the column's name.
     bad = p.evaluate("""() => [...document.querySelectorAll('#candidates td.prob')].filter(td => {

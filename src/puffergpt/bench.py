@@ -16,14 +16,14 @@ import resource
 import statistics
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
+from puffergpt.completion import Usage, complete
 from puffergpt.reference import NumpyProducts
 from puffergpt.sampling import Sampling
-from puffergpt.completion import Usage, complete
 
 GREEDY = Sampling(0.0, 40)
 
@@ -36,10 +36,10 @@ class Plan:
     rounds: int = 2  # interleaved rounds over the engines
 
     @classmethod
-    def quick(cls) -> "Plan":
+    def quick(cls) -> Plan:
         return cls(decode_positions=(1, 64), prefill_lengths=(16, 128), decode_tokens=3, rounds=1)
 
-    def fit(self, n_ctx: int) -> "Plan":
+    def fit(self, n_ctx: int) -> Plan:
         ok = lambda n: n + self.decode_tokens + 1 <= n_ctx  # noqa: E731
         return Plan(tuple(p for p in self.decode_positions if ok(p)), tuple(p for p in self.prefill_lengths if ok(p)),
                     self.decode_tokens, self.rounds)
@@ -185,8 +185,19 @@ def bench(ckpt, ckpt_dir: str, engines: dict[str, Callable], plan: Plan, with_to
 
 
 def table(report: dict) -> str:
-    rows = [("engine", "decode ms/tok (med)", "p90", "x numpy", "prefill ms " + "/".join(report["results"][0]["prefill_ms"]),
-             "requests/tok", "round trips/tok", "MB scanned/tok", "peak RSS MB")]
+    rows = [
+        (
+            "engine",
+            "decode ms/tok (med)",
+            "p90",
+            "x numpy",
+            "prefill ms " + "/".join(report["results"][0]["prefill_ms"]),
+            "requests/tok",
+            "round trips/tok",
+            "MB scanned/tok",
+            "peak RSS MB",
+        )
+    ]
     for r in report["results"]:
         rows.append((r["engine"], f"{r['decode_ms_per_token']['median']:.1f}", f"{r['decode_ms_per_token']['p90']:.1f}",
                      f"{r['decode_vs_numpy']:.1f}", " / ".join(f"{v:.0f}" for v in r["prefill_ms"].values()),
@@ -194,9 +205,13 @@ def table(report: dict) -> str:
                      f"{r['bytes_scanned_per_token'] / 1e6:.1f}", f"{r['peak_rss_mb']:.0f}"))
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     m = report["machine"]
-    blas = ", ".join(f"{b.get('internal_api', 'blas')} {b.get('num_threads', b.get('threads'))} threads" for b in m["blas"])
+    blas = ", ".join(
+        f"{b.get('internal_api', 'blas')} {b.get('num_threads', b.get('threads'))} threads" for b in m["blas"]
+    )
     head = f"{report['model']} on {m['cores']} cores ({m['cpu']}), numpy {m['numpy']} with {blas or 'no BLAS found'}"
-    return head + "\n" + "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in rows)
+    return (
+        head + "\n" + "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)) for row in rows)
+    )
 
 
 def chart(report: dict, path: str) -> None:

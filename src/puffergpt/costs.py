@@ -34,6 +34,12 @@ def storage_cost_per_month(nbytes: int) -> float:
 
 
 def rates() -> dict:
-    return {"date": RATES_DATE, "write_per_gb": WRITE_PER_GB, "write_min_kb": WRITE_MIN_BYTES / 1e3, "query_per_pb": QUERY_PER_PB,
-            "query_min_gb": QUERY_MIN_BYTES / 1e9, "returned_per_gb": RETURNED_PER_GB,
-            "storage_per_gb_month": STORAGE_PER_GB_MONTH}
+    return {
+        "date": RATES_DATE,
+        "write_per_gb": WRITE_PER_GB,
+        "write_min_kb": WRITE_MIN_BYTES / 1e3,
+        "query_per_pb": QUERY_PER_PB,
+        "query_min_gb": QUERY_MIN_BYTES / 1e9,
+        "returned_per_gb": RETURNED_PER_GB,
+        "storage_per_gb_month": STORAGE_PER_GB_MONTH,
+    }

@@ -32,9 +32,9 @@ import hashlib
 import json
 import re
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 
@@ -125,7 +125,9 @@ def n_in_of(ns: str) -> int:
     return int(ns.rsplit(".", 1)[1])
 
 
-def plan(ckpt: Checkpoint, enc: Encoding, key: str) -> Iterator[tuple[str, str, Callable[[], tuple[np.ndarray, float]], list[str]]]:
+def plan(
+    ckpt: Checkpoint, enc: Encoding, key: str
+) -> Iterator[tuple[str, str, Callable[[], tuple[np.ndarray, float]], list[str]]]:
     """(namespace, matrix, documents(), ids) for everything a model stores, in load order."""
     c = ckpt.config
     for name, n_in in matrices(c):
@@ -140,7 +142,9 @@ def _write(store: Store, ns: str, name: str, docs: np.ndarray, doc_ids: list[str
     norm2 = row_norm2(docs, n_in_of(ns))
     for s in range(0, len(doc_ids), BATCH):
         e = min(s + BATCH, len(doc_ids))
-        store.upsert(ns, doc_ids[s:e], docs[s:e], {"matrix": [name] * (e - s), "row": np.arange(s, e), "norm2": norm2[s:e]})
+        store.upsert(
+            ns, doc_ids[s:e], docs[s:e], {"matrix": [name] * (e - s), "row": np.arange(s, e), "norm2": norm2[s:e]}
+        )
         bar.update(e - s)
         if interrupt:
             interrupt()
@@ -203,12 +207,21 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
             _write(store, ns, name, docs, doc_ids, tqdm(disable=True), None)
             problem = verify_matrix(store, ns, name, doc_ids, mats[name]["sha256"], metric)
             if problem:
-                raise StoreError(f"{name}: {problem} even after rewriting it; the store is not keeping what it is given")
+                raise StoreError(
+                    f"{name}: {problem} even after rewriting it; the store is not keeping what it is given"
+                )
     counts = {}
     for ns, _, _, doc_ids in items:
         counts[ns] = counts.get(ns, 0) + len(doc_ids)
-    manifest = {"complete": True, "key": key, **ident, "documents": total,
-                "namespaces": counts, "matrices": mats, "untrained": untrained.manifest_field(ckpt.params["wte.weight"])}
+    manifest = {
+        "complete": True,
+        "key": key,
+        **ident,
+        "documents": total,
+        "namespaces": counts,
+        "matrices": mats,
+        "untrained": untrained.manifest_field(ckpt.params["wte.weight"]),
+    }
     store.put_meta(f"manifest:{key}", manifest)
     # Every document was just read back against it. Qdrant compacts a written shard's journals
     # when it next opens it (same documents, other bytes): reopened first, so that the stamp
@@ -283,7 +296,8 @@ def verify_attributes(store: Store, ns: str, name: str, doc_ids: list[str], norm
     probe[0] = 1.0  # any vector will do (not zero: cosine would have no direction); the distances are unused
     queries = [Query(probe, f) for f in whole_matrix(store, name, len(doc_ids))]
     hits = store.search(ns, queries, metric, include=("id", "row", "norm2"))  # split at max_queries by the store
-    got = dict(zip(hits.attrs["id"].tolist(), zip(hits.attrs["row"].tolist(), hits.attrs["norm2"].tolist())))
+    a = hits.attrs
+    got = dict(zip(a["id"].tolist(), zip(a["row"].tolist(), a["norm2"].tolist(), strict=True), strict=True))
     for r, i in enumerate(doc_ids):
         if i not in got:
             return f"document {i} is missing from the search results"
@@ -350,7 +364,10 @@ def _verify_lines(store: Store, payload: dict) -> Iterator[dict]:
             yield {"start": name}
             info = m["matrices"][name]
             try:
-                yield {"name": name, "problem": _read_matrix(store, ns, name, ids(name, info["rows"]), info["sha256"], m["metric"])}
+                yield {
+                    "name": name,
+                    "problem": _read_matrix(store, ns, name, ids(name, info["rows"]), info["sha256"], m["metric"]),
+                }
             except StoreError as e:  # the database can't read it: rewritten with its namespace
                 yield {"name": name, "problem": str(e), "unreadable": ns}
 
@@ -507,7 +524,10 @@ def read_manifest(store: Store, key: str, model: str) -> dict:
     if (why := _broken(m)) is not None:
         raise NotLoaded(f"the manifest of model {model!r} is broken ({why}): {repair} to rewrite it")
     if m.get("version") != ENCODING_VERSION:
-        raise NotLoaded(f"model {model!r} was stored with encoding version {m.get('version')}, this puffergpt reads version {ENCODING_VERSION}: {fix} to rewrite it")
+        raise NotLoaded(
+            f"model {model!r} was stored with encoding version {m.get('version')}, "
+            f"this puffergpt reads version {ENCODING_VERSION}: {fix} to rewrite it"
+        )
     if not m.get("complete"):
         raise NotLoaded(f"the load of model {model!r} did not finish: {fix} to complete it")
     if (why := inconsistent(m, key)) is not None:
@@ -531,12 +551,17 @@ def manifest(store: Store, key: str, model: str, verify: bool = False, progress:
         for ns, n in m["namespaces"].items():
             got = store.count(ns)
             if got != n:
-                raise NotLoaded(f"namespace {ns} holds {got} documents, the manifest says {n}: {fix} to repair it, or `puffergpt verify` to see which matrix")
+                raise NotLoaded(
+                    f"namespace {ns} holds {got} documents, the manifest says {n}: {fix} to repair it, "
+                    "or `puffergpt verify` to see which matrix"
+                )
     except (NotLoaded, StoreDamaged):
         raise
     except StoreError as e:  # a table or shard gone under us, mid-check
-        raise NotLoaded(f"the stored model {model!r} could not be read ({e}): {fix} to repair it, "
-                        f"or `puffergpt verify` to see what is damaged") from None
+        raise NotLoaded(
+            f"the stored model {model!r} could not be read ({e}): {fix} to repair it, "
+            f"or `puffergpt verify` to see what is damaged"
+        ) from None
     return m
 
 

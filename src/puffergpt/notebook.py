@@ -54,9 +54,10 @@ import stat
 import subprocess
 import threading
 import unicodedata
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import yaml
@@ -228,7 +229,9 @@ def check_evidence(ev, n_vocab: int = tokenizer.VOCAB_SIZE) -> dict:
         raise InvalidInsight(f"evidence kind must be one of {', '.join(KINDS)}, got {ev['kind']!r}")
     model = ev["model"]
     if not isinstance(model, str) or not model.strip() or len(model) > MAX_MODEL_CHARS or _control_chars(model):
-        raise InvalidInsight(f"evidence model must be a model's name (one line, at most {MAX_MODEL_CHARS} characters), got {model!r}")
+        raise InvalidInsight(
+            f"evidence model must be a model's name (one line, at most {MAX_MODEL_CHARS} characters), got {model!r}"
+        )
     ids = ev["prompt_ids"]
     if not isinstance(ids, list) or not 1 <= len(ids) <= MAX_PROMPT_IDS:
         raise InvalidInsight(f"evidence prompt_ids must be a list of 1 to {MAX_PROMPT_IDS} token ids")
@@ -397,8 +400,11 @@ def parse(text: str, path: str) -> Insight:
                             f"{', '.join(map(str, FORMATS))}: upgrade puffergpt")
     no_evidence = front["version"] == 2
     needed = ("id", "title", "date") if no_evidence else ("id", "title", "date", "model")
-    if bad := [k for k in needed if not _scalar(front[k])] + \
-            ([] if front["tags"] is None or isinstance(front["tags"], list) and all(map(_scalar, front["tags"])) else ["tags"]):
+    if bad := [k for k in needed if not _scalar(front[k])] + (
+        []
+        if front["tags"] is None or isinstance(front["tags"], list) and all(map(_scalar, front["tags"]))
+        else ["tags"]
+    ):
         # a list or a mapping (YAML aliases can nest one a billion strings deep) is not what a save writes
         raise NotebookError(f"{path}: the front matter's {', '.join(bad)} must be text (tags a list of words)")
     if no_evidence:  # the rest is the learner's words, whatever they hold (a ```json block too)
@@ -420,8 +426,16 @@ def parse(text: str, path: str) -> Insight:
         body = rest[: -len(readable)]
     else:  # the readable part was edited by hand: the body ends at the last Evidence heading
         body = rest[: max(0, rest.rfind("## Evidence\n"))]
-    return Insight(id=str(front["id"]), path=path, title=str(front["title"]), body=body.strip("\n"),
-                   tags=[str(t) for t in front["tags"] or []], date=str(front["date"]), model=str(front["model"]), evidence=ev)
+    return Insight(
+        id=str(front["id"]),
+        path=path,
+        title=str(front["title"]),
+        body=body.strip("\n"),
+        tags=[str(t) for t in front["tags"] or []],
+        date=str(front["date"]),
+        model=str(front["model"]),
+        evidence=ev,
+    )
 
 
 # --- the notebook ------------------------------------------------------------------------
@@ -444,7 +458,9 @@ class Notebook:
         if (p / ".git").exists():
             top = self._git("rev-parse", "--show-toplevel", what="read the notebook repository").strip()
             if Path(top).resolve() != p.resolve():
-                raise NotebookError(f"{p} is inside the git repository {top}, not one of its own: pick another directory")
+                raise NotebookError(
+                    f"{p} is inside the git repository {top}, not one of its own: pick another directory"
+                )
             return
         if p.exists() and any(p.iterdir()):
             raise NotebookError(f"{p} is not empty and is not a git repository: use an empty (or new) directory "
@@ -463,14 +479,19 @@ class Notebook:
             r = subprocess.run(cmd, capture_output=True, text=True, encoding="utf-8", errors="replace",
                                timeout=timeout, env=env, stdin=subprocess.DEVNULL)
         except FileNotFoundError:
-            raise GitError(f"could not {what}: git is not installed (no {self.git_binary!r} on PATH); install git") from None
+            raise GitError(
+                f"could not {what}: git is not installed (no {self.git_binary!r} on PATH); install git"
+            ) from None
         except subprocess.TimeoutExpired:
             raise GitError(f"could not {what}: git took more than {timeout:.0f} s") from None
         if r.returncode != 0:
             err = (r.stderr or r.stdout).strip()
             if "index.lock" in err:
-                raise GitError(f"could not {what}: git's index is locked ({self.path / '.git' / 'index.lock'} exists). "
-                               "Another git command is running in the notebook, or one crashed: if none is running, delete that file")
+                raise GitError(
+                    f"could not {what}: git's index is locked ({self.path / '.git' / 'index.lock'} exists). "
+                    "Another git command is running in the notebook, or one crashed: "
+                    "if none is running, delete that file"
+                )
             raise GitError(f"could not {what}: git {args[0]} failed: {err[-800:] or f'exit status {r.returncode}'}")
         return r.stdout
 
@@ -488,9 +509,13 @@ class Notebook:
 
     def _pending(self) -> list[str]:
         """Insight files not committed as they are (a save whose commit failed), posix paths."""
-        out = self._git("status", "--porcelain", "-z", "--untracked-files=all", "--", INSIGHTS, what="read the notebook's status")
+        out = self._git(
+            "status", "--porcelain", "-z", "--untracked-files=all", "--", INSIGHTS, what="read the notebook's status"
+        )
         paths = [e[3:] for e in out.split("\0") if len(e) > 3 and e[1] != "D" and e[0] != "D"]
-        return sorted(p for p in paths if PurePosixPath(p).suffix == ".md" and PurePosixPath(p).parent == PurePosixPath(INSIGHTS))
+        return sorted(
+            p for p in paths if PurePosixPath(p).suffix == ".md" and PurePosixPath(p).parent == PurePosixPath(INSIGHTS)
+        )
 
     def _commit(self, message: str) -> str:
         files = self._pending()
@@ -508,7 +533,7 @@ class Notebook:
         ``evidence`` None is an insight from a conversation: the words only."""
         ev = None if evidence is None else check_evidence(evidence)
         ins = Insight(id="", path="", title=check_title(title), body=check_body(body), tags=check_tags(tags),
-                      date=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
+                      date=dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
                       model=ev["model"] if ev else None, evidence=ev)
         with self.lock:
             self._write(ins)
@@ -543,14 +568,20 @@ class Notebook:
                 os.close(root)
         except FileNotFoundError:
             if create:
-                raise NotebookUnavailable(f"the notebook folder {self.path} is gone: serve again with --notebook DIR") from None
+                raise NotebookUnavailable(
+                    f"the notebook folder {self.path} is gone: serve again with --notebook DIR"
+                ) from None
         except OSError as e:
             if folder.is_symlink():
-                raise NotebookError(f"{folder} is a symbolic link (to {os.readlink(folder)}): puffergpt reads and writes "
-                                    "insights only inside the notebook. Replace the link with a folder holding the same "
-                                    "files") from None
+                raise NotebookError(
+                    f"{folder} is a symbolic link (to {os.readlink(folder)}): puffergpt reads and writes "
+                    "insights only inside the notebook. Replace the link with a folder holding the same "
+                    "files"
+                ) from None
             if e.errno in (errno.ENOTDIR, errno.ELOOP):
-                raise NotebookError(f"{folder} is not a folder: move it away, and the next save makes the folder") from None
+                raise NotebookError(
+                    f"{folder} is not a folder: move it away, and the next save makes the folder"
+                ) from None
             raise self._unavailable(e, f"open {folder}", writing=create) from None
         try:
             yield fd
@@ -607,8 +638,10 @@ class Notebook:
         try:
             return data.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise NotebookError(f"{rel} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}): fix the file, "
-                                f"or restore its committed version with `git -C {self.path} checkout -- {rel}`") from None
+            raise NotebookError(
+                f"{rel} is not valid UTF-8 (byte 0x{data[e.start]:02x} at offset {e.start}): fix the file, "
+                f"or restore its committed version with `git -C {self.path} checkout -- {rel}`"
+            ) from None
 
     def _write(self, ins: Insight) -> None:
         """Write the file under a new id; never over another insight's file, never through
@@ -731,21 +764,28 @@ class Notebook:
             try:
                 out = self._git(*args, what=f"push the notebook to {remote}", timeout=PUSH_TIMEOUT_S, env=env)
             except GitError as e:
-                raise GitError(f"{e}. Your insights are committed in {self.path}: push again when the remote is reachable "
-                               f"(if git says the remote has commits you lack, `git -C {self.path} pull --rebase` first).") from None
+                raise GitError(
+                    f"{e}. Your insights are committed in {self.path}: push again when the remote is reachable "
+                    f"(if git says the remote has commits you lack, `git -C {self.path} pull --rebase` first)."
+                ) from None
             head = self._git("rev-parse", "HEAD", what="read the commit").strip()
         return {"remote": remote, "branch": branch, "commit": head, "output": out.strip()}
 
     def _upstream(self) -> str | None:
         try:
-            return self._git("rev-parse", "--abbrev-ref", "--symbolic-full-name", "@{u}", what="read the upstream").strip() or None
+            return (
+                self._git("rev-parse", "--abbrev-ref", "--symbolic-full-name", "@{u}", what="read the upstream").strip()
+                or None
+            )
         except GitError:
             return None
 
 
 # --- replay ------------------------------------------------------------------------------
 
-def replay(insight: Insight | dict, candidates_at: CandidatesAt, tolerance: float = TOLERANCE, model: str | None = None) -> dict:
+def replay(
+    insight: Insight | dict, candidates_at: CandidatesAt, tolerance: float = TOLERANCE, model: str | None = None
+) -> dict:
     """Recompute the stored candidates with ``candidates_at`` and compare them: the same
     ids in the same order, and each token's logit within ``tolerance`` of the stored one.
     ``model``, when given, is the model candidates_at runs; another model is an error.
@@ -754,14 +794,16 @@ def replay(insight: Insight | dict, candidates_at: CandidatesAt, tolerance: floa
         return {"replayable": False, "matches": None, "reason": NOTHING_TO_REPLAY}
     ev = insight.evidence if isinstance(insight, Insight) else check_evidence(insight)
     if model is not None and model != ev["model"]:
-        raise InvalidInsight(f"this insight was saved from model {ev['model']!r}, not {model!r}: replay it with that model")
+        raise InvalidInsight(
+            f"this insight was saved from model {ev['model']!r}, not {model!r}: replay it with that model"
+        )
     stored = ev["candidates"]
     ids, logits = candidates_at(ev["prompt_ids"], ev["position"], len(stored))
-    now = [{"token_id": int(i), "logit": float(v)} for i, v in zip(ids, logits)]
+    now = [{"token_id": int(i), "logit": float(v)} for i, v in zip(ids, logits, strict=True)]
     by_id = {c["token_id"]: c["logit"] for c in now}
     diffs = [abs(c["logit"] - by_id[c["token_id"]]) for c in stored if c["token_id"] in by_id]
     first = []
-    for rank, (was, is_) in enumerate(zip(stored, now)):
+    for rank, (was, is_) in enumerate(zip(stored, now, strict=False)):  # replay may find fewer
         d = abs(was["logit"] - by_id[was["token_id"]]) if was["token_id"] in by_id else None
         if was["token_id"] != is_["token_id"] or d is None or d > tolerance:
             first.append({"rank": rank, "stored": was, "now": is_, "diff": d})
@@ -770,17 +812,24 @@ def replay(insight: Insight | dict, candidates_at: CandidatesAt, tolerance: floa
     same_ids = [c["token_id"] for c in stored] == [c["token_id"] for c in now]
     missing = sum(c["token_id"] not in by_id for c in stored)
     max_diff = float(np.max(diffs)) if diffs else None
-    return {"replayable": True, "matches": same_ids and max_diff is not None and max_diff <= tolerance, "same_ids": same_ids,
-            "max_abs_diff": max_diff, "tolerance": tolerance, "missing": missing,
-            "first_differences": first, "now": now}
+    return {
+        "replayable": True,
+        "matches": same_ids and max_diff is not None and max_diff <= tolerance,
+        "same_ids": same_ids,
+        "max_abs_diff": max_diff,
+        "tolerance": tolerance,
+        "missing": missing,
+        "first_differences": first,
+        "now": now,
+    }
 
 
-def candidates_from_products(open_products: Callable[[], "Products"]) -> CandidatesAt:
+def candidates_from_products(open_products: Callable[[], Products]) -> CandidatesAt:
     """A candidates_at over any Products (the engine's ``open``, or numpy's), through the
     application layer's one generation path, as the playground reads a text:
     prompt_ids[:position] in one prefill, then the top-k for the token at position."""
-    from puffergpt.sampling import Sampling
     from puffergpt.completion import complete
+    from puffergpt.sampling import Sampling
 
     def candidates_at(prompt_ids: Sequence[int], position: int, k: int):
         (step,) = list(complete(open_products, list(prompt_ids[:position]), 1, Sampling(1.0, k)))  # driven to its end

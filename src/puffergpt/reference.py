@@ -17,7 +17,6 @@ import numpy as np
 
 from puffergpt.checkpoints import Checkpoint, GPT2Config
 
-
 # --- the arithmetic the server does itself ---------------------------------------------
 
 def layer_norm(x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
@@ -108,7 +107,9 @@ class Cache:
 
 # --- the forward pass -------------------------------------------------------------------
 
-def attention(p: Products, layer: int, x: np.ndarray, pos: np.ndarray, cache: Cache, trace: Trace | None = None) -> np.ndarray:
+def attention(
+    p: Products, layer: int, x: np.ndarray, pos: np.ndarray, cache: Cache, trace: Trace | None = None
+) -> np.ndarray:
     c = p.config
     T, H, hd = x.shape[0], c.n_head, c.head_dim
     qkv = p.linear(f"h.{layer}.attn.c_attn", x)  # (T, C) -> (T, 3C)
@@ -175,7 +176,9 @@ class NumpyProducts:
         self.config = ckpt.config
         self.params = ckpt.params
         self.log: list = []  # numpy makes no requests
-        self.keys: list[np.ndarray] = [np.zeros((self.config.n_head, 0, self.config.head_dim), np.float32)] * self.config.n_layer
+        self.keys: list[np.ndarray] = [
+            np.zeros((self.config.n_head, 0, self.config.head_dim), np.float32)
+        ] * self.config.n_layer
 
     def embed(self, ids, pos):
         return self.params["wte.weight"][ids] + self.params["wpe.weight"][pos]
