@@ -2,13 +2,15 @@
 
 import threading
 
+import numpy as np
 import pytest
 
 from puffergpt import tokenizer, views
+from puffergpt.completion import complete
 from puffergpt.engine import Engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
-from puffergpt.text import Text, TextBusy, TextError, Texts
+from puffergpt.text import KEEP_CANDIDATES, Text, TextBusy, TextError, Texts
 
 GREEDY = Sampling(0, 40)
 PROMPT = tokenizer.encode("The quick brown fox jumps over the lazy dog")
@@ -231,3 +233,33 @@ def test_stop_ends_the_generation_begin_claimed(text):
         text.stop()
     text.end()
     assert len(got) == 1 and text.length == len(PROMPT) + 1 and stopping.is_set()
+
+
+def test_greedy_without_logprobs_searches_only_the_candidates_a_step_keeps(engine, tiny):
+    """/v1 at temperature 0 without top_k asks Sampling(0, n_vocab): the pick is the best
+    token, so each step's wte search returns the KEEP_CANDIDATES a step holds, never the
+    vocabulary; with log-probabilities (full) all n_vocab logits are scored. (The store's
+    exact top-k still compares every row; what it returns and decodes is what shrinks.)"""
+    V, n = tiny.config.n_vocab, 6
+    runs = {full: list(complete(engine.open, PROMPT, n, Sampling(0, V), full=full)) for full in (False, True)}
+
+    def wte(steps):  # (kind, hits returned) of each step's vocabulary search
+        return [[(r.kind, r.returned) for r in st.requests if r.kind.startswith("wte")] for st in steps]
+
+    assert wte(runs[False]) == [[("wte.top_k", KEEP_CANDIDATES)]] * n
+    assert wte(runs[True]) == [[("wte.all", V)]] * n
+    greedy = Reference(tiny).greedy(PROMPT, n)  # numpy: argmax over the whole vocabulary
+    assert [st.token_id for st in runs[False]] == [st.token_id for st in runs[True]] == greedy
+    # the candidates a step holds are the whole vocabulary's best, in order, at the same scores
+    first = Reference(tiny).logits(PROMPT)[-1]  # (V,)
+    best = np.argsort(-first, kind="stable")[:KEEP_CANDIDATES]
+    for st in (runs[False][0], runs[True][0]):
+        assert list(st.ids) == list(best)
+        assert np.abs(st.logits - first[best]).max() < 1e-3
+    assert runs[False][0].logz is None and runs[True][0].logz is not None
+
+
+@pytest.mark.parametrize("s, k", [(Sampling(0, 50257), KEEP_CANDIDATES), (Sampling(0, 40), 40),
+                                  (Sampling(0.8, 50257), 50257), (Sampling(0.8, 500), 500)])
+def test_the_candidates_a_sampling_needs(s, k):
+    assert s.search_k(KEEP_CANDIDATES) == k

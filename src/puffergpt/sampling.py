@@ -25,6 +25,13 @@ class Sampling:
             raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p}")
         return self
 
+    def search_k(self, keep: int) -> int:
+        """How many candidates a step's top-k search must return: above temperature 0 the
+        draw is over all top_k; at 0 the pick is the best one whatever top_k is, so only
+        the ``keep`` a step holds for the page (top_k when fewer), never the whole
+        vocabulary (that is for log-probabilities and top_p, which need every logit)."""
+        return min(self.top_k, keep) if self.temperature == 0 else self.top_k
+
 
 def probabilities(logits: np.ndarray, temperature: float) -> np.ndarray:
     """Softmax of logits / temperature over the candidates; temperature 0 puts all

@@ -407,7 +407,7 @@ class Text:
         log0, t0, first = len(self._log()), time.perf_counter(), self.read_upto
         trace = Trace() if inspect else None
         p = self.length
-        ids, logits, read, tok, whole = self._choose(p, s, rng, full, trace)
+        ids, logits, read, tok, whole = self._choose(p, s, rng, full, trace, max(KEEP_CANDIDATES, inspect))
         users = read and any(q not in self.steps for q in range(first, first + read))  # not the model's own
         got = None
         if inspect and read:  # the lens: one more request, marked extra
@@ -435,18 +435,19 @@ class Text:
         self.last_used = time.monotonic()
         return step
 
-    def _choose(self, p: int, s: Sampling, rng: np.random.Generator, full: bool,
-                trace: Trace | None) -> tuple[np.ndarray, np.ndarray, int, int, Step | None]:
+    def _choose(self, p: int, s: Sampling, rng: np.random.Generator, full: bool, trace: Trace | None,
+                keep: int = KEEP_CANDIDATES) -> tuple[np.ndarray, np.ndarray, int, int, Step | None]:
         """The candidates at p, the tokens read to get them, and the token picked: from the
         whole vocabulary (``full``: the exact distribution; the step it returns holds the
-        normaliser, and the (V,) scores are dropped here) or from a top-k search.
+        normaliser, and the (V,) scores are dropped here) or from a top-k search of the
+        candidates the sampling needs (greedy: the ``keep`` a step holds, whatever top_k).
         -> (candidate ids, their logits, tokens read, token, the whole vocabulary's step)"""
         if full:
             scores, read = self._all_logits(p, trace)
             tok = pick(distribution(scores, s), rng)
             whole = self._full_step(p, tok, scores, s.temperature, read, "decode")
             return whole.ids, whole.logits, read, tok, whole
-        ids, logits, read = self._candidates(s.top_k, trace)
+        ids, logits, read = self._candidates(s.search_k(keep), trace)
         return ids, logits, read, int(ids[pick(distribution(logits, s), rng)]), None
 
     def close(self) -> None:
