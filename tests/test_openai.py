@@ -247,16 +247,17 @@ def test_chat_completions(servers, demo, hf):
 
 @pytest.mark.parametrize("call, status", [
     (lambda c, m: c.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=1), 404),
-    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, n=0), 422),
-    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, n=99), 422),
-    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, stop=["a", "b", "c", "d", "e"]), 422),
-    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, logprobs=6), 422),
+    (lambda c, m: c.completions.create(model=m, prompt=[PROMPT] * 65, max_tokens=1), 400),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, n=0), 400),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, n=99), 400),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, stop=["a", "b", "c", "d", "e"]), 400),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, logprobs=6), 400),
     (lambda c, m: c.completions.create(model=m, prompt=[], max_tokens=1), 400),
     (lambda c, m: c.completions.create(model=m, prompt=[[]], max_tokens=1), 400),
     (lambda c, m: c.completions.create(model=m, prompt=[99999], max_tokens=1), 400),
-    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, top_p=0), 422),
-    (lambda c, m: c.chat.completions.create(model=m, messages=[{"role": "wizard", "content": "hi"}]), 422),
-    (lambda c, m: c.chat.completions.create(model=m, messages=[]), 422),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, top_p=0), 400),
+    (lambda c, m: c.chat.completions.create(model=m, messages=[{"role": "wizard", "content": "hi"}]), 400),
+    (lambda c, m: c.chat.completions.create(model=m, messages=[]), 400),
 ])
 def test_bad_input_is_a_4xx_in_openai_shape(servers, tiny, call, status):
     client, url = servers(tiny)
@@ -273,3 +274,53 @@ def test_unknown_route_is_openai_shaped(servers, tiny):
     _, url = servers(tiny)
     r = httpx.get(url + "/engines")
     assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_url"
+
+
+# --- the tokenizer routes, as vLLM has them ---
+
+TEXTS = ["The return statement", "héllo wörld 🐍\n\tdef f(x): return x", "<|endoftext|>a", " "]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_tokenize_and_detokenize_equal_the_tokenizer(servers, demo, text):
+    _, url = servers(demo)
+    root = url.removesuffix("/v1")
+    r = httpx.post(root + "/tokenize", json={"model": demo.name, "prompt": text, "return_token_strs": True})
+    assert r.status_code == 200, r.text
+    ids = tokenizer.encode(text)
+    assert r.json() == {"count": len(ids), "max_model_len": demo.config.n_ctx, "tokens": ids,
+                        "token_strs": [tokenizer.token_text(i) for i in ids]}
+    back = httpx.post(root + "/detokenize", json={"model": demo.name, "tokens": ids})
+    assert back.status_code == 200 and back.json() == {"prompt": tokenizer.decode(ids)}
+    assert tokenizer.decode(ids) == text
+
+
+def test_tokenize_a_chat_and_the_tokenizer_info(servers, demo):
+    _, url = servers(demo)
+    root = url.removesuffix("/v1")
+    messages = [{"role": "user", "content": "What is a list?"}]
+    r = httpx.post(root + "/tokenize", json={"model": demo.name, "messages": messages}).json()
+    assert r["tokens"] == tokenizer.encode("User: What is a list?\nAssistant:") and r["token_strs"] is None
+    info = httpx.get(root + "/tokenizer_info").json()
+    assert info["tokenizer_class"] == "GPT2Tokenizer" and info["eos_token"] == "<|endoftext|>"
+    assert info["model_max_length"] == demo.config.n_ctx
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/tokenize", {"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, None),
+    ("/tokenize", {}, None),
+    ("/tokenize", {"prompt": 5}, "prompt"),
+    ("/tokenize", {"prompt": "a" * (16 * 1024 + 1)}, "prompt"),
+    ("/tokenize", {"prompt": "a", "model": "gpt-4"}, "model"),
+    ("/tokenize", {"prompt": "a", "tools": []}, "tools"),
+    ("/detokenize", {"tokens": [50257]}, "tokens"),
+    ("/detokenize", {"tokens": [-1]}, "tokens"),
+    ("/detokenize", {"tokens": "abc"}, "tokens"),
+    ("/detokenize", {"tokens": [1] * (16 * 1024 + 1)}, "tokens"),
+])
+def test_tokenizer_routes_refuse_bad_input_naming_it(servers, demo, path, body, param):
+    _, url = servers(demo)
+    r = httpx.post(url.removesuffix("/v1") + path, json=body)
+    assert r.status_code == (404 if param == "model" else 400), r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"], err

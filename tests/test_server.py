@@ -107,10 +107,10 @@ def test_info(client, tiny):
 
 
 @pytest.mark.parametrize("path, body, status, match", [
-    ("/v1/completions", {"prompt": PROMPT, "max_tokens": -1}, 422, "max_tokens"),
-    ("/v1/completions", {"prompt": PROMPT, "temperature": "hot"}, 422, "temperature"),
-    ("/v1/completions", {"prompt": PROMPT, "top_k": 0}, 422, "top_k"),
-    ("/v1/completions", {"prompt": ""}, 422, "prompt"),
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": -1}, 400, "max_tokens"),
+    ("/v1/completions", {"prompt": PROMPT, "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": PROMPT, "top_k": 0}, 400, "top_k"),
+    ("/v1/completions", {"prompt": ""}, 400, "prompt"),
     ("/v1/completions", {"prompt": "word " * 200}, 400, "context"),
     ("/api/texts", {"prompt": PROMPT, "evil": 1}, 422, "evil"),
     ("/api/texts/nope/generate", {"max_tokens": 1}, 404, "no open text"),

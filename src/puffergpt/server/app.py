@@ -6,6 +6,7 @@ router per resource. Thin: each route parses, calls the application layer, and r
 - ``views_routes.py``: the embedding views (analogy, neighbours, map);
 - ``model_routes.py``: the model's description (/api/info) and Compare;
 - ``openai.py``: the OpenAI-compatible /v1 routes (bodies in ``openai_bodies.py``);
+- ``tokenize_routes.py``: /tokenize, /detokenize and /tokenizer_info, as vLLM has them;
 - ``notebook.py``: the notebook of insights, when the server has one;
 - ``static_routes.py``: the page, its files and the API's docs;
 - ``errors.py``: how errors become responses; ``body_limit.py``: the bound on a body.
@@ -22,7 +23,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from puffergpt.engine import Engine
 from puffergpt.reference import Products
-from puffergpt.server import errors, model_routes, openai, static_routes, texts_routes, views_routes
+from puffergpt.server import errors, model_routes, openai, static_routes, texts_routes, tokenize_routes, views_routes
 from puffergpt.server.body_limit import MAX_BODY, BoundedBody
 from puffergpt.server.state import Served, ServerConfig
 from puffergpt.server.streaming import Generations
@@ -69,7 +70,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
     if config.trusted_hosts:  # a page elsewhere can't drive this API by DNS rebinding
         app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(config.trusted_hosts))
     errors.add_handlers(app)
-    for router in (static_routes.router, model_routes.router, texts_routes.router, views_routes.router, openai.router):
+    for router in (static_routes.router, model_routes.router, texts_routes.router, views_routes.router,
+                   tokenize_routes.router, openai.router):
         app.include_router(router)
     if notebook is not None:
         from puffergpt import notebook as nb

@@ -79,7 +79,8 @@ def body_of(kind: type[BaseModel]) -> Callable:
         except ValidationError as e:
             first = e.errors()[0]
             where = ".".join(str(x) for x in first["loc"])
-            raise OpenAIError(422, f"{where}: {first['msg']}", where.split(".")[0] or None) from None
+            # OpenAI answers a value out of its bounds with a 400 naming the field, never 422
+            raise OpenAIError(400, f"{where or 'the body'}: {first['msg']}", where.split(".")[0] or None) from None
         check_model(engine, body.model)
         return body
     return parse
@@ -283,7 +284,8 @@ async def completions(body: Annotated[CompletionBody, Depends(body_of(Completion
     n, best_of = body.choices()
     prompts = body.prompt_ids()
     if len(prompts) * best_of > MAX_CHOICES:
-        raise OpenAIError(400, f"{len(prompts)} prompts x {best_of} choices is over {MAX_CHOICES} a request", "n")
+        raise OpenAIError(400, f"{len(prompts)} prompts x {best_of} choices is over {MAX_CHOICES} a request: send "
+                               f"fewer prompts a request (lm-eval: --batch_size {MAX_CHOICES} or less)", "prompt")
     for ids in prompts:
         check_prompt(engine, config, ids, body, body.new_tokens())
     how = Choices(engine.open, engine.config.n_vocab, body, body.new_tokens(), body.stop,

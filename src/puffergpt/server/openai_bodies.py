@@ -18,7 +18,7 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for max_tokens
 MAX_LOGPROBS = 5  # OpenAI's bound for /v1/completions
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat (a step keeps 100 candidates)
 MAX_N = 8  # choices a prompt
-MAX_CHOICES = 16  # choices a request, over all its prompts
+MAX_CHOICES = 64  # choices a request, over all its prompts (lm-eval's --batch_size up to 64)
 MAX_STOPS = 4
 
 # --- the chat template: GPT-2 is a base model, so a chat is a transcript it continues ---
