@@ -312,7 +312,7 @@ def test_tokenize_a_chat_and_the_tokenizer_info(servers, demo):
     ("/tokenize", {"prompt": 5}, "prompt"),
     ("/tokenize", {"prompt": "a" * (16 * 1024 + 1)}, "prompt"),
     ("/tokenize", {"prompt": "a", "model": "gpt-4"}, "model"),
-    ("/tokenize", {"prompt": "a", "tools": []}, "tools"),
+    ("/tokenize", {"prompt": "a", "foo": 1}, "foo"),
     ("/detokenize", {"tokens": [50257]}, "tokens"),
     ("/detokenize", {"tokens": [-1]}, "tokens"),
     ("/detokenize", {"tokens": "abc"}, "tokens"),
@@ -324,3 +324,45 @@ def test_tokenizer_routes_refuse_bad_input_naming_it(servers, demo, path, body, 
     assert r.status_code == (404 if param == "model" else 400), r.text
     err = r.json()["error"]
     assert err["param"] == param and err["message"], err
+
+
+# --- OpenAI's rules: every invalid value and every field not acted on is a 400 naming it ---
+
+TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+MSG = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.mark.parametrize("call, param", [
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, logprobs=6), "logprobs"),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, temperature=-1), "temperature"),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, n=0), "n"),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, top_p=1.5), "top_p"),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, extra_body={"foo": 1}), "foo"),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, presence_penalty=0.5),
+     "presence_penalty"),
+    (lambda c, m: c.completions.create(model=m, prompt=PROMPT, max_tokens=1, logit_bias={"50256": -100}),
+     "logit_bias"),
+    (lambda c, m: c.chat.completions.create(model=m, messages=MSG, tools=[TOOL]), "tools"),
+    (lambda c, m: c.chat.completions.create(model=m, messages=MSG, tool_choice="auto"), "tool_choice"),
+    (lambda c, m: c.chat.completions.create(model=m, messages=MSG, response_format={"type": "json_object"}),
+     "response_format"),
+    (lambda c, m: c.chat.completions.create(model=m, messages=MSG, functions=[TOOL["function"]]), "functions"),
+    (lambda c, m: c.chat.completions.create(model=m, messages=MSG, top_logprobs=21, logprobs=True), "top_logprobs"),
+    (lambda c, m: c.chat.completions.create(model=m, messages=MSG, extra_body={"best_of": 2}), "best_of"),
+])
+def test_invalid_or_unsupported_is_a_bad_request_naming_the_field(servers, tiny, call, param):
+    client, _ = servers(tiny)
+    with pytest.raises(openai.BadRequestError) as e:
+        call(client, tiny.name)
+    err = e.value.response.json()["error"]
+    assert e.value.status_code == 400 and err["type"] == "invalid_request_error" and err["param"] == param, err
+    assert param in err["message"]
+
+
+def test_fields_that_ask_for_nothing_are_honoured_by_doing_nothing(servers, tiny):
+    client, _ = servers(tiny)
+    plain = client.chat.completions.create(model=tiny.name, messages=MSG, max_tokens=4, temperature=0)
+    same = client.chat.completions.create(model=tiny.name, messages=MSG, max_tokens=4, temperature=0,
+                                          response_format={"type": "text"}, presence_penalty=0, frequency_penalty=0,
+                                          user="someone", tools=[], tool_choice="none", logit_bias={}, store=False)
+    assert same.choices[0].message.content == plain.choices[0].message.content

@@ -47,6 +47,7 @@ from puffergpt.server.openai_bodies import (
     CompletionBody,
     OpenAIError,
     chat_prompt,
+    without_no_ops,
 )
 from puffergpt.server.state import ConfigDep, EngineDep, GenerationsDep, ServerConfig
 from puffergpt.server.streaming import Generations, stream
@@ -74,6 +75,7 @@ def body_of(kind: type[BaseModel]) -> Callable:
             raise OpenAIError(400, e.message, e.param) from None
         if not isinstance(raw, dict):
             raise OpenAIError(400, "the body must be a JSON object")
+        raw = without_no_ops(raw, kind.model_fields)
         try:
             body = kind.model_validate(raw)
         except ValidationError as e:

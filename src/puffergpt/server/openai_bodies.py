@@ -1,5 +1,6 @@
-"""The OpenAI-compatible routes' request bodies, in OpenAI's names (fields we don't use
-are ignored, as OpenAI clients send many), the chat template, and OpenAI's error shape.
+"""The OpenAI-compatible routes' request bodies, in OpenAI's names (a field we don't act on
+is accepted only at a value that asks for nothing: ``NO_OPS``; any other is a 400 naming it),
+the chat template, and OpenAI's error shape.
 A body says what it asks for (prompts as token ids, the number of new tokens, the
 sampling); the routes (``openai.py``) run it."""
 
@@ -36,8 +37,49 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
+ANY = object()
+# Fields of OpenAI's (or vLLM's) API this server does not act on, accepted only at the values that
+# ask for nothing, so that doing nothing is honouring them: any other value is refused with a 400
+# naming the field and why (a client asking for structured output or tools must learn it won't get it).
+NO_OPS: dict[str, tuple[tuple, str]] = {
+    "user": ((ANY,), ""), "metadata": ((ANY,), ""),  # labels for the caller's own records
+    "store": ((None, False), "completions are not stored here"),
+    "service_tier": ((None, "auto", "default"), "there is one tier"),
+    "presence_penalty": ((None, 0), "no penalties are applied"),
+    "frequency_penalty": ((None, 0), "no penalties are applied"),
+    "repetition_penalty": ((None, 1), "no penalties are applied"),
+    "logit_bias": ((None, {}), "logits are not biased"),
+    "response_format": ((None, {"type": "text"}), "GPT-2 writes plain text only: no JSON mode or schema"),
+    "tools": ((None, []), "GPT-2 cannot call tools"), "tool_choice": ((None, "none"), "GPT-2 cannot call tools"),
+    "parallel_tool_calls": ((None, True, False), ""),  # with no tools there is nothing to call in parallel
+    "functions": ((None, []), "GPT-2 cannot call functions"),
+    "function_call": ((None, "none"), "GPT-2 cannot call functions"),
+    "modalities": ((None, ["text"]), "GPT-2 writes text only"),
+}
+
+
+def without_no_ops(raw: dict, fields: dict) -> dict:
+    """The body without the fields of ``NO_OPS`` at a value that asks for nothing; a 400 naming
+    the first field that is neither declared (``fields``) nor such a no-op."""
+    out = {}
+    for key, value in raw.items():
+        if key in fields:
+            out[key] = value
+        elif key in NO_OPS:
+            allowed, why = NO_OPS[key]
+            if ANY not in allowed and not any(value == a and type(value) is not bool or value is a for a in allowed):
+                raise OpenAIError(400, f"{key}={value!r} is not supported: {why}. Leave {key} out, or send "
+                                       f"{' or '.join(repr(a) for a in allowed if a is not None)}.", key,
+                                  "unsupported_parameter")
+        else:
+            raise OpenAIError(400, f"unknown parameter {key!r}: this server takes {', '.join(fields)} "
+                                   f"(and, at values that ask for nothing, {', '.join(NO_OPS)})", key,
+                              "unknown_parameter")
+    return out
+
+
 class CommonBody(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None
     max_tokens: int | None = Field(None, ge=0, le=MAX_NEW_TOKENS)
     temperature: float | None = Field(None, ge=0, le=100)
