@@ -2,6 +2,7 @@
 server (uvicorn on 127.0.0.1), its log-probabilities against transformers' log-softmax
 over the whole vocabulary."""
 
+import json
 import socket
 import threading
 import time
@@ -366,3 +367,28 @@ def test_fields_that_ask_for_nothing_are_honoured_by_doing_nothing(servers, tiny
                                           response_format={"type": "text"}, presence_penalty=0, frequency_penalty=0,
                                           user="someone", tools=[], tool_choice="none", logit_bias={}, store=False)
     assert same.choices[0].message.content == plain.choices[0].message.content
+
+
+def test_the_openapi_document_is_valid_and_describes_v1(servers, tiny):
+    """openapi-spec-validator (an independent checker) accepts the document; /v1's operations
+    have distinct ids, their request schemas, and the errors the server really answers."""
+    from openapi_spec_validator import validate
+
+    _, url = servers(tiny)
+    doc = httpx.get(url.removesuffix("/v1") + "/openapi.json").json()
+    validate(doc)
+    assert doc["servers"][0]["url"] == "/"
+    ops = {(path, m): op for path, item in doc["paths"].items() for m, op in item.items()}
+    ids = [op["operationId"] for op in ops.values()]
+    assert len(ids) == len(set(ids)), sorted(ids)
+    for path, field in (("/v1/completions", "prompt"), ("/v1/chat/completions", "messages"),
+                        ("/tokenize", "prompt"), ("/detokenize", "tokens")):
+        op = ops[(path, "post")]
+        schema = op["requestBody"]["content"]["application/json"]["schema"]
+        assert field in schema["properties"] and "$ref" not in json.dumps(schema), path
+        assert {"200", "400", "404"} <= set(op["responses"]) and "422" not in op["responses"], path
+        err = op["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+        assert set(doc["components"]["schemas"][err]["properties"]) == {"error"}
+    # the chat's messages are described in place: role and content
+    chat = ops[("/v1/chat/completions", "post")]["requestBody"]["content"]["application/json"]["schema"]
+    assert {"role", "content"} <= set(chat["properties"]["messages"]["items"]["properties"])

@@ -63,7 +63,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
     served = Served(engine, config, Texts(engine.open, max_open=config.max_open_texts, idle_s=config.idle_s),
                     Generations(), reference)
     app = FastAPI(title="puffergpt", description="GPT-2 where every matrix multiply is a vector search.",
-                  version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)  # ours: local assets
+                  version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,  # ours: local assets
+                  servers=[{"url": "/", "description": "the server that serves this document"}])
     app.state.served = served
     app.state.texts, app.state.generations = served.texts, served.generations  # for tests and shutdown
     app.add_middleware(BoundedBody, read_timeout_s=config.read_timeout_s)

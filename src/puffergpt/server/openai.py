@@ -40,12 +40,14 @@ from puffergpt.engine import Engine
 from puffergpt.model_info import model_name
 from puffergpt.server.bodies import BodyError, parse_json
 from puffergpt.server.openai_bodies import (
+    ERROR_RESPONSES,
     MAX_CHOICES,
     TURN_STOPS,
     ChatBody,
     CommonBody,
     CompletionBody,
     OpenAIError,
+    body_schema,
     chat_prompt,
     without_no_ops,
 )
@@ -274,13 +276,13 @@ async def models(engine: EngineDep):
     return {"object": "list", "data": [model_card(engine)]}
 
 
-@router.get("/v1/models/{model_id:path}")
+@router.get("/v1/models/{model_id:path}", responses={404: ERROR_RESPONSES[404]})
 async def model(model_id: str, engine: EngineDep):
     check_model(engine, model_id)
     return model_card(engine)
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", openapi_extra=body_schema(CompletionBody), responses=ERROR_RESPONSES)
 async def completions(body: Annotated[CompletionBody, Depends(body_of(CompletionBody))], engine: EngineDep,
                       config: ConfigDep, generations: GenerationsDep):
     n, best_of = body.choices()
@@ -298,7 +300,7 @@ async def completions(body: Annotated[CompletionBody, Depends(body_of(Completion
     return await run_in_threadpool(whole_completion, how, reply, prompts, n, best_of)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", openapi_extra=body_schema(ChatBody), responses=ERROR_RESPONSES)
 async def chat(body: Annotated[ChatBody, Depends(body_of(ChatBody))], engine: EngineDep, config: ConfigDep,
                generations: GenerationsDep):
     ids = tokenizer.encode(chat_prompt(body.messages))

@@ -78,6 +78,40 @@ def without_no_ops(raw: dict, fields: dict) -> dict:
     return out
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """OpenAI's error body, for the OpenAPI document (``OpenAIError.body`` writes it)."""
+
+    error: ErrorDetail
+
+
+# The error responses each /v1 (and tokenizer) operation declares: what the server answers, never 422
+ERROR_RESPONSES = {400: {"model": ErrorBody, "description": "a value out of bounds, unknown or unsupported "
+                                                          "(param names the field)"},
+                   404: {"model": ErrorBody, "description": "no such model on this server"}}
+
+
+def body_schema(kind: type[BaseModel]) -> dict:
+    """``kind``'s JSON schema as an operation's request body (``openapi_extra``), its ``$defs``
+    written in place: the routes parse their bodies themselves (to answer in OpenAI's shape),
+    so FastAPI does not see them."""
+    schema = kind.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def inline(x):
+        if isinstance(x, dict):
+            return inline(defs[x["$ref"].rsplit("/", 1)[-1]]) if "$ref" in x else {k: inline(v) for k, v in x.items()}
+        return [inline(v) for v in x] if isinstance(x, list) else x
+
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
+
+
 class CommonBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None

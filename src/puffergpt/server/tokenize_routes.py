@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from puffergpt import tokenizer
 from puffergpt.server.bodies import MAX_PROMPT_CHARS
 from puffergpt.server.openai import body_of
-from puffergpt.server.openai_bodies import Message, OpenAIError, chat_prompt
+from puffergpt.server.openai_bodies import ERROR_RESPONSES, Message, OpenAIError, body_schema, chat_prompt
 from puffergpt.server.state import EngineDep
 from puffergpt.text import TextError, check_token_ids
 
@@ -55,14 +55,14 @@ class DetokenizeBody(BaseModel):
     tokens: list[int] = Field(..., max_length=MAX_DETOKENIZE)
 
 
-@router.post("/tokenize")
+@router.post("/tokenize", openapi_extra=body_schema(TokenizeBody), responses=ERROR_RESPONSES)
 async def tokenize(body: Annotated[TokenizeBody, Depends(body_of(TokenizeBody))], engine: EngineDep):
     ids = tokenizer.encode(body.text())
     return {"count": len(ids), "max_model_len": engine.config.n_ctx, "tokens": ids,
             "token_strs": [tokenizer.token_text(i) for i in ids] if body.return_token_strs else None}
 
 
-@router.post("/detokenize")
+@router.post("/detokenize", openapi_extra=body_schema(DetokenizeBody), responses=ERROR_RESPONSES)
 async def detokenize(body: Annotated[DetokenizeBody, Depends(body_of(DetokenizeBody))], engine: EngineDep):
     try:
         check_token_ids(body.tokens, min(engine.config.n_vocab, tokenizer.VOCAB_SIZE))
