@@ -17,6 +17,7 @@ import uvicorn
 from puffergpt import tokenizer
 from puffergpt.engine import Engine
 from puffergpt.server import ServerConfig, create_app
+from puffergpt.server.openai_bodies import ChatResponse, CompletionResponse
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")
 transformers = pytest.importorskip("transformers")
@@ -389,6 +390,14 @@ def test_the_openapi_document_is_valid_and_describes_v1(servers, tiny):
         assert {"200", "400", "404"} <= set(op["responses"]) and "422" not in op["responses"], path
         err = op["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
         assert set(doc["components"]["schemas"][err]["properties"]) == {"error"}
+    # the 200 responses' schemas: real responses are instances of them
+    for path, shape in (("/v1/completions", CompletionResponse), ("/v1/chat/completions", ChatResponse)):
+        ref = ops[(path, "post")]["responses"]["200"]["content"]["application/json"]["schema"]["$ref"]
+        assert ref.endswith("/" + shape.__name__)
+    r = httpx.post(url + "/completions", json={"prompt": PROMPT, "max_tokens": 2, "logprobs": 1, "echo": True})
+    CompletionResponse.model_validate(r.json(), strict=True)
+    r = httpx.post(url + "/chat/completions", json={"messages": MSG, "max_tokens": 2, "logprobs": True})
+    ChatResponse.model_validate(r.json(), strict=True)
     # the chat's messages are described in place: role and content
     chat = ops[("/v1/chat/completions", "post")]["requestBody"]["content"]["application/json"]["schema"]
     assert {"role", "content"} <= set(chat["properties"]["messages"]["items"]["properties"])

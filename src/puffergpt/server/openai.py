@@ -44,8 +44,10 @@ from puffergpt.server.openai_bodies import (
     MAX_CHOICES,
     TURN_STOPS,
     ChatBody,
+    ChatResponse,
     CommonBody,
     CompletionBody,
+    CompletionResponse,
     OpenAIError,
     body_schema,
     chat_prompt,
@@ -282,7 +284,8 @@ async def model(model_id: str, engine: EngineDep):
     return model_card(engine)
 
 
-@router.post("/v1/completions", openapi_extra=body_schema(CompletionBody), responses=ERROR_RESPONSES)
+@router.post("/v1/completions", openapi_extra=body_schema(CompletionBody),
+             responses={200: {"model": CompletionResponse}, **ERROR_RESPONSES})
 async def completions(body: Annotated[CompletionBody, Depends(body_of(CompletionBody))], engine: EngineDep,
                       config: ConfigDep, generations: GenerationsDep):
     n, best_of = body.choices()
@@ -300,7 +303,8 @@ async def completions(body: Annotated[CompletionBody, Depends(body_of(Completion
     return await run_in_threadpool(whole_completion, how, reply, prompts, n, best_of)
 
 
-@router.post("/v1/chat/completions", openapi_extra=body_schema(ChatBody), responses=ERROR_RESPONSES)
+@router.post("/v1/chat/completions", openapi_extra=body_schema(ChatBody),
+             responses={200: {"model": ChatResponse}, **ERROR_RESPONSES})
 async def chat(body: Annotated[ChatBody, Depends(body_of(ChatBody))], engine: EngineDep, config: ConfigDep,
                generations: GenerationsDep):
     ids = tokenizer.encode(chat_prompt(body.messages))

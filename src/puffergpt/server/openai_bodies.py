@@ -91,6 +91,66 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+# --- the responses' shapes, for the OpenAPI document (the routes write plain dicts; extra keys allowed) ---
+
+class Shape(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class UsageShape(Shape):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(Shape):
+    tokens: list[str]
+    token_logprobs: list[float | None]  # None: the first echoed token (nothing predicts it)
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(Shape):
+    text: str
+    index: int
+    logprobs: CompletionLogprobs | None
+    finish_reason: Literal["stop", "length"] | None  # None: a streamed chunk before the last
+
+
+class CompletionResponse(Shape):
+    """A /v1/completions response (or, streamed, each event's data)."""
+
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageShape | None = None
+
+
+class ChatMessage(Shape):
+    role: Literal["assistant"]
+    content: str
+
+
+class ChatChoice(Shape):
+    index: int
+    message: ChatMessage
+    logprobs: dict | None
+    finish_reason: Literal["stop", "length"]
+
+
+class ChatResponse(Shape):
+    """A /v1/chat/completions response (streamed: chat.completion.chunk objects with a delta)."""
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageShape
+
+
 # The error responses each /v1 (and tokenizer) operation declares: what the server answers, never 422
 ERROR_RESPONSES = {400: {"model": ErrorBody, "description": "a value out of bounds, unknown or unsupported "
                                                           "(param names the field)"},
