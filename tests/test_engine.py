@@ -3,15 +3,13 @@
 import numpy as np
 import pytest
 
+from helpers import PROMPTS, compare_with_reference
 from puffergpt import tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
 from puffergpt.stores.base import StoreError
 from puffergpt.text import Text
-
-from helpers import PROMPTS, compare_with_reference
-
 
 
 def greedy_on(engine: Engine, ids: list[int], n: int) -> list[int]:
@@ -55,7 +53,15 @@ def test_request_counts(loaded, tiny):
     per_token = 1 + 6 * L + 1  # embed, per layer (c_attn, keys write, scores, c_proj, c_fc, c_proj), wte top-k
     assert [len(s.requests) for s in steps] == [per_token] * 3  # the 6-token prefill costs what one token does
     kinds = [r.kind for r in steps[1].requests]
-    assert kinds[:7] == ["embed", "h.0.attn.c_attn", "h.0.attn.keys", "h.0.attn.scores", "h.0.attn.c_proj", "h.0.mlp.c_fc", "h.0.mlp.c_proj"]
+    assert kinds[:7] == [
+        "embed",
+        "h.0.attn.c_attn",
+        "h.0.attn.keys",
+        "h.0.attn.scores",
+        "h.0.attn.c_proj",
+        "h.0.mlp.c_fc",
+        "h.0.mlp.c_proj",
+    ]
     assert kinds[-1] == "wte.top_k"
     fc = steps[1].requests[5]
     assert fc.rows == 4 * tiny.config.n_embd and fc.returned == fc.rows  # one request, every row

@@ -108,11 +108,11 @@ class Engine:
             raise StoreError(f"the {store.name} store has no {self.key_metric!r} search")
         self.key_schema = KEY_SCHEMA if self.key_metric == "inner_product" else KEY_SCHEMA | {"norm2": "float"}
 
-    def open(self) -> "SearchProducts":
+    def open(self) -> SearchProducts:
         """The products of one text, with a namespace of its own for the text's keys."""
         return SearchProducts(self)
 
-    def views(self) -> "SearchProducts":
+    def views(self) -> SearchProducts:
         """Products for the embedding views (analogy, neighbours, the map), which read no
         text: no namespace of keys is made for them, so attention is refused."""
         return SearchProducts(self, keys=False)
@@ -202,14 +202,19 @@ class SearchProducts:
         hits = self._search(ns, [Query(v, (("matrix", "=", name),)) for v in q], self.enc.metric, ("row",))
         self._log(name, "search", len(q), rows * len(q), rows * q.shape[1] * 4 * len(q), len(hits.query), t)
         if len(hits.query) != rows * len(q):
-            raise StoreError(f"{name}: the search returned {len(hits.query)} of {rows * len(q)} rows; the store is incomplete: run `puffergpt verify`")
+            raise StoreError(
+                f"{name}: the search returned {len(hits.query)} of {rows * len(q)} rows; "
+                "the store is incomplete: run `puffergpt verify`"
+            )
         dist = np.zeros((len(q), rows), np.float64)
         dist[hits.query, hits.attrs["row"]] = hits.distance
         return self.enc.outputs(dist, q, self.M[name])  # (T, out)
 
     def attention_scores(self, layer, q, k, pos):
         if self.keys_ns is None:
-            raise StoreError("these products were opened for the embedding views (Engine.views): open a text to read tokens")
+            raise StoreError(
+                "these products were opened for the embedding views (Engine.views): open a text to read tokens"
+            )
         H, T, hd = q.shape
         S = int(pos[-1]) + 1
         self._wait_keys(layer)  # an earlier step's write of this layer, or an old one a new key must replace
@@ -220,7 +225,8 @@ class SearchProducts:
             self._write_keys(layer, k, pos, heads, ts, concurrent=False).result()
         scores = np.full((H * T, S), -np.inf, np.float32)
         scores[np.arange(H * T), pos[ts.ravel()]] = np.einsum("hti,hti->ht", q, k).ravel()  # each token's own key
-        asks = [(h, i) for h, i in zip(heads.ravel(), ts.ravel()) if pos[i] > 0]  # the first token has no earlier keys
+        # the first token has no earlier keys
+        asks = [(h, i) for h, i in zip(heads.ravel(), ts.ravel(), strict=True) if pos[i] > 0]
         if asks:
             self._score_earlier(layer, q, pos, asks, scores)
         return scores.reshape(H, T, S)
@@ -228,7 +234,7 @@ class SearchProducts:
     def _write_keys(self, layer, k, pos, heads, ts, concurrent: bool) -> Future:
         H, T, hd = k.shape
         keys = k.reshape(H * T, hd).copy()
-        ids = [f"h.{layer}.{h}.{pos[i]}" for h, i in zip(heads.ravel(), ts.ravel())]
+        ids = [f"h.{layer}.{h}.{pos[i]}" for h, i in zip(heads.ravel(), ts.ravel(), strict=True)]
         attrs = {"layer": [layer] * (H * T), "head": heads.ravel(), "pos": pos[ts.ravel()]}
         if self.engine.key_metric != "inner_product":
             attrs["norm2"] = (keys.astype(np.float64) ** 2).sum(axis=1)
@@ -261,13 +267,23 @@ class SearchProducts:
         include = ("pos",) if metric == "inner_product" else ("pos", "norm2")
         hits = self._search(self.keys_ns, queries, metric, include)
         want = np.array([int(pos[i]) for _, i in asks])  # keys each query must find: positions 0..pos-1
-        self._log(f"h.{layer}.attn.scores", "search", len(queries), int(want.sum()), int(want.sum()) * hd * 4, len(hits.query), t)
+        self._log(
+            f"h.{layer}.attn.scores",
+            "search",
+            len(queries),
+            int(want.sum()),
+            int(want.sum()) * hd * 4,
+            len(hits.query),
+            t,
+        )
         got = np.bincount(hits.query, minlength=len(asks))
         if (got != want).any():
             j = int(np.argmax(got != want))
-            raise StoreError(f"layer {layer}: the attention search for head {asks[j][0]} at position {want[j]} returned "
-                             f"{got[j]} keys, not {want[j]}: the text's keys in {self.keys_ns} are missing or doubled "
-                             f"(the store lost them, e.g. a database restart); close the text and open it again")
+            raise StoreError(
+                f"layer {layer}: the attention search for head {asks[j][0]} at position {want[j]} returned "
+                f"{got[j]} keys, not {want[j]}: the text's keys in {self.keys_ns} are missing or doubled "
+                f"(the store lost them, e.g. a database restart); close the text and open it again"
+            )
         rows = np.array([h * q.shape[1] + i for h, i in asks])[hits.query]  # query -> row of scores (H*T)
         if metric == "inner_product":
             scores[rows, hits.attrs["pos"]] = hits.distance
@@ -304,7 +320,10 @@ class SearchProducts:
         hits = self._search(loading.namespace(self.key, self.config.n_embd), queries, self.enc.metric, include)
         self._log(kind, "search", len(queries), rows, rows * q.shape[1] * 4, len(hits.query), t)
         if len(hits.query) != rows:
-            raise StoreError(f"{matrix}: the search returned {len(hits.query)} of {rows} rows; the store is incomplete: run `puffergpt verify`")
+            raise StoreError(
+                f"{matrix}: the search returned {len(hits.query)} of {rows} rows; "
+                "the store is incomplete: run `puffergpt verify`"
+            )
         order = np.argsort(hits.attrs["row"])
         y = self.enc.outputs(hits.distance[order][None], q, self.M[matrix])[0]
         return y, {a: hits.attrs[a][order] for a in include}
