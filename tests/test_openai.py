@@ -351,6 +351,9 @@ MSG = [{"role": "user", "content": "Hi"}]
     (lambda c, m: c.chat.completions.create(model=m, messages=MSG, functions=[TOOL["function"]]), "functions"),
     (lambda c, m: c.chat.completions.create(model=m, messages=MSG, top_logprobs=21, logprobs=True), "top_logprobs"),
     (lambda c, m: c.chat.completions.create(model=m, messages=MSG, extra_body={"best_of": 2}), "best_of"),
+    (lambda c, m: c.chat.completions.create(model=m, messages=[{**MSG[0], "name": "ann"}]), "messages"),
+    (lambda c, m: c.chat.completions.create(model=m, messages=[{"role": "assistant", "content": "x", "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]), "messages"),
 ])
 def test_invalid_or_unsupported_is_a_bad_request_naming_the_field(servers, tiny, call, param):
     client, _ = servers(tiny)
@@ -368,6 +371,13 @@ def test_fields_that_ask_for_nothing_are_honoured_by_doing_nothing(servers, tiny
                                           response_format={"type": "text"}, presence_penalty=0, frequency_penalty=0,
                                           user="someone", tools=[], tool_choice="none", logit_bias={}, store=False)
     assert same.choices[0].message.content == plain.choices[0].message.content
+    # an assistant's reply sent back as the SDK returned it (refusal, tool_calls ... all None) continues the chat
+    reply = plain.choices[0].message
+    assert reply.tool_calls is None and reply.refusal is None
+    more = client.chat.completions.create(model=tiny.name, messages=[*MSG, reply, {"role": "user", "content": "Go"}],
+                                          max_tokens=2, temperature=0)
+    assert more.usage.prompt_tokens == len(tokenizer.encode(
+        f"User: Hi\nAssistant: {reply.content}\nUser: Go\nAssistant:"))
 
 
 def test_the_openapi_document_is_valid_and_describes_v1(servers, tiny):

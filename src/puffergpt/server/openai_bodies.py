@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from puffergpt import tokenizer
 from puffergpt.sampling import Sampling
@@ -257,10 +257,26 @@ class TextPart(BaseModel):
     text: str
 
 
+# A message's fields this template does not use, at the values an assistant's reply sent back as it
+# came (the SDK's ChatCompletionMessage) carries; any other value is refused, naming the field
+MESSAGE_NO_OPS = {"refusal": (None,), "tool_calls": (None, []), "function_call": (None,), "annotations": (None, []),
+                  "audio": (None,)}
+
+
 class Message(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
     role: str
     content: str | list[TextPart] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_ops(cls, v):
+        if not isinstance(v, dict):
+            return v
+        for key, allowed in MESSAGE_NO_OPS.items():
+            if key in v and v[key] not in allowed:
+                raise ValueError(f"{key}={v[key]!r} is not supported: GPT-2 has no tools, audio or refusals")
+        return {k: x for k, x in v.items() if k not in MESSAGE_NO_OPS}
 
     @field_validator("role")
     @classmethod
