@@ -82,7 +82,7 @@ def numpy_top(demo, ids, position, k):
 def test_save_a_hostile_title_from_a_token_find_it_in_git_list_and_replay(page, served):
     url, book, demo = served
     p = page.page
-    generate(p, "The return statement", n=4)
+    generate(p, "The list", n=4)
     expect(generated(p)).to_have_count(4)
     text = text_of(url, p)
     position = int(generated(p).nth(1).get_attribute("data-position"))
@@ -138,7 +138,7 @@ def test_save_a_hostile_title_from_a_token_find_it_in_git_list_and_replay(page, 
     detail = p.locator("#nb-detail")
     expect(detail.locator(".nb-detail-title")).to_have_text(HOSTILE)
     expect(detail.locator(".nb-body")).to_have_text(BODY)
-    expect(detail.locator(".nb-evidence")).to_contain_text("The return statement")  # decoded by the server
+    expect(detail.locator(".nb-evidence")).to_contain_text("The list")  # decoded by the server
     for sel in ("#nb-list", "#nb-detail"):
         assert p.locator(f"{sel} img, {sel} b, {sel} script").count() == 0
     assert "<img" not in p.locator("#nb-list").inner_html() and "&lt;img" in p.locator("#nb-list").inner_html()
@@ -250,7 +250,7 @@ def test_no_selection_says_what_to_do_and_a_push_without_remote_says_why(page):
 def test_the_notebook_on_a_400px_phone(browser, served):
     ctx, w = open_page(browser, served[0], width=400, height=860, is_mobile=True, device_scale_factor=1)
     p = w.page
-    generate(p, "The return statement", n=3)
+    generate(p, "The list", n=3)
     save_from_token(p, HOSTILE + " " + "long" * 20, BODY)
 
     def too_wide():
@@ -263,7 +263,7 @@ def test_the_notebook_on_a_400px_phone(browser, served):
     p.screenshot(path=str(ARTIFACTS / "notebook-phone-form.png"))  # the viewport: the form is modal, centred in it
     p.click("#insight-cancel")
     p.locator("#nb-list .nb-open").first.click()
-    expect(p.locator("#nb-detail .nb-evidence")).to_contain_text("The return statement")
+    expect(p.locator("#nb-detail .nb-evidence")).to_contain_text("The list")
     p.locator("#nb-detail .nb-replay").click()
     expect(p.locator("#nb-detail .nb-verdict")).to_have_attribute("data-matches", "true")
     p.locator("#nb-detail").scroll_into_view_if_needed()
@@ -283,7 +283,7 @@ def test_a_sampled_token_reopens_as_recorded_and_its_evidence_reads_at_once(brow
     url, _, _ = served
     p = page.page
     p.fill("#seed", "5")
-    generate(p, "The return statement", n=4, temperature="1")
+    generate(p, "The list", n=4, temperature="1")
     text = text_of(url, p)
     ids = [t["token_id"] for t in text["tokens"]][: text["length"]]
     start = int(generated(p).nth(0).get_attribute("data-position"))

@@ -223,7 +223,7 @@ def test_generate_inspect_branch_step_back_and_temperature(page):
 def test_stop_and_api_errors(page):
     p = page.page
     # More tokens than the demo model's context of 256: the server's 400 is shown as text.
-    generate(p, "1, 2, 3, 4, 5,", n=300)
+    generate(p, "A man", n=300)  # a prompt the demo model continues past 100 tokens (no <|endoftext|>)
     expect(p.locator("#error")).to_contain_text("would not fit the model's context of 256 tokens")
     expect(generated(p)).to_have_count(0)
 
@@ -301,7 +301,7 @@ def test_compare_shows_the_max_difference(page):
 
 def test_markup_in_prompts_stays_text(page):
     p = page.page
-    prompt = "<img src=x onerror=alert(1)> and <script>window.__pwned=1</script>"
+    prompt = "<img src=x onerror=alert(1)> and <script>window.__pwned=1</script> is"  # continued, not ended
     generate(p, prompt, n=3)
     tokens = p.locator("#tokens")
     expect(generated(p)).to_have_count(3)
