@@ -416,3 +416,17 @@ def test_analogy_bad_input(cli_ckpt, cli_data, args, words):
     assert r.exit_code != 0 and "Traceback" not in r.output, r.output
     for w in words:
         assert w in r.output, (w, r.output)
+
+
+@pytest.mark.parametrize("command", ["serve", "mcp"])
+def test_a_notebook_that_cannot_be_opened_is_named_and_frees_the_store(tmp_path, cli_ckpt, cli_data, command):
+    """serve and mcp open the model and the notebook the same way (options.open_served): a
+    notebook path that is a file is refused with the option to change, and the store is closed
+    again, so the next command opens it."""
+    not_a_folder = tmp_path / "notes.txt"
+    not_a_folder.write_text("a file, not a notebook")
+    r = run(command, "--model", str(cli_ckpt), "--data", str(cli_data), "--notebook", str(not_a_folder))
+    assert r.exit_code != 0, r.output
+    assert "choose another with --notebook DIR" in r.output, r.output
+    again = run("generate", PROMPT, "--model", str(cli_ckpt), "--data", str(cli_data), "-n", "1")
+    assert again.exit_code == 0, again.output

@@ -20,9 +20,8 @@ from puffergpt.cli.options import (
     clear_errors,
     data_option,
     fail,
-    notebook_dir,
     notebook_option,
-    open_model,
+    open_served,
     resolve_model,
 )
 
@@ -61,15 +60,9 @@ def open_local(model, backend, dsn, data_dir, notebook_path):
     """The model on its store and the notebook, as ``serve`` opens them; anything printed
     while loading goes to stderr, never into the protocol."""
     from puffergpt import mcp_server
-    from puffergpt import notebook as nb
 
     with contextlib.redirect_stdout(sys.stderr), clear_errors():
         model, _ = resolve_model(model)
-        opened = open_model("search", model, backend, data_dir, dsn)
-        try:
-            book = nb.Notebook(notebook_dir(notebook_path, data_dir))
-        except nb.NotebookError as e:
-            opened.close()
-            fail(f"{e} (choose another with --notebook DIR)")
+        opened, book = open_served(model, backend, data_dir, dsn, notebook_path)
     click.echo(f"puffergpt mcp: {model} on {backend}; notebook {book.path}; speaking MCP on stdio", err=True)
     return mcp_server.Local(opened, book)

@@ -158,6 +158,19 @@ def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn
     return Opened(e.open, e.config, e, store)
 
 
+def open_served(model: str, backend: str, data_dir: Path | None, dsn: str | None, notebook_path: Path | None):
+    """(Opened, Notebook): what serve and mcp hold, the model on its store (loaded on first use)
+    and the notebook; a notebook that can't be opened closes the store and says which option."""
+    from puffergpt import notebook as nb
+
+    opened = open_model("search", model, backend, data_dir, dsn)
+    try:
+        return opened, nb.Notebook(notebook_dir(notebook_path, data_dir))
+    except nb.NotebookError as e:
+        opened.close()
+        fail(f"{e} (choose another with --notebook DIR)")
+
+
 def search_engine(store, model: str) -> Engine:
     """The model's engine on a store, loading it into the store on first use."""
     from puffergpt import loading

@@ -18,10 +18,8 @@ from puffergpt.cli.options import (
     clear_errors,
     data_option,
     default_data,
-    fail,
-    notebook_dir,
     notebook_option,
-    open_model,
+    open_served,
     resolve_model,
 )
 
@@ -39,19 +37,13 @@ from puffergpt.cli.options import (
               help="an idle text is closed after this long")
 def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, idle_minutes) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
-    from puffergpt import notebook as nb
     from puffergpt.reference import NumpyProducts
     from puffergpt.server import ServerConfig, create_app
     from puffergpt.server.app import run as run_server
 
     model, fallback = resolve_model(model)
     with clear_errors():
-        opened = open_model("search", model, backend, data_dir, dsn)
-        try:
-            notebook = nb.Notebook(notebook_dir(notebook_path, data_dir))
-        except nb.NotebookError as e:
-            opened.close()
-            fail(f"{e} (choose another with --notebook DIR)")
+        opened, notebook = open_served(model, backend, data_dir, dsn, notebook_path)
 
     def reference():  # Compare reads the checkpoint only while it compares
         return NumpyProducts(checkpoints.load(model))
