@@ -260,6 +260,17 @@ def make_config(args: argparse.Namespace) -> GPT2Config:
     )
 
 
+def fraction(text: str) -> float:
+    """An argument that is a share: a number from 0 to 1."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number: give a share from 0 to 1") from None
+    if not 0 <= v <= 1:
+        raise argparse.ArgumentTypeError(f"{v:g} is not a share: give a number from 0 to 1")
+    return v
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n-layer", type=int, default=4)
@@ -276,8 +287,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lr", type=float, default=2.5e-3)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--dropout", type=float, default=0.0)
-    ap.add_argument("--copy-frac", type=float, default=0.15, help="share of rows that are synthetic repeats")
-    ap.add_argument("--lines-frac", type=float, default=0.5, help="share of the synthetic rows that are "
+    ap.add_argument("--copy-frac", type=fraction, default=0.15, help="share of rows that are synthetic repeats")
+    ap.add_argument("--lines-frac", type=fraction, default=0.5, help="share of the synthetic rows that are "
                     "'name = value' blocks (the rest: repeated random spans)")
     ap.add_argument("--min-count", type=int, default=20, help="tokens seen fewer times are not trained")
     ap.add_argument("--eval-every", type=int, default=50)

@@ -173,3 +173,15 @@ def test_the_pages_embedding_words_are_trained_rows(demo):
     for word in [w["neighbours"], *w["analogy"], *w["map"]]:
         assert one_id(word) not in dup, f"{word!r} is an untrained row"
     assert tuple(w["analogy"]) in {a[:3] for a in ANALOGIES}
+
+
+@pytest.mark.parametrize(("flag", "value", "says"), [("--lines-frac", "1.5", "1.5 is not a share"),
+                                                     ("--copy-frac", "x", "'x' is not a number")])
+def test_the_training_script_refuses_a_share_outside_0_to_1(flag, value, says):
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent.parent / "scripts" / "train_demo.py"
+    r = subprocess.run([sys.executable, str(script), flag, value], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert f"argument {flag}: {says}" in r.stderr
