@@ -17,7 +17,8 @@ import uvicorn
 from puffergpt import tokenizer
 from puffergpt.engine import Engine
 from puffergpt.server import ServerConfig, create_app
-from puffergpt.server.openai_bodies import ChatResponse, CompletionResponse
+from puffergpt.server.openai_bodies import ChatResponse, CompletionResponse, ModelList
+from puffergpt.server.tokenize_routes import DetokenizeResponse, TokenizeResponse
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")
 transformers = pytest.importorskip("transformers")
@@ -392,6 +393,11 @@ def test_the_openapi_document_is_valid_and_describes_v1(servers, tiny):
     ops = {(path, m): op for path, item in doc["paths"].items() for m, op in item.items()}
     ids = [op["operationId"] for op in ops.values()]
     assert len(ids) == len(set(ids)), sorted(ids)
+    # OpenAI's own operation ids: a client generated from this document names its methods as one
+    # generated from OpenAI's (tests/test_openapi_client.py builds one)
+    assert {ops[(path, m)]["operationId"] for path, m in (("/v1/models", "get"), ("/v1/models/{model_id}", "get"),
+            ("/v1/completions", "post"), ("/v1/chat/completions", "post"))} == {
+        "listModels", "retrieveModel", "createCompletion", "createChatCompletion"}
     for path, field in (("/v1/completions", "prompt"), ("/v1/chat/completions", "messages"),
                         ("/tokenize", "prompt"), ("/detokenize", "tokens")):
         op = ops[(path, "post")]
@@ -406,8 +412,13 @@ def test_the_openapi_document_is_valid_and_describes_v1(servers, tiny):
         assert ref.endswith("/" + shape.__name__)
     r = httpx.post(url + "/completions", json={"prompt": PROMPT, "max_tokens": 2, "logprobs": 1, "echo": True})
     CompletionResponse.model_validate(r.json(), strict=True)
-    r = httpx.post(url + "/chat/completions", json={"messages": MSG, "max_tokens": 2, "logprobs": True})
+    r = httpx.post(url + "/chat/completions", json={"messages": MSG, "max_tokens": 2, "logprobs": True,
+                                                     "top_logprobs": 2})
     ChatResponse.model_validate(r.json(), strict=True)
+    ModelList.model_validate(httpx.get(url + "/models").json(), strict=True)
+    root = url.removesuffix("/v1")
+    TokenizeResponse.model_validate(httpx.post(root + "/tokenize", json={"prompt": PROMPT}).json(), strict=True)
+    DetokenizeResponse.model_validate(httpx.post(root + "/detokenize", json={"tokens": [1, 2]}).json(), strict=True)
     # the chat's messages are described in place: role and content
     chat = ops[("/v1/chat/completions", "post")]["requestBody"]["content"]["application/json"]["schema"]
     assert {"role", "content"} <= set(chat["properties"]["messages"]["items"]["properties"])

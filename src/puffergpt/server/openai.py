@@ -48,6 +48,8 @@ from puffergpt.server.openai_bodies import (
     CommonBody,
     CompletionBody,
     CompletionResponse,
+    ModelCard,
+    ModelList,
     OpenAIError,
     body_schema,
     chat_prompt,
@@ -58,7 +60,9 @@ from puffergpt.server.streaming import Generations, stream
 from puffergpt.stores.base import StoreError
 from puffergpt.text import Step, TextError, check_generation, check_token_ids
 
-router = APIRouter()
+# Each operation id is OpenAI's own (its OpenAPI document's), so a client generated from
+# /openapi.json names its methods as one generated from OpenAI's: create_completion, list_models, ...
+router = APIRouter(tags=["openai"])
 
 
 # --- checks: each names the field at fault, in OpenAI's error shape ---
@@ -273,18 +277,19 @@ def model_card(engine: Engine) -> dict:
     return {"id": model_name(engine.model), "object": "model", "created": 0, "owned_by": "puffergpt"}
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", operation_id="listModels", responses={200: {"model": ModelList}})
 async def models(engine: EngineDep):
     return {"object": "list", "data": [model_card(engine)]}
 
 
-@router.get("/v1/models/{model_id:path}", responses={404: ERROR_RESPONSES[404]})
+@router.get("/v1/models/{model_id:path}", operation_id="retrieveModel",
+            responses={200: {"model": ModelCard}, 404: ERROR_RESPONSES[404]})
 async def model(model_id: str, engine: EngineDep):
     check_model(engine, model_id)
     return model_card(engine)
 
 
-@router.post("/v1/completions", openapi_extra=body_schema(CompletionBody),
+@router.post("/v1/completions", operation_id="createCompletion", openapi_extra=body_schema(CompletionBody),
              responses={200: {"model": CompletionResponse}, **ERROR_RESPONSES})
 async def completions(body: Annotated[CompletionBody, Depends(body_of(CompletionBody))], engine: EngineDep,
                       config: ConfigDep, generations: GenerationsDep):
@@ -303,7 +308,7 @@ async def completions(body: Annotated[CompletionBody, Depends(body_of(Completion
     return await run_in_threadpool(whole_completion, how, reply, prompts, n, best_of)
 
 
-@router.post("/v1/chat/completions", openapi_extra=body_schema(ChatBody),
+@router.post("/v1/chat/completions", operation_id="createChatCompletion", openapi_extra=body_schema(ChatBody),
              responses={200: {"model": ChatResponse}, **ERROR_RESPONSES})
 async def chat(body: Annotated[ChatBody, Depends(body_of(ChatBody))], engine: EngineDep, config: ConfigDep,
                generations: GenerationsDep):

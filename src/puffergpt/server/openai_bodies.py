@@ -128,15 +128,43 @@ class CompletionResponse(Shape):
     usage: UsageShape | None = None
 
 
+class ModelCard(Shape):
+    """One model of /v1/models: the one this server has."""
+
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+
+
+class ModelList(Shape):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
 class ChatMessage(Shape):
     role: Literal["assistant"]
     content: str
 
 
+class TopLogprob(Shape):
+    token: str
+    logprob: float
+    bytes: list[int]  # the token's UTF-8 bytes: a token may hold part of a character
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]  # the top_logprobs most likely, most likely first
+
+
+class ChatLogprobs(Shape):
+    content: list[TokenLogprob]
+
+
 class ChatChoice(Shape):
     index: int
     message: ChatMessage
-    logprobs: dict | None
+    logprobs: ChatLogprobs | None
     finish_reason: Literal["stop", "length"]
 
 

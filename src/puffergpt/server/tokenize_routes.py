@@ -55,14 +55,29 @@ class DetokenizeBody(BaseModel):
     tokens: list[int] = Field(..., max_length=MAX_DETOKENIZE)
 
 
-@router.post("/tokenize", openapi_extra=body_schema(TokenizeBody), responses=ERROR_RESPONSES)
+class TokenizeResponse(BaseModel):
+    """For the OpenAPI document (the route writes a dict): vLLM's answer."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None  # None unless return_token_strs
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
+@router.post("/tokenize", operation_id="tokenize", openapi_extra=body_schema(TokenizeBody),
+             responses={200: {"model": TokenizeResponse}, **ERROR_RESPONSES})
 async def tokenize(body: Annotated[TokenizeBody, Depends(body_of(TokenizeBody))], engine: EngineDep):
     ids = tokenizer.encode(body.text())
     return {"count": len(ids), "max_model_len": engine.config.n_ctx, "tokens": ids,
             "token_strs": [tokenizer.token_text(i) for i in ids] if body.return_token_strs else None}
 
 
-@router.post("/detokenize", openapi_extra=body_schema(DetokenizeBody), responses=ERROR_RESPONSES)
+@router.post("/detokenize", operation_id="detokenize", openapi_extra=body_schema(DetokenizeBody),
+             responses={200: {"model": DetokenizeResponse}, **ERROR_RESPONSES})
 async def detokenize(body: Annotated[DetokenizeBody, Depends(body_of(DetokenizeBody))], engine: EngineDep):
     try:
         check_token_ids(body.tokens, min(engine.config.n_vocab, tokenizer.VOCAB_SIZE))
@@ -71,7 +86,7 @@ async def detokenize(body: Annotated[DetokenizeBody, Depends(body_of(DetokenizeB
     return {"prompt": tokenizer.decode(body.tokens)}
 
 
-@router.get("/tokenizer_info")
+@router.get("/tokenizer_info", operation_id="tokenizerInfo")
 async def tokenizer_info(engine: EngineDep):
     """GPT-2's tokenizer_config.json, as transformers writes it, with this model's context."""
     eot = tokenizer.token_text(tokenizer.EOT)
