@@ -180,6 +180,43 @@ def test_shutdown_cancels_running_generations(served):
     print(f"shutdown with a generation running took {took:.2f} s")
 
 
+def test_a_queued_learner_runs_when_the_running_one_leaves(loaded, tiny):
+    """One slot: a second learner's generation waits (``/api/status``: 1 running, 1 queued),
+    sends nothing, and starts as soon as the first learner's client goes away."""
+    store, key = loaded(tiny)
+    app = create_app(Engine(store, tiny.name, key), ServerConfig(max_open_texts=4, max_running=1))
+    with Running(app) as r:
+        ids = [json.loads(r.request("POST", "/api/texts", {"prompt": PROMPT})[1])["id"] for _ in range(2)]
+        first = r.send("POST", f"/api/texts/{ids[0]}/generate", {"max_tokens": 100, "temperature": 1.0, "top_k": 40})
+        read_events(first, 2)
+        second = r.send("POST", f"/api/texts/{ids[1]}/generate", {"max_tokens": 3, "temperature": 0})
+
+        def status():
+            return json.loads(r.request("GET", "/api/status")[1])
+
+        wait_for(lambda: status()["queued"] == 1, 5, "the second generation queued")
+        got = status()
+        assert (got["running"], got["queued"], got["max_running"], got["open_texts"]) == (1, 1, 1, 2), got
+        second.settimeout(0.3)
+        waited = b""
+        with contextlib.suppress(TimeoutError):
+            while chunk := second.recv(4096):
+                waited += chunk
+        assert b"event:" not in waited, waited  # its response may have begun; no token while it waits
+        t0 = time.monotonic()
+        first.close()  # the first learner leaves
+        second.settimeout(10)
+        while b"event: done" not in waited:
+            chunk = second.recv(4096)
+            assert chunk, f"the stream ended early: {waited[-300:]!r}"
+            waited += chunk
+        took = time.monotonic() - t0
+        assert waited.count(b"event: token") == 3
+        wait_for(lambda: status()["running"] == 0 and status()["queued"] == 0, 5, "the slots freed")
+        assert abandoned_generators() == []
+        print(f"the queued learner's three tokens and done came {took:.2f} s after the first left")
+
+
 def test_a_body_that_stops_arriving_is_408(served):
     """Content-Length 100, 10 bytes sent: the server answers 408 after its read timeout
     (0.5 s here) instead of holding the connection."""

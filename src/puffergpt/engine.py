@@ -38,6 +38,7 @@ import numpy as np
 from puffergpt import costs, loading, untrained
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.documents import Encoding
+from puffergpt.scheduler import Batcher, Scheduler
 from puffergpt.stores.base import Hits, Query, Store, StoreError
 
 KEY_SCHEMA = {"layer": "int", "head": "int", "pos": "int"}
@@ -65,6 +66,7 @@ class Request:
     parts: int = 1  # store calls it took: more than one where a batch is over the store's limit
     concurrent: bool = False  # ran beside the critical path (a decode step's key write): no round trip of its own
     extra: bool = False  # asked for by a learning view (lens, inspect), not needed for the token
+    shared: int = 1  # texts whose searches went to the store in this one request (scheduler.Batcher)
 
     def to_json(self) -> dict:
         return {**self.__dict__, "ms": round(self.ms, 3)}
@@ -92,10 +94,13 @@ class Engine:
     """A model loaded into a store. ``open()`` gives the products for one text."""
 
     def __init__(self, store: Store, model: str, key: str | None = None, key_metric: str | None = None,
-                 verify: bool = False, progress: bool = False):
+                 verify: bool = False, progress: bool = False, max_running: int = 16):
         """``verify``: refuse (loading.StoreDamaged) documents that do not match the manifest,
-        read in full unless the store's files are those last verified (serve and generate)."""
+        read in full unless the store's files are those last verified (serve and generate).
+        ``max_running``: the texts that may generate at once (the others wait their turn)."""
         self.store = store
+        self.batcher = Batcher(store)  # the texts' searches of one namespace, merged while the store is busy
+        self.scheduler = Scheduler(max_running)
         self.model = model
         self.key = key or loading.model_key(model)
         self.manifest = loading.manifest(store, self.key, model, verify=verify, progress=progress)
@@ -150,10 +155,11 @@ class SearchProducts:
         self._log("ln", "fetch", 1, len(v), v.nbytes, len(v), t)
         self.ln = {n: (v[2 * i].copy(), v[2 * i + 1].copy()) for i, n in enumerate(names)}
 
-    def _log(self, kind, op, queries, rows, nbytes, returned, t0, parts=None, concurrent=False) -> Request:
+    def _log(self, kind, op, queries, rows, nbytes, returned, t0, parts=None, concurrent=False,
+             shared=1) -> Request:
         parts = parts or max(1, -(-queries // self.store.max_queries))  # how _search splits the batch
         r = Request(kind, op, queries, rows, int(nbytes), returned, (time.perf_counter() - t0) * 1e3, parts,
-                    concurrent, self.extra)
+                    concurrent, self.extra, shared)
         self.log.append(r)
         return r
 
@@ -169,6 +175,15 @@ class SearchProducts:
             self._writer.shutdown(wait=True)
             if self.keys_ns is not None:
                 self.store.drop_namespace(self.keys_ns)
+                self.engine.batcher.forget(self.keys_ns)
+
+    def slot(self, should_stop=None):
+        """A generation's turn on the engine (``Scheduler.slot``): the text generates inside it."""
+        return self.engine.scheduler.slot(should_stop)
+
+    def stepping(self):
+        """A step computed inside the block: other texts' searches of the weights wait for its own."""
+        return self.engine.batcher.stepping()
 
     def _wait_keys(self, layer: int) -> None:
         """Block until this layer's last key write has landed; a failed write fails here."""
@@ -176,9 +191,12 @@ class SearchProducts:
         if f is not None:
             f.result()
 
-    def _search(self, ns: str, queries: list[Query], metric: str, include: tuple) -> Hits:
-        """One request, or as few as the store's limit on queries a request allows (the store splits)."""
-        return self.store.search(ns, queries, metric, include=include)
+    def _search(self, ns: str, queries: list[Query], metric: str, include: tuple) -> tuple[Hits, int]:
+        """One request, or as few as the store's limit on queries a request allows (the store splits),
+        merged with other texts' searches of the namespace asked meanwhile (``scheduler.Batcher``;
+        the weights' lanes wait for texts in lockstep, a text's own keys never)
+        -> (the hits, how many texts shared the request)."""
+        return self.engine.batcher.search(ns, queries, metric, tuple(include), gather=ns != self.keys_ns)
 
     # --- the seam ---
     def embed(self, ids, pos):
@@ -199,8 +217,9 @@ class SearchProducts:
         q = self.enc.queries(x)  # (T, in) -> (T, dim)
         rows = self.engine.manifest["matrices"][name]["rows"]
         t = time.perf_counter()
-        hits = self._search(ns, [Query(v, (("matrix", "=", name),)) for v in q], self.enc.metric, ("row",))
-        self._log(name, "search", len(q), rows * len(q), rows * q.shape[1] * 4 * len(q), len(hits.query), t)
+        hits, shared = self._search(ns, [Query(v, (("matrix", "=", name),)) for v in q], self.enc.metric, ("row",))
+        self._log(name, "search", len(q), rows * len(q), rows * q.shape[1] * 4 * len(q), len(hits.query), t,
+                  shared=shared)
         if len(hits.query) != rows * len(q):
             raise StoreError(
                 f"{name}: the search returned {len(hits.query)} of {rows * len(q)} rows; "
@@ -265,7 +284,7 @@ class SearchProducts:
                    for h, i in asks]
         t = time.perf_counter()
         include = ("pos",) if metric == "inner_product" else ("pos", "norm2")
-        hits = self._search(self.keys_ns, queries, metric, include)
+        hits, shared = self._search(self.keys_ns, queries, metric, include)
         want = np.array([int(pos[i]) for _, i in asks])  # keys each query must find: positions 0..pos-1
         self._log(
             f"h.{layer}.attn.scores",
@@ -275,6 +294,7 @@ class SearchProducts:
             int(want.sum()) * hd * 4,
             len(hits.query),
             t,
+            shared=shared,
         )
         got = np.bincount(hits.query, minlength=len(asks))
         if (got != want).any():
@@ -298,10 +318,10 @@ class SearchProducts:
         """One request, one query a vector: (n, C) -> n x (ids (k,), logits (k,)), best first."""
         q = self.enc.queries(x)  # (n, dim)
         t = time.perf_counter()
-        hits = self._search(loading.namespace(self.key, self.config.n_embd),
-                            [Query(v, (("matrix", "=", "wte"),), top_k=k) for v in q], self.enc.metric, ("row",))
+        queries = [Query(v, (("matrix", "=", "wte"),), top_k=k) for v in q]
+        hits, shared = self._search(loading.namespace(self.key, self.config.n_embd), queries, self.enc.metric, ("row",))
         V = self.config.n_vocab
-        self._log(kind, "search", len(q), V * len(q), V * q.shape[1] * 4 * len(q), len(hits.query), t)
+        self._log(kind, "search", len(q), V * len(q), V * q.shape[1] * 4 * len(q), len(hits.query), t, shared=shared)
         out = []
         for i in range(len(q)):
             mine = hits.query == i  # hits come best first within each query
@@ -317,8 +337,8 @@ class SearchProducts:
         q = self.enc.queries(x[None])  # (1, dim)
         queries = [Query(q[0], f) for f in loading.whole_matrix(self.store, matrix, rows)]
         t = time.perf_counter()
-        hits = self._search(loading.namespace(self.key, self.config.n_embd), queries, self.enc.metric, include)
-        self._log(kind, "search", len(queries), rows, rows * q.shape[1] * 4, len(hits.query), t)
+        hits, shared = self._search(loading.namespace(self.key, self.config.n_embd), queries, self.enc.metric, include)
+        self._log(kind, "search", len(queries), rows, rows * q.shape[1] * 4, len(hits.query), t, shared=shared)
         if len(hits.query) != rows:
             raise StoreError(
                 f"{matrix}: the search returned {len(hits.query)} of {rows} rows; "

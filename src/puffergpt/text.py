@@ -389,15 +389,26 @@ class Text:
         if self.length == 0:
             raise TextError("the text is empty: give at least one token")
         rng = np.random.default_rng(s.seed)
-        for _ in range(n):
-            if should_stop is not None and should_stop():
-                return
-            with self.lock:
-                step = self._next(s, rng, inspect, full, explain)
-                tok = step.token_id
-            yield step
-            if tok == tokenizer.EOT:
-                return
+        with self._slot(should_stop) as turn:  # other texts may be generating: wait for a turn
+            for _ in range(n if turn else 0):
+                if should_stop is not None and should_stop():
+                    return
+                with self.lock, self._stepping():
+                    step = self._next(s, rng, inspect, full, explain)
+                    tok = step.token_id
+                yield step
+                if tok == tokenizer.EOT:
+                    return
+
+    def _slot(self, should_stop: Callable[[], bool] | None):
+        """The engine's turn for a generation (``scheduler.Scheduler``); the numpy reference has none."""
+        slot = getattr(self.products, "slot", None)
+        return slot(should_stop) if slot is not None else contextlib.nullcontext(True)
+
+    def _stepping(self):
+        """A step in lockstep with the other texts' (``scheduler.Batcher``); the numpy reference has none."""
+        stepping = getattr(self.products, "stepping", None)
+        return stepping() if stepping is not None else contextlib.nullcontext()
 
     def _next(self, s: Sampling, rng: np.random.Generator, inspect: int, full: bool, explain: bool) -> Step:
         """One token written at the end of the text (the lock held): chosen, recorded as a

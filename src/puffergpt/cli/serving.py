@@ -33,9 +33,11 @@ from puffergpt.cli.options import (
 @click.option("--host", default="127.0.0.1", show_default=True, help="the address to listen on")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--max-texts", type=click.IntRange(1, 1000), default=32, show_default=True, help="texts open at once")
+@click.option("--max-running", type=click.IntRange(1, 1000), default=16, show_default=True,
+              help="texts generating at once (their searches are merged); the others wait their turn")
 @click.option("--idle-minutes", type=click.FloatRange(0.1, 10080), default=30.0, show_default=True,
               help="an idle text is closed after this long")
-def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, idle_minutes) -> None:
+def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, max_running, idle_minutes) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
     from puffergpt.reference import NumpyProducts
     from puffergpt.server import ServerConfig, create_app
@@ -50,7 +52,8 @@ def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, i
 
     loopback = host in ("127.0.0.1", "localhost", "::1")
     trusted = ("127.0.0.1", "localhost", "[::1]") if loopback else None  # no DNS rebinding onto a local server
-    config = ServerConfig(max_open_texts=max_texts, idle_s=idle_minutes * 60, trusted_hosts=trusted, fallback=fallback)
+    config = ServerConfig(max_open_texts=max_texts, max_running=max_running, idle_s=idle_minutes * 60,
+                          trusted_hosts=trusted, fallback=fallback)
     app = create_app(opened.engine, config, reference=reference, notebook=notebook)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
     url = f"http://{shown}:{port}/"

@@ -23,6 +23,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from puffergpt.engine import Engine
 from puffergpt.reference import Products
+from puffergpt.scheduler import Scheduler
 from puffergpt.server import errors, model_routes, openai, static_routes, texts_routes, tokenize_routes, views_routes
 from puffergpt.server.body_limit import MAX_BODY, BoundedBody
 from puffergpt.server.state import Served, ServerConfig
@@ -60,6 +61,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
     """The app over one loaded model. ``reference`` returns a numpy Products for Compare;
     ``notebook`` (a ``notebook.Notebook``) adds the insight routes."""
     config = config or ServerConfig()
+    engine.scheduler = Scheduler(config.max_running)  # this server's bound on texts generating at once
     served = Served(engine, config, Texts(engine.open, max_open=config.max_open_texts, idle_s=config.idle_s),
                     Generations(), reference)
     app = FastAPI(title="puffergpt", description="GPT-2 where every matrix multiply is a vector search.",

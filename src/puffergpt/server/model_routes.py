@@ -32,6 +32,14 @@ def info(served: ServedDep) -> dict:
             "fallback": config.fallback}
 
 
+@router.get("/status", response_model=responses.Status)
+def status(served: ServedDep) -> dict:
+    """How busy the server is: texts generating and waiting their turn, texts open, and how
+    many of the texts' searches went to the store shared with another text's."""
+    return {**served.engine.scheduler.status(), "open_texts": len(served.texts),
+            "max_open_texts": served.config.max_open_texts, "searches": served.engine.batcher.stats().to_json()}
+
+
 @router.post("/compare", response_model=responses.Compare)
 def compare(body: CompareBody, served: ServedDep) -> dict:
     """The prompt through the engine and through the numpy reference: top-k side by side."""

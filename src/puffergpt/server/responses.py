@@ -37,6 +37,19 @@ class Info(Response):
     fallback: str | None
 
 
+class Status(Response):
+    """How busy the server is (``/api/status``): texts generating (``running``, at most
+    ``max_running``) and waiting their turn (``queued``), texts open, and the texts' searches
+    (``asks``), the store requests made for them and those shared by several texts (``merged``)."""
+
+    running: int
+    queued: int
+    max_running: int
+    open_texts: int
+    max_open_texts: int
+    searches: dict[str, int]
+
+
 class TextView(Response):
     """A text: its tokens (``length`` of them; ``known`` counts those kept after a step
     back), how far the model has read, and each generated position's step."""
