@@ -4,8 +4,9 @@ server serves and makes an operation of each operation id, with pydantic models 
 body and of its responses, errors included. Through it, every OpenAI and tokenizer operation is
 called on the demo model and checked against the numpy reference (``reference.Reference``).
 
-Why not a code generator: openapi-python-client 0.29.1 pins httpx<0.29 and typer<0.28, older
-than this project's environment has; aiopenapi3 needs nothing older (docs/openai.md).
+Why not a code generator here: openapi-python-client 0.29.1 pins httpx<0.29 and typer<0.28, older
+than this project's environment has (in a venv of its own it generates a working client from the
+same document: docs/openai.md has the command); aiopenapi3 needs nothing older.
 """
 
 from __future__ import annotations
@@ -71,8 +72,7 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def test_operations_have_distinct_meaningful_names(api):
-    doc = api._root.paths
-    ids = [op.operationId for item in doc.values() for op in (item.get, item.post, item.delete) if op]
+    ids = [op.operationId for item in api.paths.values() for op in (item.get, item.post, item.delete) if op]
     assert len(ids) == len(set(ids)), sorted(ids)  # aiopenapi3 also refuses a duplicate when it builds
     assert not [i for i in ids if i.lower().startswith("run")], ids  # never FastAPI's name of a `run` route
     built = set(api._)  # the client's operations, "tag.operationId"
