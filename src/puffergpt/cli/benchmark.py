@@ -1,5 +1,7 @@
 """``puffergpt bench``: the engines timed side by side on one model (numpy, transformers, each
-backend), each backend loaded into a store of its own; speed claims live here, not in tests."""
+backend), each backend loaded into a store of its own; with ``--clients N``, N simulated
+learners against one server, together and one after another. Speed claims live here, not in
+tests."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from pathlib import Path
 import click
 
 from puffergpt import checkpoints
-from puffergpt.cli.options import MODEL_HELP, clear_errors, data_option, dsn_option, fail, open_store
+from puffergpt.cli.options import MODEL_HELP, clear_errors, data_option, dsn_option, fail, open_model, open_store
 from puffergpt.stores import BACKENDS
 
 
@@ -27,14 +29,30 @@ from puffergpt.stores import BACKENDS
 @click.option("--no-torch", is_flag=True, help="leave out transformers even if it is installed")
 @click.option("--rounds", type=click.IntRange(1, 20), default=None,
               help="interleaved rounds over the engines [default: 2, quick: 1]")
-def bench(model, backends, dsn, data_dir, quick, json_out, chart_out, no_torch, rounds) -> None:
-    """Time the engines side by side on one model: numpy, transformers, each backend."""
+@click.option("--clients", type=int, default=None,  # its bounds: bench_clients.Plan
+              help="N (1..64) simulated learners against one server, together against one after another")
+@click.option("--url", default=None,
+              help="with --clients: the running server to measure [default: one started here on --model]")
+@click.option("--tokens", type=click.IntRange(min=1), default=None,
+              help="with --clients: new tokens a learner asks for [default: 24]")
+@click.option("--temperature", type=click.FloatRange(min=0), default=None,
+              help="with --clients: the sampling temperature [default: 0, greedy]")
+@click.option("--seed", type=click.IntRange(min=0), default=None,
+              help="with --clients and a temperature above 0: learner i samples with seed + i")
+@click.pass_context
+def bench(ctx, model, backends, dsn, data_dir, quick, json_out, chart_out, no_torch, rounds, clients, url, tokens,
+          temperature, seed) -> None:
+    """Time the engines side by side on one model: numpy, transformers, each backend.
+    With --clients N: N simulated learners against one server, together and one after another."""
     from puffergpt import bench as b
 
     names = [n.strip() for n in backends.split(",") if n.strip()]
     bad = [n for n in names if n not in BACKENDS]
     if bad or not names:
         fail(f"unknown backend {bad[0] if bad else backends!r}: use some of {', '.join(BACKENDS)}")
+    check_mode(ctx, clients, url, names)
+    if clients is not None:
+        return clients_bench(clients, url, tokens, temperature, seed, model, names[0], dsn, data_dir, json_out)
     plan = b.Plan.quick() if quick else b.Plan()
     if rounds:
         plan.rounds = rounds
@@ -80,3 +98,58 @@ def loaded(ckpt, model: str, dirs: dict[str, Path], dsn: str | None, stores: lis
 def store_size_mb(store) -> float | None:
     size = store.disk_bytes()  # the embedded store's data directory; None: a server's store
     return round(size / 1e6, 1) if size is not None else None
+
+
+# --- --clients: learners against one server ---------------------------------------------------
+
+ENGINES_ONLY = ("quick", "chart_out", "no_torch", "rounds")  # the engines' bench, not --clients
+CLIENTS_ONLY = ("url", "tokens", "temperature", "seed")
+OWN_SERVER_ONLY = ("model", "backends", "dsn", "data_dir")  # the server bench starts itself, not --url's
+
+
+def check_mode(ctx: click.Context, clients: int | None, url: str | None, backends: list[str]) -> None:
+    """Options that mean nothing in the mode asked for are refused, not ignored."""
+    def given(names: tuple[str, ...]) -> list[str]:
+        opts = {p.name: p.opts[0] for p in ctx.command.params}
+        return [opts[n] for n in names if ctx.get_parameter_source(n) == click.core.ParameterSource.COMMANDLINE]
+
+    if clients is None and (extra := given(CLIENTS_ONLY)):
+        fail(f"{', '.join(extra)} goes with --clients N (learners against a server)")
+    if clients is not None and (extra := given(ENGINES_ONLY)):
+        fail(f"{', '.join(extra)} is for the engines' bench, not --clients")
+    if url is not None and (extra := given(OWN_SERVER_ONLY)):
+        fail(f"{', '.join(extra)} sets up the server bench starts itself: with --url the server there is "
+             "measured as it is")
+    if clients is not None and len(backends) != 1:
+        fail(f"--clients measures one server on one backend: give one in --backends, not {', '.join(backends)}")
+
+
+def clients_bench(clients: int, url: str | None, tokens: int | None, temperature: float | None, seed: int | None,
+                  model: str, backend: str, dsn: str | None, data_dir: Path | None, json_out: Path | None) -> None:
+    """N learners against the server at --url, or against one started here on --model."""
+    from puffergpt import bench_clients as bc
+
+    with clear_errors():
+        plan = bc.Plan(clients, tokens or 24, temperature or 0.0, seed=seed)
+        if url is not None:
+            report = bc.run(url, plan, progress=True)
+        else:
+            report = own_server(plan, model, backend, dsn, data_dir)
+    click.echo(bc.table(report))
+    if json_out:
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+        click.echo(f"wrote {json_out}")
+
+
+def own_server(plan, model: str, backend: str, dsn: str | None, data_dir: Path | None) -> dict:
+    """The bench against a server of its own: uvicorn in a thread on a free loopback port,
+    the model opened as ``serve`` opens it (in a temporary store unless --data), room for every
+    learner's text; stopped at the end."""
+    from puffergpt import bench_clients as bc
+    from puffergpt.server import ServerConfig, create_app
+
+    with tempfile.TemporaryDirectory(prefix="puffergpt-bench-") as tmp, \
+            open_model("search", model, backend, data_dir or Path(tmp) / backend, dsn) as opened:
+        config = ServerConfig(max_open_texts=max(ServerConfig.max_open_texts, plan.clients))
+        with bc.serving(create_app(opened.engine, config)) as url:
+            return bc.run(url, plan, progress=True, where="started by bench, in this process")
