@@ -183,6 +183,9 @@ class Run:
     finished: float = 0.0  # ``done`` came, or the learner gave up on an error
     error: str | None = None
 
+    def open_s(self) -> float | None:
+        return None if self.generate_sent is None else self.generate_sent - self.opened
+
     def first_token_s(self) -> float | None:
         return None if self.first_token is None else self.first_token - self.generate_sent
 
@@ -193,6 +196,7 @@ class Run:
         r = lambda v: None if v is None else round(v, 4)  # noqa: E731
         return {"learner": self.learner, "prompt": self.prompt, "tokens": len(self.token_ids),
                 "token_ids": self.token_ids, "text": tokenizer.decode(self.token_ids),
+                "open_s": r(self.open_s()),
                 "first_token_s": r(self.first_token_s()), "first_token_from_open_s": r(self.first_token_from_open_s()),
                 "total_s": r(self.finished - self.opened), "error": self.error}
 
@@ -270,6 +274,7 @@ def summary(runs: list[Run], one_after_another: bool) -> dict:
     return {"wall_s": round(wall, 3), "tokens": tokens, "tokens_per_s": round(tokens / wall, 3) if wall > 0 else None,
             "first_token_s": spread([r.first_token_s() for r in runs]),
             "first_token_from_open_s": spread([r.first_token_from_open_s() for r in runs]),
+            "open_s": spread([r.open_s() for r in runs]),
             "runs": [r.to_json() for r in runs]}
 
 
@@ -436,7 +441,8 @@ def table(report: dict) -> str:
             ("  from opening the text, median", f(s["first_token_from_open_s"]["median"], ".3f"),
              f(t["first_token_from_open_s"]["median"], ".3f")),
             ("  from opening the text, worst", f(s["first_token_from_open_s"]["worst"], ".3f"),
-             f(t["first_token_from_open_s"]["worst"], ".3f"))]
+             f(t["first_token_from_open_s"]["worst"], ".3f")),
+            ("opening a text s, median", f(s["open_s"]["median"], ".3f"), f(t["open_s"]["median"], ".3f"))]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     sampling = f"temperature {report['temperature']:g}, top_k {report['top_k']}" + (
         f", seed {report['seed']}+learner" if report["seed"] is not None else "")
