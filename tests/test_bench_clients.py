@@ -89,6 +89,25 @@ def test_errors_are_reported_not_hidden(loaded, demo, monkeypatch):
     assert "errors: 4" in bc.table(report) and report["together"]["tokens"] == 0
 
 
+def test_a_text_that_could_not_be_closed_is_reported(served, monkeypatch):
+    real = bc.call
+
+    def no_close(conn, server, method, path, body=None):
+        if method == "DELETE":
+            raise bc.Refused(f"{method} {path}", 503, b'{"detail": "the store failed"}')
+        return real(conn, server, method, path, body)
+
+    monkeypatch.setattr(bc, "call", no_close)
+    plan = bc.Plan(clients=1, tokens=2)
+    run = bc.learn(bc.Server.of(served), plan, 0)
+    assert run.error is None and len(run.token_ids) == 2  # its tokens came: they count
+    assert run.close_error.startswith("closing the text: DELETE /api/texts/")
+    assert "503 the store failed" in run.close_error
+    report = bc.report_of(bc.Server.of(served), "at --url", {"model": "demo", "backend": "embedded"}, plan,
+                          {"solo": [run], "together": [run]}, {}, [0.0, 0.0, 0.0])
+    assert [e["error"] for e in report["errors"]] == [run.close_error] * 2 and report["outputs"]["equal"] == 1
+
+
 def test_a_stream_without_done_is_an_error(monkeypatch):
     """A stream cut short, or one whose done disagrees with the tokens that came, is reported."""
     run = bc.Run(0, "A man")

@@ -182,6 +182,7 @@ class Run:
     first_token: float | None = None
     finished: float = 0.0  # ``done`` came, or the learner gave up on an error
     error: str | None = None
+    close_error: str | None = None  # closing the text failed: reported, the tokens still count
 
     def open_s(self) -> float | None:
         return None if self.generate_sent is None else self.generate_sent - self.opened
@@ -198,7 +199,7 @@ class Run:
                 "token_ids": self.token_ids, "text": tokenizer.decode(self.token_ids),
                 "open_s": r(self.open_s()),
                 "first_token_s": r(self.first_token_s()), "first_token_from_open_s": r(self.first_token_from_open_s()),
-                "total_s": r(self.finished - self.opened), "error": self.error}
+                "total_s": r(self.finished - self.opened), "error": self.error, "close_error": self.close_error}
 
 
 def learn(server: Server, plan: Plan, i: int, on_token: Callable[[], None] = lambda: None,
@@ -215,8 +216,10 @@ def learn(server: Server, plan: Plan, i: int, on_token: Callable[[], None] = lam
     finally:
         run.finished = run.finished or time.perf_counter()
         if text_id is not None:  # the text's namespace goes now, not when the server sweeps it
-            with contextlib.suppress(Exception):
+            try:
                 call(conn, server, "DELETE", f"/api/texts/{text_id}")
+            except Exception as e:
+                run.close_error = f"closing the text: {e}" if isinstance(e, Refused) else f"closing the text: {e!r}"
         conn.close()
     return run
 
@@ -311,8 +314,8 @@ def run(url: str, plan: Plan, progress: bool = False, where: str = "at --url") -
     info = server_info(server, plan.timeout_s)
     plan.check(info)
     warm = learn(server, plan, 0, tokens=min(WARMUP_TOKENS, plan.tokens))
-    if warm.error:
-        raise BenchError(f"the warm-up learner failed, so nothing was timed: {warm.error}")
+    if warm.error or warm.close_error:
+        raise BenchError(f"the warm-up learner failed, so nothing was timed: {warm.error or warm.close_error}")
     load0 = loadavg()
     phases, status = {}, {"before": server_status(server, plan.timeout_s)}
     for name, go in (("solo", solo), ("together", together)):
@@ -331,8 +334,8 @@ def report_of(server: Server, where: str, info: dict, plan: Plan, phases: dict[s
               "clients": plan.clients, "tokens": plan.tokens, "temperature": plan.temperature, "top_k": plan.top_k,
               "seed": plan.seed, "machine": machine() | {"loadavg_before": load0, "loadavg_after": loadavg()},
               "solo": s, "together": t, "outputs": compared(phases["solo"], phases["together"]),
-              "errors": [{"phase": name, "learner": r.learner, "error": r.error}
-                         for name, runs in phases.items() for r in runs if r.error],
+              "errors": [{"phase": name, "learner": r.learner, "error": e}
+                         for name, runs in phases.items() for r in runs for e in (r.error, r.close_error) if e],
               "ended_early": sorted({r.learner for runs in phases.values() for r in runs
                                      if r.error is None and len(r.token_ids) < plan.tokens}),
               "server_status": status}  # the server's own account (/api/status), where it has one
