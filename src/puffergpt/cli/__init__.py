@@ -7,7 +7,7 @@ application layer and renders what comes back.
     weights.py    make-model, load, verify: a checkpoint made, written into a store, read back
     ask.py        generate and analogy, and how a completion is rendered
     serving.py    serve: the playground and the HTTP API
-    benchmark.py  bench: the engines timed side by side
+    benchmark.py  bench: the engines timed side by side; --clients N: learners against one server
     notebook.py   notebook list|show|replay|push
     mcp.py        mcp: the tools for an assistant, over the Model Context Protocol
 """
