@@ -4,13 +4,12 @@ Every text generates in a thread of its own (the server's worker, a /v1 request,
 tool). Two things make them share the machine instead of queueing behind each other:
 
 - ``Batcher``: continuous batching, as LLM servers do it. Texts run the same forward pass,
-  so at any moment several of them want the same kind of product: ``h.2.mlp.c_fc`` for
-  one, ``h.2.attn.c_attn`` for another, the token vectors' top-k for a third. Searches of
-  one namespace that arrive while the store is busy with an earlier one wait, and go to
-  the store together as one request (each query keeps its own filter and top-k, so every
-  text gets exactly the hits it would get alone). A text alone is never delayed: its
-  search goes straight to the store. Nobody runs a dispatcher thread: the first text to
-  find the lane free leads it, and hands the lead to a waiting text when it leaves.
+  so several of them want the same product at about the same moment: every text's
+  ``h.2.mlp.c_fc``, say. Those searches go to the store together as one request (each
+  query keeps its own vector, so every text gets exactly the hits it would get alone).
+  A text alone is never delayed: its search goes straight to the store. Nobody runs a
+  dispatcher thread: the first text to find the lane free leads it, and hands the lead
+  to a waiting text when it leaves.
 - ``Scheduler``: a bound on the texts generating at once (``max_running``); the others
   wait in order of arrival, and a Stop or a client that leaves while waiting leaves the
   queue at once. A text that stops frees its slot at its next token.
@@ -24,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -32,7 +32,8 @@ import numpy as np
 from puffergpt.stores.base import Hits, Query, Store
 
 MERGE_QUERIES = 2048  # at most this many queries in one merged request (a text's own may be more)
-GATHER_S = 0.005  # the longest a lane of the weights waits for texts still computing their step
+GATHER_S = 0.005  # a lane of the weights waits at least this long for texts still in their step,
+MAX_GATHER_S = 0.1  # and at most this (see Batcher._wait_s)
 WAIT_POLL_S = 0.05  # how often a queued generation checks whether it was stopped
 
 
@@ -76,15 +77,17 @@ class Batcher:
     """Searches of many texts: those of one namespace asked while the store is busy go
     to it together. ``search`` -> (the caller's hits, how many texts shared the request).
 
-    A lane of the weights (``gather``) waits, at most ``gather_s``, until every text that is
-    in the middle of a step has asked a search of the weights (this one or another): texts
-    in lockstep then share every product of a step. A text's own keys can't be shared: they
-    are asked at once, and the lanes of the weights wait for the texts reading them."""
+    A lane of the weights (``gather``) waits, for a bounded time (``_wait_s``), until every
+    text that is in the middle of a step has asked a search of the weights (this one or
+    another): texts in lockstep then share every product of a step. A text's own keys can't
+    be shared: they are asked at once, and the lanes of the weights wait for the texts
+    reading them."""
 
     def __init__(self, store: Store, merge_queries: int = MERGE_QUERIES, gather_s: float = GATHER_S):
         self.store = store
         self.merge_queries = merge_queries
         self.gather_s = gather_s
+        self._alone_s = 0.0  # a search asked alone (mostly a text's keys): its usual time, smoothed
         self._stats = BatchStats()
         self._lanes: dict[tuple, _Lane] = {}
         self._cond = threading.Condition()  # the lanes, the counts; gathering leaders wait on it
@@ -111,7 +114,8 @@ class Batcher:
                gather: bool = False) -> tuple[Hits, int]:
         ask = _Ask(queries)
         with self._cond:
-            lane = self._lanes.setdefault((ns, metric, include), _Lane(gather))
+            key = lane_key(ns, queries, metric, include) if gather else (ns, metric, include)
+            lane = self._lanes.setdefault(key, _Lane(gather))
             lane.waiting.append(ask)
             if lane.gather:
                 self._gathered += 1
@@ -132,8 +136,14 @@ class Batcher:
     def _gather(self, lane: _Lane) -> list[_Ask]:
         with self._cond:
             if lane.gather:
-                self._cond.wait_for(lambda: self._gathered >= self._stepping, self.gather_s)
+                self._cond.wait_for(lambda: self._gathered >= self._stepping, self._wait_s())
             return self._take(lane.waiting)
+
+    def _wait_s(self) -> float:
+        """How long a lane of the weights waits for the texts still in their step: long enough
+        for each of them to search its keys one after another (a store with one connection
+        serves them so), within GATHER_S..MAX_GATHER_S; the lock held."""
+        return min(MAX_GATHER_S, max(self.gather_s, 2 * self._stepping * self._alone_s))
 
     def _finish(self, lane: _Lane, batch: list[_Ask]) -> None:
         """The batch answered: its texts go on; the lane passes to the next waiting text, or is free."""
@@ -193,10 +203,23 @@ class Batcher:
 
     def _answer_alone(self, a: _Ask, ns: str, metric: str, include: tuple) -> None:
         self._count(requests=1)
+        t = time.perf_counter()
         try:
             a.hits = self.store.search(ns, a.queries, metric, include=include)
         except BaseException as e:
             a.error = e
+        took = time.perf_counter() - t
+        with self._cond:
+            self._alone_s = 0.8 * self._alone_s + 0.2 * took
+
+
+def lane_key(ns: str, queries: Sequence[Query], metric: str, include: tuple) -> tuple:
+    """Searches merge when they are the same product: one namespace, metric and attributes,
+    and the same filter and top-k (the first query's: a product's queries share them). Every
+    text's ``h.2.mlp.c_fc`` goes together; a database that plans a request by its filter
+    (pgvector's B-tree on the matrix) keeps one plan for it."""
+    q = queries[0] if queries else None
+    return ns, metric, include, q.filter if q else (), q.top_k if q else None
 
 
 def split(hits: Hits, sizes: list[int], include: tuple) -> list[Hits]:
