@@ -18,6 +18,7 @@ BACKENDS: dict[str, str | Callable[..., Store]] = {
     "embedded": "puffergpt.stores.embedded:EmbeddedStore",  # Qdrant Edge under the data directory
     "pgvector": "puffergpt.stores.pgvector:open_pgvector",  # PostgreSQL: --dsn, or a local server
     "turbopuffer": "puffergpt.stores.turbopuffer:TurbopufferStore",  # the hosted service
+    "zvec": "puffergpt.stores.zvec:ZvecStore",  # zvec under the data directory (a study: docs/backends.md)
 }
 
 
