@@ -297,3 +297,38 @@ def test_searches_on_a_cpu_without_avx512():
     r = run("-c", PROBE, "1", "3", "8", "15", "16", "17", "31", "32", "33", "64", "65", "768", "769", "3073")
     assert r.returncode == 0, f"zvec died on a CPU without AVX-512 (rc {r.returncode}): {r.stderr[-1500:]}"
     assert float(r.stdout.split()[-1]) < 1e-5, r.stdout
+
+
+WITHOUT_AVX2 = textwrap.dedent("""
+    import builtins, io
+    real = builtins.open
+    def cpuinfo(path, *a, **k):  # a Nehalem's flags (qemu-user shows the host's /proc/cpuinfo)
+        if str(path) == "/proc/cpuinfo":
+            return io.StringIO("processor\\t: 0\\nflags\\t\\t: fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt\\n")
+        return real(path, *a, **k)
+    builtins.open = cpuinfo
+    from puffergpt.stores import StoreError, open_store
+    try:
+        open_store("zvec", "/nonexistent")
+    except StoreError as e:
+        print(e)
+""")
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="emulates an x86-64 CPU; this machine is "
+                    + os.uname().machine)
+def test_a_cpu_without_avx2_gets_an_error_not_sigill():
+    """zvec 0.8.0 dies with SIGILL on import without AVX2 (an emulated Nehalem shows it); the
+    store reads /proc/cpuinfo first and says what is missing and which backend to use."""
+    qemu = shutil.which("qemu-x86_64")
+    if qemu is None:
+        pytest.fail("qemu-x86_64 is missing: this check emulates a CPU without AVX2 with it "
+                    "(apt-get install qemu-user)")
+    bare = subprocess.run([qemu, "-cpu", "Nehalem", sys.executable, "-c", "import zvec"], capture_output=True,
+                          timeout=300)
+    assert bare.returncode in (-signal.SIGILL, 128 + signal.SIGILL), "zvec now imports without AVX2: see NEEDS"
+    r = subprocess.run([qemu, "-cpu", "Nehalem", sys.executable, "-c", WITHOUT_AVX2], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-1500:]
+    assert "needs a CPU with AVX2, FMA, BMI1; this one lacks AVX2, FMA, BMI1" in r.stdout
+    assert "--backend embedded" in r.stdout

@@ -47,23 +47,41 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import zvec
 
 from puffergpt.stores.base import Filter, Hits, Layout, ReaderDied, Store, StoreError, StoreHeld, check_name, resolve
+
+# zvec 0.8.0's wheel dies with SIGILL (no Python error) on import on an x86-64 CPU without
+# AVX2 or BMI1, and searches need FMA (measured under qemu-user: tests/stores/test_zvec.py).
+# AVX-512 it chooses at run time. So it is imported only where /proc/cpuinfo lists these.
+NEEDS = ("avx2", "fma", "bmi1")
+
+
+def cpu_lacks() -> list[str]:
+    """The flags of NEEDS this x86-64 CPU lacks ([] elsewhere, or where /proc/cpuinfo can't be read)."""
+    if os.uname().machine != "x86_64":
+        return []
+    try:
+        flags = next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), None)
+    except OSError:
+        return []
+    return [] if flags is None else [f for f in NEEDS if f not in flags]
+
+
+if not cpu_lacks():
+    import zvec
+
+    with contextlib.suppress(RuntimeError):  # once a process; RuntimeError: someone did already
+        zvec.init(log_level=zvec.LogLevel.ERROR)
 
 FORMAT = 1
 LOCK_FILE = "puffergpt.lock"
 CLEAN = "closed"  # in a namespace's directory: its collection was closed after its last write
 BATCH = 1024  # zvec's largest write batch
 MAX_TOP_K = 100_000  # zvec's largest topk
-_METRICS = {"inner_product": zvec.MetricType.IP, "euclidean_squared": zvec.MetricType.L2,
-            "cosine_distance": zvec.MetricType.COSINE}
-_FIELD = {"int": zvec.DataType.INT64, "float": zvec.DataType.DOUBLE, "str": zvec.DataType.INT64}  # str: a code
+_METRICS = {"inner_product": "IP", "euclidean_squared": "L2", "cosine_distance": "COSINE"}  # zvec.MetricType
+_FIELD = {"int": "INT64", "float": "DOUBLE", "str": "INT64"}  # zvec.DataType; str: a code
 _DTYPES = {"int": np.int64, "float": np.float64, "str": object}
 _CMP = {"=": np.equal, "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
-
-with contextlib.suppress(RuntimeError):  # once a process; RuntimeError: someone did already
-    zvec.init(log_level=zvec.LogLevel.ERROR)
 
 
 def _error(what: str, e: Exception) -> StoreError:
@@ -215,6 +233,9 @@ class ZvecStore(Store):
         """``borrowed``: opened by a reader child (``read_isolated``) while its parent holds the
         lock and waits. ``threads``: a batch of queries to a read-only namespace runs on this many
         threads (default 1: benchmarks/zvec_vs_qdrant.py measures both)."""
+        if lacks := cpu_lacks():
+            raise StoreError(f"the zvec store needs a CPU with {', '.join(NEEDS).upper()}; this one lacks "
+                             f"{', '.join(lacks).upper()} (zvec would die with SIGILL): use --backend embedded")
         if data_dir is None:
             raise StoreError("the zvec store needs a data directory: give --data DIR")
         self.root = Path(data_dir)
@@ -387,8 +408,10 @@ class ZvecStore(Store):
         index = zvec.InvertIndexParam(enable_range_optimization=True)
         fields = [zvec.FieldSchema("s", zvec.DataType.INT64, index_param=index),
                   zvec.FieldSchema("id", zvec.DataType.STRING)]
-        fields += [zvec.FieldSchema(f"a_{a}", _FIELD[t], index_param=index) for a, t in n.schema.items()]
-        vectors = [zvec.VectorSchema(m, zvec.DataType.VECTOR_FP32, n.dim, zvec.FlatIndexParam(metric_type=_METRICS[m]))
+        fields += [zvec.FieldSchema(f"a_{a}", getattr(zvec.DataType, _FIELD[t]), index_param=index)
+                   for a, t in n.schema.items()]
+        vectors = [zvec.VectorSchema(m, zvec.DataType.VECTOR_FP32, n.dim,
+                                     zvec.FlatIndexParam(metric_type=getattr(zvec.MetricType, _METRICS[m])))
                    for m in n.metrics]
         tmp = n.path if n.ephemeral else n.path.parent / f".new-{uuid.uuid4().hex}"
         tmp.mkdir()
