@@ -197,6 +197,24 @@ def test_load_killed_mid_way_then_rerun(tmp_path, tiny_dir):
     s.close()
 
 
+def test_killed_while_serving_after_a_load(tmp_path, tiny_dir):
+    """SIGKILL while `generate` reads a loaded store (a text's keys being written): the store
+    opens, its manifest is complete and every document matches it."""
+    key = loading.model_key(str(tiny_dir))
+    s = open_store("zvec", tmp_path)
+    want = loading.load(s, checkpoints.load(str(tiny_dir)), key, progress=False)
+    s.close()
+    p = subprocess.Popen(cli("generate", "hi", "--model", str(tiny_dir), "--backend", "zvec", "--data", str(tmp_path),
+                             "--temperature", "0", "-n", "120", "--json"), stdout=subprocess.PIPE, text=True)
+    assert '"token_id"' in p.stdout.readline()  # serving: killed between tokens or inside one
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    s = open_store("zvec", tmp_path)
+    assert s.get_meta(f"manifest:{key}") == want and loading.verify(s, want) == {}
+    assert s.namespaces() == sorted(want["namespaces"])  # the text's keys went with the process
+    s.close()
+
+
 WRITER = textwrap.dedent("""
     import sys, numpy as np
     from puffergpt.stores import open_store
