@@ -11,7 +11,7 @@ PORT := 8000
 SERVE_STAMP := $(VENV)/.installed-serve
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: run test test-fast lint install install-serve browser clean
+.PHONY: run test test-fast lint install install-serve system clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -31,11 +31,14 @@ install-serve: $(SERVE_STAMP)
 
 install: $(TEST_STAMP)
 
-# The browser tests drive Debian's Chromium (never a downloaded browser build).
-browser:
-	@command -v chromium >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; \
-	  else echo "The browser tests need Debian's chromium: sudo apt-get install chromium"; exit 1; fi; }
+# Debian's packages the tests drive: Chromium for the browser tests (never a downloaded
+# browser build); qemu-user to run the zvec backend on an emulated CPU without AVX-512.
+SYSTEM_PKGS := chromium:chromium qemu-x86_64:qemu-user
+system:
+	@missing=""; for p in $(SYSTEM_PKGS); do command -v $${p%%:*} >/dev/null 2>&1 || missing="$$missing $${p#*:}"; done; \
+	[ -z "$$missing" ] || { if [ "$$(id -u)" = 0 ]; then apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
+	  else echo "The tests need Debian's$$missing: sudo apt-get install$$missing"; exit 1; fi; }
 
 # Serve the playground. With no MODEL: GPT-2 small (downloaded once, verified) or, when the
 # hub can't be reached, the demo model that ships, saying so. `make run MODEL=gpt2` insists
@@ -48,12 +51,12 @@ lint: install
 	$(BIN)/ruff check src tests scripts benchmarks
 
 # Everything, offline: the browser, PostgreSQL with pgvector and the torch oracle included.
-test: install lint browser
+test: install lint system
 	$(BIN)/python -m pytest -q
 
 # The fast tier: the tests that need no Chromium, no PostgreSQL and no torch (the markers are
 # applied in tests/conftest.py). Run `make test` before you commit.
-test-fast: install lint
+test-fast: install lint system
 	$(BIN)/python -m pytest -q -m "not browser and not pgvector and not oracle"
 
 clean:

@@ -68,7 +68,10 @@ def cpu_lacks() -> list[str]:
 
 
 if not cpu_lacks():
-    import zvec
+    try:
+        import zvec
+    except ImportError as e:  # the package's optional dependency
+        raise StoreError(f"the zvec backend needs zvec ({e}): pip install 'puffergpt[zvec]' (or zvec==0.8.0)") from None
 
     with contextlib.suppress(RuntimeError):  # once a process; RuntimeError: someone did already
         zvec.init(log_level=zvec.LogLevel.ERROR)
