@@ -26,13 +26,9 @@ payload dicts in the binding cost ~4 ms for 3,072 hits, the ids and scores 0.3 m
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import uuid
 from collections import Counter
@@ -42,16 +38,14 @@ from pathlib import Path
 import numpy as np
 import qdrant_edge as qe
 
+from puffergpt.stores import datadir
 from puffergpt.stores.base import (
     Filter,
     Hits,
     Layout,
-    ReaderDied,
     Store,
     StoreError,
-    StoreHeld,
     check_name,
-    resolve,
 )
 
 _INDEX = {"int": qe.IntegerIndexParams(lookup=True, range=True), "float": qe.PayloadSchemaType.Float,
@@ -172,7 +166,7 @@ class EmbeddedStore(Store):
                 f"`puffergpt load --model MODEL --data {self.root}` for each model it held (e.g. --model gpt2)")
         try:
             self.root.mkdir(parents=True, exist_ok=True)
-            self._lock_file = open(os.devnull) if borrowed else self._hold(self.root / LOCK_FILE)
+            self._lock_file = open(os.devnull) if borrowed else datadir.hold(self.root / LOCK_FILE, self.root)
             for d in ("edge", "tmp"):
                 (self.root / d).mkdir(exist_ok=True)
             # Leftovers of a process that died: half-made namespaces, dropped ones, ephemeral shards.
@@ -186,23 +180,6 @@ class EmbeddedStore(Store):
         self._ns: dict[str, _Namespace] = {}
         self._ephemeral: set[str] = set()
         self._meta = self._read_meta()
-
-    @staticmethod
-    def _hold(path: Path):
-        """The data directory's lock, held until close: one process at a time."""
-        f = open(path, "a+")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            f.close()
-            raise StoreHeld(f"the data directory {path.parent} is in use by another puffergpt process (pid {holder}): "
-                            f"stop that one first, or give this one another --data DIR", path.parent, holder) from None
-        f.truncate(0)
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        return f
 
     # --- namespaces ---
     def _dir(self, ns: str) -> Path:
@@ -292,9 +269,9 @@ class EmbeddedStore(Store):
         if ephemeral:
             return shard
         shard.close()
-        _fsync_dir(tmp)
+        datadir.fsync_dir(tmp)
         os.rename(tmp, final)
-        _fsync_dir(final.parent)
+        datadir.fsync_dir(final.parent)
         return qe.EdgeShard.load(str(final / "shard"))
 
     def _drop_namespace(self, ns):
@@ -456,26 +433,13 @@ class EmbeddedStore(Store):
 
     # --- metadata ---
     def _read_meta(self) -> dict:
-        p = self.root / "meta.json"
-        try:
-            return json.loads(p.read_text()) if p.exists() else {}
-        except (OSError, ValueError) as e:
-            raise StoreError(
-                f"can't read {p}: {e}. Move it away and load the models again (`puffergpt load`)"
-            ) from None
+        return datadir.read_meta(self.root / "meta.json")
 
     def _put_meta(self, key, value):
         with self.lock:
             self._flush()  # documents before the metadata that vouches for them
             meta = {**self._meta, key: value}
-            p = self.root / "meta.json"
-            tmp = p.with_suffix(f".{os.getpid()}.tmp")
-            with open(tmp, "w") as f:
-                json.dump(meta, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, p)  # whole or not at all
-            _fsync_dir(self.root)
+            datadir.write_json(self.root / "meta.json", meta)
             self._meta = meta
 
     def _get_meta(self, key):
@@ -491,26 +455,9 @@ class EmbeddedStore(Store):
 
     # --- checks the database may abort on ---
     def stamp(self, namespaces, known=None):
-        """{file: [size, mtime_ns, sha256]} of every file of these namespaces. Qdrant rewrites
-        some files (same bytes, new mtime) each time it opens a shard, so a file is told by its
-        content; like git's index, a file whose size and mtime_ns are those of ``known`` keeps
-        its known digest unread."""
-        known = known or {}
-        out = {}
-        for ns in namespaces:
-            d = self.root / "edge" / check_name(ns)
-            for p in sorted(d.rglob("*")) if d.is_dir() else []:
-                st = p.stat()
-                if not p.is_file():
-                    continue
-                rel = str(p.relative_to(self.root))
-                k = known.get(rel)
-                if k and k[:2] == [st.st_size, st.st_mtime_ns]:
-                    out[rel] = k
-                    continue
-                with open(p, "rb") as f:
-                    out[rel] = [st.st_size, st.st_mtime_ns, hashlib.file_digest(f, "sha256").hexdigest()]
-        return out
+        """{file: [size, mtime_ns, sha256]} of every file of these namespaces (Qdrant rewrites
+        some files, same bytes, new mtime, each time it opens a shard: ``datadir.fingerprint``)."""
+        return datadir.fingerprint([self.root / "edge" / check_name(ns) for ns in namespaces], self.root, known)
 
     def release(self, namespaces) -> None:
         """Write out and close these namespaces' shards (reopened on next use): a reader
@@ -527,35 +474,8 @@ class EmbeddedStore(Store):
         damaged files (an allocation of 100 GB from a flipped id map), which no try can catch.
         Yields the target's lines as they come; ReaderDied if the child died before the end."""
         self.release(namespaces)
-        import puffergpt
-
-        env = {
-            **os.environ,
-            "RUST_BACKTRACE": "0",
-            "PYTHONPATH": os.pathsep.join([str(Path(puffergpt.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
-        }
-        req = json.dumps({"root": str(self.root), "target": target, "payload": payload})
-        with subprocess.Popen([sys.executable, "-c", "from puffergpt.stores.embedded import _child; _child()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as p:
-            err = []
-            reader = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)  # a full pipe would stall it
-            reader.start()
-            p.stdin.write(req.encode())
-            p.stdin.close()
-            done = False
-            for line in p.stdout:
-                msg = json.loads(line)
-                if msg == {"end": True}:
-                    done = True
-                    break
-                yield msg
-            rc = p.wait()
-            reader.join(5)
-        if not done or rc != 0:
-            text = [x.decode(errors="replace").strip() for x in err if x.strip()]
-            last = next((t for t in reversed(text) if not t.startswith(("note:", "stack backtrace"))), "")
-            how = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
-            raise ReaderDied(f"the embedded store's reader died ({how}{': ' + last if last else ''})")
+        yield from datadir.read_in_child(self.root, target, payload, "puffergpt.stores.embedded:_child",
+                                         "the embedded store's reader")
 
     def disk_bytes(self) -> int:
         """Bytes of the data directory's files (shards, metadata)."""
@@ -581,24 +501,5 @@ class EmbeddedStore(Store):
 
 
 def _child() -> None:
-    """A reader child (``read_isolated``): the request on stdin, one JSON line a result on
-    stdout, then {"end": true}. Only a complete run ends with that line."""
-    req = json.loads(sys.stdin.read())
-    store = EmbeddedStore(Path(req["root"]), borrowed=True)
-    try:
-        for msg in resolve(req["target"])(store, req["payload"]):
-            sys.stdout.write(json.dumps(msg) + "\n")
-            sys.stdout.flush()
-    finally:
-        store.close()
-    sys.stdout.write(json.dumps({"end": True}) + "\n")
-    sys.stdout.flush()
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
+    """A reader child (``read_isolated``): the store borrowed from its waiting parent."""
+    datadir.child_main(lambda root: EmbeddedStore(root, borrowed=True))

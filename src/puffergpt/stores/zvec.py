@@ -31,14 +31,10 @@ deletes are worked out on those columns, exactly.
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 import threading
 import uuid
 from collections import Counter
@@ -48,7 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
-from puffergpt.stores.base import Filter, Hits, Layout, ReaderDied, Store, StoreError, StoreHeld, check_name, resolve
+from puffergpt.stores import datadir
+from puffergpt.stores.base import Filter, Hits, Layout, Store, StoreError, check_name
 
 # zvec 0.8.0's wheel dies with SIGILL (no Python error) on import on an x86-64 CPU without
 # AVX2 or BMI1, and searches need FMA (measured under qemu-user: tests/stores/test_zvec.py).
@@ -247,7 +244,7 @@ class ZvecStore(Store):
         self.borrowed = borrowed
         try:
             self.home.mkdir(parents=True, exist_ok=True)
-            self._lock_file = open(os.devnull) if borrowed else self._hold(self.home / LOCK_FILE)
+            self._lock_file = open(os.devnull) if borrowed else datadir.hold(self.home / LOCK_FILE, self.root)
             self._check_format()
             for d in ("ns", "tmp"):
                 (self.home / d).mkdir(exist_ok=True)
@@ -265,28 +262,10 @@ class ZvecStore(Store):
         self._pool: ThreadPoolExecutor | None = None  # made on the first batch searched on threads
         self._meta = self._read_meta()
 
-    @staticmethod
-    def _hold(path: Path):
-        """The lock of the zvec part of the data directory, held until close: one process at a time."""
-        f = open(path, "a+")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.seek(0)
-            holder = f.read().strip() or "unknown"
-            f.close()
-            raise StoreHeld(f"the data directory {path.parents[1]} is in use by another puffergpt process (pid "
-                            f"{holder}): stop that one first, or give this one another --data DIR",
-                            path.parents[1], holder) from None
-        f.truncate(0)
-        f.write(f"{os.getpid()}\n")
-        f.flush()
-        return f
-
     def _check_format(self) -> None:
         p = self.home / "format.json"
         if not p.exists():
-            _write_json(p, {"format": FORMAT})
+            datadir.write_json(p, {"format": FORMAT})
             return
         try:
             found = json.loads(p.read_text())["format"]
@@ -419,14 +398,14 @@ class ZvecStore(Store):
         tmp = n.path if n.ephemeral else n.path.parent / f".new-{uuid.uuid4().hex}"
         tmp.mkdir()
         col = zvec.create_and_open(str(tmp / "col"), zvec.CollectionSchema(name="ns", fields=fields, vectors=vectors))
-        _write_json(tmp / "namespace.json", n.layout())
+        datadir.write_json(tmp / "namespace.json", n.layout())
         if n.ephemeral:
             n.col, n.read_only = col, False
             return
         col.close()
-        _fsync_dir(tmp)
+        datadir.fsync_dir(tmp)
         os.rename(tmp, n.path)
-        _fsync_dir(n.path.parent)
+        datadir.fsync_dir(n.path.parent)
         self._mode(n, read_only=False)  # made to be written
 
     def _drop_namespace(self, ns):
@@ -490,7 +469,7 @@ class ZvecStore(Store):
             fresh = [x for x in dict.fromkeys(cols[a]) if n.code_of(a, x) is None]
             if fresh:
                 n.codes[a].extend(fresh)
-                _write_json(n.path / "namespace.json", n.layout())
+                datadir.write_json(n.path / "namespace.json", n.layout())
             out[a] = [n.code_of(a, x) for x in cols[a]]
         return out
 
@@ -643,19 +622,13 @@ class ZvecStore(Store):
 
     # --- metadata ---
     def _read_meta(self) -> dict:
-        p = self.home / "meta.json"
-        try:
-            return json.loads(p.read_text()) if p.exists() else {}
-        except (OSError, ValueError) as e:
-            raise StoreError(
-                f"can't read {p}: {e}. Move it away and load the models again (`puffergpt load`)"
-            ) from None
+        return datadir.read_meta(self.home / "meta.json")
 
     def _put_meta(self, key, value):
         with self.lock:
             self._flush()  # documents before the metadata that vouches for them
             meta = {**self._meta, key: value}
-            _write_json(self.home / "meta.json", meta)
+            datadir.write_json(self.home / "meta.json", meta)
             self._meta = meta
 
     def _get_meta(self, key):
@@ -672,24 +645,10 @@ class ZvecStore(Store):
 
     # --- what loading checks ---
     def stamp(self, namespaces, known=None):
-        """{file: [size, mtime_ns, sha256]} of these namespaces' files (zvec leaves them as they
-        are when it opens a collection read-only); a file whose size and mtime_ns are those of
-        ``known`` keeps its known digest unread."""
-        known, out = known or {}, {}
-        for ns in namespaces:
-            d = self.home / "ns" / check_name(ns)
-            for p in sorted(d.rglob("*")) if d.is_dir() else []:
-                st = p.stat()
-                if not p.is_file() or p.name == "LOCK":
-                    continue
-                rel = str(p.relative_to(self.root))
-                k = known.get(rel)
-                if k and k[:2] == [st.st_size, st.st_mtime_ns]:
-                    out[rel] = k
-                    continue
-                with open(p, "rb") as f:
-                    out[rel] = [st.st_size, st.st_mtime_ns, hashlib.file_digest(f, "sha256").hexdigest()]
-        return out
+        """{file: [size, mtime_ns, sha256]} of these namespaces' files (``datadir.fingerprint``;
+        zvec's own LOCK files left out)."""
+        return datadir.fingerprint([self.home / "ns" / check_name(ns) for ns in namespaces], self.root, known,
+                                   skip=("LOCK",))
 
     def release(self, namespaces) -> None:
         """Write out and close these namespaces' collections (reopened on next use): a reader
@@ -707,31 +666,8 @@ class ZvecStore(Store):
         """Run ``target`` on this store in a child process, where zvec aborting on damaged files
         can't take this one down. Yields the target's lines; ReaderDied if the child died first."""
         self.release(namespaces)
-        import puffergpt
-
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(puffergpt.__file__).parents[1]),
-                                                              os.environ.get("PYTHONPATH", "")])}
-        req = json.dumps({"root": str(self.root), "target": target, "payload": payload})
-        with subprocess.Popen([sys.executable, "-c", "from puffergpt.stores.zvec import _child; _child()"],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as p:
-            err = []
-            reader = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)  # a full pipe would stall it
-            reader.start()
-            p.stdin.write(req.encode())
-            p.stdin.close()
-            done = False
-            for line in p.stdout:
-                msg = json.loads(line)
-                if msg == {"end": True}:
-                    done = True
-                    break
-                yield msg
-            rc = p.wait()
-            reader.join(5)
-        if not done or rc != 0:
-            text = [x.decode(errors="replace").strip() for x in err if x.strip()]
-            how = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
-            raise ReaderDied(f"the zvec store's reader died ({how}{': ' + text[-1] if text else ''})")
+        yield from datadir.read_in_child(self.root, target, payload, "puffergpt.stores.zvec:_child",
+                                         "the zvec store's reader")
 
     def disk_bytes(self) -> int:
         return sum(p.stat().st_size for p in self.home.rglob("*") if p.is_file())
@@ -767,18 +703,8 @@ def _check(statuses) -> None:
 
 
 def _child() -> None:
-    """A reader child (``read_isolated``): the request on stdin, one JSON line a result on
-    stdout, then {"end": true}. Only a complete run ends with that line."""
-    req = json.loads(sys.stdin.read())
-    store = ZvecStore(Path(req["root"]), borrowed=True, threads=1)
-    try:
-        for msg in resolve(req["target"])(store, req["payload"]):
-            sys.stdout.write(json.dumps(msg) + "\n")
-            sys.stdout.flush()
-    finally:
-        store.close()
-    sys.stdout.write(json.dumps({"end": True}) + "\n")
-    sys.stdout.flush()
+    """A reader child (``read_isolated``): the store borrowed from its waiting parent."""
+    datadir.child_main(lambda root: ZvecStore(root, borrowed=True, threads=1))
 
 
 def _mark_clean(d: Path, clean: bool) -> None:
@@ -786,26 +712,9 @@ def _mark_clean(d: Path, clean: bool) -> None:
     p = d / CLEAN
     if clean and not p.exists():
         p.touch()
-        _fsync_dir(d)
+        datadir.fsync_dir(d)
     elif not clean and p.exists():
         p.unlink()
-        _fsync_dir(d)
+        datadir.fsync_dir(d)
 
 
-def _write_json(p: Path, value) -> None:
-    """Whole or not at all: written beside, synced, renamed over."""
-    tmp = p.with_suffix(f".{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(value, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, p)
-    _fsync_dir(p.parent)
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

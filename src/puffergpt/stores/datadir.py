@@ -1,0 +1,133 @@
+"""What the in-process stores (``embedded``: Qdrant Edge; ``zvec``) share about the data
+directory they keep their files in: one process at a time (a lock file), files replaced
+whole or not at all, the fingerprint of a namespace's files (``stamp``), and a reader child
+that opens the store where a database that aborts on a damaged file can't take the parent
+down (``read_isolated``)."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+from puffergpt.stores.base import ReaderDied, Store, StoreError, StoreHeld, resolve
+
+
+def hold(path: Path, data_dir: Path):
+    """The data directory's lock file, held (open) until it is closed: one process at a time;
+    it holds the holder's pid, for the error another process gets."""
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "unknown"
+        f.close()
+        raise StoreHeld(f"the data directory {data_dir} is in use by another puffergpt process (pid {holder}): "
+                        f"stop that one first, or give this one another --data DIR", data_dir, holder) from None
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def fsync_dir(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json(p: Path, value) -> None:
+    """Whole or not at all: written beside, synced, renamed over."""
+    tmp = p.with_suffix(f".{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(value, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, p)
+    fsync_dir(p.parent)
+
+
+def read_meta(p: Path) -> dict:
+    """The metadata file's contents ({} before the first put)."""
+    try:
+        return json.loads(p.read_text()) if p.exists() else {}
+    except (OSError, ValueError) as e:
+        raise StoreError(f"can't read {p}: {e}. Move it away and load the models again (`puffergpt load`)") from None
+
+
+def fingerprint(dirs: Iterable[Path], root: Path, known: dict | None = None, skip: tuple[str, ...] = ()) -> dict:
+    """{file: [size, mtime_ns, sha256]} of every file under ``dirs``, named relative to root.
+    A database may rewrite a file with the same bytes, so a file is told by its content; like
+    git's index, a file whose size and mtime_ns are those of ``known`` keeps its known digest
+    unread. Files named in ``skip`` (a database's own lock) are left out."""
+    known, out = known or {}, {}
+    for d in dirs:
+        for p in sorted(d.rglob("*")) if d.is_dir() else []:
+            st = p.stat()
+            if not p.is_file() or p.name in skip:
+                continue
+            rel = str(p.relative_to(root))
+            k = known.get(rel)
+            if k and k[:2] == [st.st_size, st.st_mtime_ns]:
+                out[rel] = k
+                continue
+            with open(p, "rb") as f:
+                out[rel] = [st.st_size, st.st_mtime_ns, hashlib.file_digest(f, "sha256").hexdigest()]
+    return out
+
+
+def read_in_child(root: Path, target: str, payload, child: str, what: str) -> Iterator[dict]:
+    """Run ``target(store, payload)`` in a child process (``child``: "module:function", the
+    store's own ``child_main``), yielding its results as they come; ReaderDied (``what``
+    died, how, and its last words) if the child died before the end."""
+    import puffergpt
+
+    env = {**os.environ, "RUST_BACKTRACE": "0",
+           "PYTHONPATH": os.pathsep.join([str(Path(puffergpt.__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    module, fn = child.split(":")
+    req = json.dumps({"root": str(root), "target": target, "payload": payload})
+    with subprocess.Popen([sys.executable, "-c", f"from {module} import {fn}; {fn}()"],
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as p:
+        err = []
+        reader = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)  # a full pipe would stall it
+        reader.start()
+        p.stdin.write(req.encode())
+        p.stdin.close()
+        done = False
+        for line in p.stdout:
+            msg = json.loads(line)
+            if msg == {"end": True}:
+                done = True
+                break
+            yield msg
+        rc = p.wait()
+        reader.join(5)
+    if not done or rc != 0:
+        text = [x.decode(errors="replace").strip() for x in err if x.strip()]
+        last = next((t for t in reversed(text) if not t.startswith(("note:", "stack backtrace"))), "")
+        how = f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
+        raise ReaderDied(f"{what} died ({how}{': ' + last if last else ''})")
+
+
+def child_main(open_store: Callable[[Path], Store]) -> None:
+    """A reader child (``read_in_child``): the request on stdin, one JSON line a result on
+    stdout, then {"end": true}. Only a complete run ends with that line."""
+    req = json.loads(sys.stdin.read())
+    store = open_store(Path(req["root"]))
+    try:
+        for msg in resolve(req["target"])(store, req["payload"]):
+            sys.stdout.write(json.dumps(msg) + "\n")
+            sys.stdout.flush()
+    finally:
+        store.close()
+    sys.stdout.write(json.dumps({"end": True}) + "\n")
+    sys.stdout.flush()
