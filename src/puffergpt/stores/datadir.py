@@ -10,13 +10,15 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from puffergpt.stores.base import ReaderDied, Store, StoreError, StoreHeld, resolve
+from puffergpt.stores.base import Layout, ReaderDied, Store, StoreError, StoreHeld, resolve
 
 
 def hold(path: Path, data_dir: Path):
@@ -62,6 +64,25 @@ def read_meta(p: Path) -> dict:
         return json.loads(p.read_text()) if p.exists() else {}
     except (OSError, ValueError) as e:
         raise StoreError(f"can't read {p}: {e}. Move it away and load the models again (`puffergpt load`)") from None
+
+
+def read_layout(p: Path, ns: str, what: str) -> Layout:
+    """A namespace's layout from its namespace.json (listing opens no database file)."""
+    try:
+        d = json.loads(p.read_text())
+        return Layout(d["dim"], d["schema"], tuple(d["metrics"]))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise StoreError(f"{what} can't read {p}: {e}. Drop namespace {ns!r} and load again "
+                         "(`puffergpt load --repair`), or restore the data directory") from None
+
+
+def remove(d: Path, ephemeral: bool) -> None:
+    """A namespace's directory gone: a kept one is first renamed aside, at once, so a crash
+    mid-delete leaves no half namespace (the store removes ``.drop-*`` leftovers at open)."""
+    gone = d if ephemeral else d.parent / f".drop-{uuid.uuid4().hex}"
+    if gone != d:
+        os.rename(d, gone)
+    shutil.rmtree(gone, ignore_errors=True)
 
 
 def fingerprint(dirs: Iterable[Path], root: Path, known: dict | None = None, skip: tuple[str, ...] = ()) -> dict:

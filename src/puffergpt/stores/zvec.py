@@ -418,10 +418,7 @@ class ZvecStore(Store):
                 with n.gate.exclusive():
                     n.col.close()
                     n.col = None
-            gone = d if ns in self._ephemeral else d.parent / f".drop-{uuid.uuid4().hex}"
-            if gone != d:
-                os.rename(d, gone)  # at once, so a crash mid-delete leaves no half namespace
-            shutil.rmtree(gone, ignore_errors=True)
+            datadir.remove(d, ns in self._ephemeral)
             self._ephemeral.discard(ns)
 
     def _namespaces(self, prefix):
@@ -432,13 +429,7 @@ class ZvecStore(Store):
     def _stored_layout(self, ns: str) -> Layout:
         if (n := self._ns.get(ns)) is not None:
             return n.spec
-        p = self._dir(ns) / "namespace.json"
-        try:
-            d = json.loads(p.read_text())
-            return Layout(d["dim"], d["schema"], tuple(d["metrics"]))
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise StoreError(f"the zvec store can't read {p}: {e}. Drop namespace {ns!r} and load again "
-                             "(`puffergpt load --repair`), or restore the data directory") from None
+        return datadir.read_layout(self._dir(ns) / "namespace.json", ns, "the zvec store")
 
     # --- documents ---
     def _upsert(self, ns, layout, ids, v, cols):
