@@ -430,3 +430,10 @@ def test_a_notebook_that_cannot_be_opened_is_named_and_frees_the_store(tmp_path,
     assert "choose another with --notebook DIR" in r.output, r.output
     again = run("generate", PROMPT, "--model", str(cli_ckpt), "--data", str(cli_data), "-n", "1")
     assert again.exit_code == 0, again.output
+
+
+@pytest.mark.parametrize("bad", ["0", "1001", "many"])
+def test_serve_refuses_a_bad_max_running(bad):
+    """The bound on texts generating at once is 1..1000, refused before anything opens."""
+    r = run("serve", "--model", "demo", "--max-running", bad)
+    assert r.exit_code == 2 and "--max-running" in r.output and "Traceback" not in r.output, r.output

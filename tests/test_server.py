@@ -254,6 +254,9 @@ def test_the_servers_max_new_tokens_is_enforced(loaded, tiny):
     for bad in (0, 10_000):  # the bodies bound max_tokens at MAX_NEW_TOKENS: a limit past it would be a lie
         with pytest.raises(ValueError, match="max_new_tokens"):
             ServerConfig(max_new_tokens=bad)
+    for bad in (0, 1001):
+        with pytest.raises(ValueError, match="max_running must be in 1..1000"):
+            ServerConfig(max_running=bad)
 
 
 
