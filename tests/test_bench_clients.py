@@ -20,14 +20,15 @@ from puffergpt.engine import Engine
 from puffergpt.reference import NumpyProducts, Reference
 from puffergpt.sampling import Sampling
 from puffergpt.server import ServerConfig, create_app
+from puffergpt.server.app import serving
 from puffergpt.text import opened
 
 
 @pytest.fixture(scope="module")
 def served(loaded, demo):
-    """The demo model served by the bench's own ``serving`` (uvicorn in a thread): its URL."""
+    """The demo model served by ``server.app.serving`` (uvicorn in a thread), as the bench serves it: its URL."""
     store, key = loaded(demo)
-    with bc.serving(create_app(Engine(store, demo.name, key), ServerConfig())) as url:
+    with serving(create_app(Engine(store, demo.name, key), ServerConfig())) as url:
         yield url
 
 
@@ -80,7 +81,7 @@ def test_errors_are_reported_not_hidden(loaded, demo, monkeypatch):
     store, key = loaded(demo)
     app = create_app(Engine(store, demo.name, key), ServerConfig(max_new_tokens=2))
     monkeypatch.setattr(bc.Plan, "check", lambda self, info: None)  # past the bench's own check
-    with bc.serving(app) as url:
+    with serving(app) as url:
         report = bc.run(url, bc.Plan(clients=2, tokens=3))
     assert report["outputs"]["equal"] == 0 and report["outputs"]["first_difference"]["learner"] == 0
     errors = report["errors"]

@@ -5,16 +5,12 @@ inside, insights saved (each one git commit) and replayed; the same through a ru
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import anyio
 import numpy as np
-import uvicorn
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
@@ -23,6 +19,7 @@ from puffergpt import tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import Reference
 from puffergpt.server import ServerConfig, create_app
+from puffergpt.server.app import serving
 from puffergpt.server.bodies import MAX_NEW_TOKENS
 
 PROMPT = "The cat sat on the"
@@ -124,31 +121,12 @@ def test_mcp_over_stdio_with_its_own_store(tmp_path, tiny, tiny_dir):
     assert saved["chat"]["file"] == str(book / saved["chat"]["path"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_mcp_through_a_running_server(tmp_path, tiny, loaded):
     store, key = loaded(tiny)
     book = nb.Notebook(tmp_path / "notebook")
     engine = Engine(store, tiny.name, key)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, ServerConfig(), notebook=book), host="127.0.0.1",
-                                           port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(200):
-            if server.started:
-                break
-            time.sleep(0.05)
-        assert server.started, "uvicorn did not start"
-        saved = mcp_session(["--server", f"http://127.0.0.1:{port}"], lambda c: tour(c, tiny, engine.model))
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serving(create_app(engine, ServerConfig(), notebook=book)) as base:
+        saved = mcp_session(["--server", base], lambda c: tour(c, tiny, engine.model))
     check_commits(book.path, saved)
 
 

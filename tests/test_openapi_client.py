@@ -11,14 +11,9 @@ same document: docs/openai.md has the command); aiopenapi3 needs nothing older.
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-
 import httpx2
 import numpy as np
 import pytest
-import uvicorn
 from aiopenapi3 import OpenAPI
 from aiopenapi3.errors import HTTPClientError
 
@@ -26,6 +21,7 @@ from puffergpt import tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import Reference
 from puffergpt.server import ServerConfig, create_app
+from puffergpt.server.app import serving
 
 PROMPT = "The list"  # the demo model goes on past 12 tokens
 CHAT = [{"role": "system", "content": "You answer about Python."}, {"role": "user", "content": "What is a list?"}]
@@ -35,33 +31,13 @@ OPERATIONS = {"openai": {"listModels", "retrieveModel", "createCompletion", "cre
               "tokenizer": {"tokenize", "detokenize", "tokenizerInfo"}}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def api(loaded, demo):
     """The client aiopenapi3 builds from the /openapi.json of a server (uvicorn, in this process)
     of the demo model; operations grouped by their tags: ``api._.openai.createCompletion``."""
     store, key = loaded(demo)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(Engine(store, demo.name, key), ServerConfig()),
-                                           host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        for _ in range(200):
-            if server.started:
-                break
-            time.sleep(0.05)
-        assert server.started, "uvicorn did not start"
-        yield OpenAPI.load_sync(f"http://127.0.0.1:{port}/openapi.json", session_factory=httpx2.Client,
-                                use_operation_tags=True)
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with serving(create_app(Engine(store, demo.name, key), ServerConfig())) as base:
+        yield OpenAPI.load_sync(f"{base}/openapi.json", session_factory=httpx2.Client, use_operation_tags=True)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

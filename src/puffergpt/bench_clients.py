@@ -404,31 +404,6 @@ def bar(phase: str, plan: Plan, progress: bool) -> Iterator[Callable[[], None]]:
         yield tick
 
 
-@contextlib.contextmanager
-def serving(app, host: str = "127.0.0.1") -> Iterator[str]:
-    """The app served by uvicorn in a thread on a free port of ``host``: its URL; stopped at
-    the end (running generations first, as ``puffergpt serve`` stops)."""
-    from puffergpt.server.app import server
-
-    srv = server(app, host, 0)
-    thread = threading.Thread(target=srv.run, name="puffergpt-bench-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not srv.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            srv.should_exit = True
-            raise BenchError(f"the bench's own server did not start on {host}: use --url with `puffergpt serve`")
-        time.sleep(0.02)
-    port = srv.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield Server("http", host, port, "").url()
-    finally:
-        srv.should_exit = True
-        thread.join(30)
-        if thread.is_alive():  # a daemon thread: it goes with the process
-            log.warning("the bench's own server did not stop within 30 s")
-
-
 # --- the table ----------------------------------------------------------------------------
 
 def table(report: dict) -> str:

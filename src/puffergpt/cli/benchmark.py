@@ -147,9 +147,13 @@ def own_server(plan, model: str, backend: str, dsn: str | None, data_dir: Path |
     learner's text; stopped at the end."""
     from puffergpt import bench_clients as bc
     from puffergpt.server import ServerConfig, create_app
+    from puffergpt.server.app import ServerDidNotStart, serving
 
     with tempfile.TemporaryDirectory(prefix="puffergpt-bench-") as tmp, \
             open_model("search", model, backend, data_dir or Path(tmp) / backend, dsn) as opened:
         config = ServerConfig(max_open_texts=max(ServerConfig.max_open_texts, plan.clients))
-        with bc.serving(create_app(opened.engine, config)) as url:
-            return bc.run(url, plan, progress=True, where="started by bench, in this process")
+        try:
+            with serving(create_app(opened.engine, config)) as url:
+                return bc.run(url, plan, progress=True, where="started by bench, in this process")
+        except ServerDidNotStart as e:
+            raise bc.BenchError(f"{e} (the bench's own server): use --url with `puffergpt serve`") from None

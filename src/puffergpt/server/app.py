@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 
 from fastapi import FastAPI
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -96,6 +98,35 @@ def server(app: FastAPI, host: str, port: int):
             await super().shutdown(sockets)
 
     return Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_S))
+
+
+class ServerDidNotStart(RuntimeError):
+    pass
+
+
+@contextlib.contextmanager
+def serving(app: FastAPI, host: str = "127.0.0.1", start_s: float = 60.0) -> Iterator[str]:
+    """The app served by ``server`` in a thread on a free port of ``host`` (the bench's own
+    server, the tests'): its base URL; stopped at the end, running generations first, as
+    ``puffergpt serve`` stops. ServerDidNotStart if it did not start within ``start_s``."""
+    srv = server(app, host, 0)
+    thread = threading.Thread(target=srv.run, name="puffergpt-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + start_s
+    while not srv.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            srv.should_exit = True
+            raise ServerDidNotStart(f"the server did not start on {host}")
+        time.sleep(0.02)
+    port = srv.servers[0].sockets[0].getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    try:
+        yield f"http://{shown}:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(30)
+        if thread.is_alive():  # a daemon thread: it goes with the process
+            log.warning("the server in a thread did not stop within 30 s")
 
 
 def run(app: FastAPI, host: str, port: int) -> None:
