@@ -171,55 +171,52 @@ def test_texts_together_equal_texts_alone_and_numpy(demo_engine, demo, s):
 
 # --- slots: a bound on texts generating at once ---------------------------------------------
 
-def test_a_queued_generation_waits_its_turn_and_a_stop_frees_the_slot(demo_engine):
+@pytest.fixture
+def one_slot(demo_engine):
+    """An engine with one slot, and two texts on it: the first holding the slot (its
+    generation begun, ``should_stop`` its stop event), the second's generation queued in a
+    thread. -> (engine, first's generation, first's stop, second, second's stop, {"steps"}, thread)"""
+    demo_engine.scheduler = Scheduler(max_running=1)
+    first, second = Text(demo_engine.open()), Text(demo_engine.open())
+    stops, got = (threading.Event(), threading.Event()), {}
+    try:
+        first.append(tokenizer.encode("The list"))
+        second.append(tokenizer.encode("A man"))
+        gen = first.generate(50, Sampling(0.0), should_stop=stops[0].is_set)
+        next(gen)  # the first holds the slot
+        th = threading.Thread(target=lambda: got.setdefault(
+            "steps", list(second.generate(3, Sampling(0.0), should_stop=stops[1].is_set))))
+        th.start()
+        wait_for(lambda: demo_engine.scheduler.status()["queued"] == 1)
+        yield demo_engine, gen, stops[0], second, stops[1], got, th
+    finally:
+        stops[1].set()
+        first.close()
+        second.close()
+
+
+def test_a_queued_generation_waits_its_turn_and_a_stop_frees_the_slot(one_slot):
     """One slot: the second text waits (queued) while the first generates; the first's Stop
     frees the slot at its next token, and the second then runs to the end."""
-    demo_engine.scheduler = Scheduler(max_running=1)
-    first, second = Text(demo_engine.open()), Text(demo_engine.open())
-    stop_first, got = threading.Event(), {}
-    try:
-        first.append(tokenizer.encode("The list"))
-        second.append(tokenizer.encode("A man"))
-        gen = first.generate(50, Sampling(0.0), should_stop=stop_first.is_set)
-        next(gen)  # the first holds the slot
-        th = threading.Thread(target=lambda: got.setdefault("steps", list(second.generate(3, Sampling(0.0)))))
-        th.start()
-        wait_for(lambda: demo_engine.scheduler.status()["queued"] == 1)
-        assert demo_engine.scheduler.status() == {"running": 1, "queued": 1, "max_running": 1}
-        next(gen)  # the first goes on while the second waits
-        assert "steps" not in got
-        stop_first.set()
-        assert list(gen) == []  # stopped at its next token, before computing it
-        th.join(60)
-        assert len(got["steps"]) == 3
-        assert demo_engine.scheduler.status() == {"running": 0, "queued": 0, "max_running": 1}
-    finally:
-        first.close()
-        second.close()
+    engine, gen, stop_first, _, _, got, th = one_slot
+    assert engine.scheduler.status() == {"running": 1, "queued": 1, "max_running": 1}
+    next(gen)  # the first goes on while the second waits
+    assert "steps" not in got
+    stop_first.set()
+    assert list(gen) == []  # stopped at its next token, before computing it
+    th.join(60)
+    assert len(got["steps"]) == 3
+    assert engine.scheduler.status() == {"running": 0, "queued": 0, "max_running": 1}
 
 
-def test_a_stop_while_queued_leaves_the_queue(demo_engine):
-    demo_engine.scheduler = Scheduler(max_running=1)
-    first, second = Text(demo_engine.open()), Text(demo_engine.open())
-    stop_second, got = threading.Event(), {}
-    try:
-        first.append(tokenizer.encode("The list"))
-        second.append(tokenizer.encode("A man"))
-        gen = first.generate(50, Sampling(0.0))
-        next(gen)
-        th = threading.Thread(target=lambda: got.setdefault(
-            "steps", list(second.generate(3, Sampling(0.0), should_stop=stop_second.is_set))))
-        th.start()
-        wait_for(lambda: demo_engine.scheduler.status()["queued"] == 1)
-        stop_second.set()  # a Stop, or a client that left
-        th.join(10)
-        assert got["steps"] == [] and second.length == len(tokenizer.encode("A man"))
-        assert demo_engine.scheduler.status()["queued"] == 0
-        gen.close()  # a closed generation frees its slot too
-        assert demo_engine.scheduler.status()["running"] == 0
-    finally:
-        first.close()
-        second.close()
+def test_a_stop_while_queued_leaves_the_queue(one_slot):
+    engine, gen, _, second, stop_second, got, th = one_slot
+    stop_second.set()  # a Stop, or a client that left
+    th.join(10)
+    assert got["steps"] == [] and second.length == len(tokenizer.encode("A man"))
+    assert engine.scheduler.status()["queued"] == 0
+    gen.close()  # a closed generation frees its slot too
+    assert engine.scheduler.status()["running"] == 0
 
 
 def test_a_scheduler_needs_a_slot():
