@@ -17,6 +17,7 @@ import pytest
 
 from puffergpt import checkpoints, loading
 from puffergpt.stores import Query, StoreError, open_store
+from puffergpt.stores.embedded import EmbeddedStore
 
 SCHEMA = {"matrix": "str", "row": "int"}
 
@@ -192,3 +193,22 @@ def test_load_killed_mid_way_then_rerun(tmp_path, tiny_dir):
     assert {ns: s.count(ns) for ns in s.namespaces(f"{key}.")} == want["namespaces"]
     assert loading.verify(s, got) == {}
     s.close()
+
+
+def test_disk_bytes_counts_only_this_stores_files(tmp_path):
+    """A data directory shared with other stores (zvec, pgvector's local server) is measured
+    for this store's own files alone (the bench's disk_mb per engine)."""
+    store = EmbeddedStore(tmp_path)
+    try:
+        store.create_namespace("w", 4, {"row": "int"}, "inner_product")
+        store.upsert("w", ["a", "b"], np.ones((2, 4), np.float32), {"row": [0, 1]})
+        store.put_meta("k", {"v": 1})
+        own = store.disk_bytes()
+        shards = sum(p.stat().st_size for p in (tmp_path / "edge").rglob("*") if p.is_file())
+        assert own >= shards > 0
+        for other in ("zvec", "postgres"):
+            (tmp_path / other).mkdir()
+            (tmp_path / other / "big").write_bytes(b"x" * 1_000_000)
+        assert store.disk_bytes() == own
+    finally:
+        store.close()

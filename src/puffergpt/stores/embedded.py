@@ -469,8 +469,10 @@ class EmbeddedStore(Store):
                                          "the embedded store's reader")
 
     def disk_bytes(self) -> int:
-        """Bytes of the data directory's files (shards, metadata)."""
-        return sum(p.stat().st_size for p in self.root.rglob("*") if p.is_file())
+        """Bytes of this store's files (shards, metadata), not those of others sharing --data
+        (pgvector's local server, zvec)."""
+        own = [self.root / "edge", self.root / "tmp", self.root / "meta.json"]
+        return sum(p.stat().st_size for d in own for p in ([d] if d.is_file() else d.rglob("*")) if p.is_file())
 
     def cli_args(self):
         return f"--backend embedded --data {self.root}"
