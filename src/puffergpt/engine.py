@@ -94,13 +94,12 @@ class Engine:
     """A model loaded into a store. ``open()`` gives the products for one text."""
 
     def __init__(self, store: Store, model: str, key: str | None = None, key_metric: str | None = None,
-                 verify: bool = False, progress: bool = False, max_running: int = 16):
+                 verify: bool = False, progress: bool = False):
         """``verify``: refuse (loading.StoreDamaged) documents that do not match the manifest,
-        read in full unless the store's files are those last verified (serve and generate).
-        ``max_running``: the texts that may generate at once (the others wait their turn)."""
+        read in full unless the store's files are those last verified (serve and generate)."""
         self.store = store
-        self.batcher = Batcher(store)  # the texts' searches of one namespace, merged while the store is busy
-        self.scheduler = Scheduler(max_running)
+        self.batcher = Batcher(store)  # the same product of several texts, one request (scheduler.py)
+        self.scheduler = Scheduler()  # texts generating at once; a server sets its own bound (create_app)
         self.model = model
         self.key = key or loading.model_key(model)
         self.manifest = loading.manifest(store, self.key, model, verify=verify, progress=progress)
