@@ -33,7 +33,7 @@ from puffergpt.stores.base import Hits, Query, Store
 
 MERGE_QUERIES = 2048  # at most this many queries in one merged request (a text's own may be more)
 GATHER_S = 0.005  # a lane of the weights waits at least this long for texts still in their step,
-MAX_GATHER_S = 0.1  # and at most this (see Batcher._wait_s)
+MAX_GATHER_S = 0.1  # and, sized from the store's speed, at most this (Batcher._wait_s)
 WAIT_POLL_S = 0.05  # how often a queued generation checks whether it was stopped
 
 
@@ -142,8 +142,8 @@ class Batcher:
     def _wait_s(self) -> float:
         """How long a lane of the weights waits for the texts still in their step: long enough
         for each of them to search its keys one after another (a store with one connection
-        serves them so), within GATHER_S..MAX_GATHER_S; the lock held."""
-        return min(MAX_GATHER_S, max(self.gather_s, 2 * self._stepping * self._alone_s))
+        serves them so), up to MAX_GATHER_S, and never under ``gather_s``; the lock held."""
+        return max(self.gather_s, min(MAX_GATHER_S, 2 * self._stepping * self._alone_s))
 
     def _finish(self, lane: _Lane, batch: list[_Ask]) -> None:
         """The batch answered: its texts go on; the lane passes to the next waiting text, or is free."""
