@@ -212,3 +212,48 @@ def test_disk_bytes_counts_only_this_stores_files(tmp_path):
         assert store.disk_bytes() == own
     finally:
         store.close()
+
+
+KEYS = {"layer": "int", "head": "int", "pos": "int"}
+
+
+def write_keys(s, ns: str, v: np.ndarray) -> None:
+    n = len(v)
+    s.upsert(ns, [f"k{i}" for i in range(n)], v, {"layer": [0] * n, "head": np.arange(n) % 2, "pos": np.arange(n)})
+
+
+def test_a_dropped_texts_shard_is_emptied_and_reused(tmp_path):
+    """A text's keys (an ephemeral namespace) dropped: the shard is emptied and the next text of
+    the same layout gets it, holding none of the old keys; its searches match numpy."""
+    from puffergpt.stores import embedded
+
+    rng = np.random.default_rng(3)
+    s = open_store("embedded", tmp_path)
+    s.create_namespace("text-a", 8, KEYS, "inner_product", ephemeral=True)
+    old = rng.standard_normal((40, 8)).astype(np.float32)
+    write_keys(s, "text-a", old)
+    a_dir = s._dir("text-a")
+    s.drop_namespace("text-a")
+    assert "text-a" not in s.namespaces() and a_dir.is_dir()  # kept, empty, for the next
+    s.create_namespace("text-b", 8, KEYS, "inner_product", ephemeral=True)
+    assert s._dir("text-b") == a_dir and s.count("text-b") == 0
+    new = rng.standard_normal((10, 8)).astype(np.float32)
+    write_keys(s, "text-b", new)
+    x = rng.standard_normal(8).astype(np.float32)
+    hits = s.search("text-b", [Query(x, (("head", "=", 1), ("pos", "<", 9)))], "inner_product", include=("pos",))
+    want = new.astype(np.float64) @ x
+    assert sorted(hits.attrs["pos"].tolist()) == [1, 3, 5, 7]  # only the new text's keys
+    np.testing.assert_allclose(hits.distance, want[hits.attrs["pos"]], rtol=1e-5, atol=1e-6)
+    # Another layout makes a shard of its own; the spare of this one waits.
+    s.create_namespace("text-c", 4, KEYS, "inner_product", ephemeral=True)
+    assert s._dir("text-c") != a_dir
+    # A shard is reused at most REUSE times, then really dropped.
+    for _ in range(embedded.REUSE + 1):
+        s.drop_namespace("text-b")
+        s.create_namespace("text-b", 8, KEYS, "inner_product", ephemeral=True)
+        write_keys(s, "text-b", new)
+    assert s._dir("text-b") != a_dir and not a_dir.exists()
+    spares = [sp.dir for sp in s._spare]
+    s.close()
+    assert spares == [] or not any(d.exists() for d in spares)
+    assert list((tmp_path / "tmp").iterdir()) == []  # every text's shard gone with the store
