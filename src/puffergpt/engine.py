@@ -27,9 +27,11 @@ n_layer concurrent key writes.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -115,6 +117,23 @@ class Engine:
     def open(self) -> SearchProducts:
         """The products of one text, with a namespace of its own for the text's keys."""
         return SearchProducts(self)
+
+    def weight_namespaces(self) -> list[str]:
+        """The namespaces of this model's documents: one a matrix input width."""
+        return sorted({loading.namespace(self.key, n_in) for _, n_in in loading.matrices(self.config)})
+
+    @contextlib.contextmanager
+    def replicated(self, n: int) -> Iterator[int]:
+        """The weights' searches on n read replicas in worker processes while the block runs
+        (``stores/replicas.py``), where the store needs them; yields how many run (0: none)."""
+        replicas = self.store.replicas(self.weight_namespaces(), n) if n else None
+        self.batcher.replicas = replicas
+        try:
+            yield len(replicas) if replicas is not None else 0
+        finally:
+            self.batcher.replicas = None
+            if replicas is not None:
+                replicas.close()
 
     def views(self) -> SearchProducts:
         """Products for the embedding views (analogy, neighbours, the map), which read no

@@ -93,6 +93,7 @@ class Batcher:
         self._cond = threading.Condition()  # the lanes, the counts; gathering leaders wait on it
         self._stepping = 0  # texts in the middle of a step (Text._next)
         self._gathered = 0  # searches of the weights asked and not yet answered
+        self.replicas = None  # read replicas of the weights (stores/replicas.py): the weights' searches go there
 
     @contextlib.contextmanager
     def stepping(self) -> Iterator[None]:
@@ -128,7 +129,7 @@ class Batcher:
                 return ask.answer(), ask.shared
         batch = self._gather(lane)  # holds this ask: it is first in line
         try:
-            self._run(batch, ns, metric, include)
+            self._run(batch, self._searcher(lane), ns, metric, include)
         finally:
             self._finish(lane, batch)
         return ask.answer(), ask.shared
@@ -184,28 +185,33 @@ class Batcher:
             self._stats.requests += requests
             self._stats.merged += merged
 
-    def _run(self, batch: list[_Ask], ns: str, metric: str, include: tuple) -> None:
+    def _searcher(self, lane: _Lane) -> Callable[..., Hits]:
+        """The weights' searches go to the replicas when there are some; a text's keys, to the store."""
+        replicas = self.replicas
+        return replicas.search if lane.gather and replicas is not None else self.store.search
+
+    def _run(self, batch: list[_Ask], search: Callable[..., Hits], ns: str, metric: str, include: tuple) -> None:
         self._count(asks=len(batch))
         if len(batch) == 1:
-            self._answer_alone(batch[0], ns, metric, include)
+            self._answer_alone(batch[0], search, ns, metric, include)
             return
         queries = [q for a in batch for q in a.queries]
         self._count(requests=1)
         try:
-            hits = self.store.search(ns, queries, metric, include=include)
+            hits = search(ns, queries, metric, include=include)
         except Exception:  # one text's failure must not be every text's: each asks again, alone
             for a in batch:
-                self._answer_alone(a, ns, metric, include)
+                self._answer_alone(a, search, ns, metric, include)
             return
         self._count(merged=len(batch))
         for a, part in zip(batch, split(hits, [len(a.queries) for a in batch], include), strict=True):
             a.hits, a.shared = part, len(batch)
 
-    def _answer_alone(self, a: _Ask, ns: str, metric: str, include: tuple) -> None:
+    def _answer_alone(self, a: _Ask, search: Callable[..., Hits], ns: str, metric: str, include: tuple) -> None:
         self._count(requests=1)
         t = time.perf_counter()
         try:
-            a.hits = self.store.search(ns, a.queries, metric, include=include)
+            a.hits = search(ns, a.queries, metric, include=include)
         except BaseException as e:
             a.error = e
         took = time.perf_counter() - t

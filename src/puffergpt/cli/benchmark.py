@@ -13,7 +13,16 @@ from pathlib import Path
 import click
 
 from puffergpt import checkpoints
-from puffergpt.cli.options import MODEL_HELP, clear_errors, data_option, dsn_option, fail, open_model, open_store
+from puffergpt.cli.options import (
+    MODEL_HELP,
+    clear_errors,
+    data_option,
+    dsn_option,
+    fail,
+    open_model,
+    open_store,
+    replicas_option,
+)
 from puffergpt.stores import BACKENDS
 
 
@@ -39,9 +48,10 @@ from puffergpt.stores import BACKENDS
               help="with --clients: the sampling temperature [default: 0, greedy]")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="with --clients and a temperature above 0: learner i samples with seed + i")
+@replicas_option
 @click.pass_context
 def bench(ctx, model, backends, dsn, data_dir, quick, json_out, chart_out, no_torch, rounds, clients, url, tokens,
-          temperature, seed) -> None:
+          temperature, seed, replicas) -> None:
     """Time the engines side by side on one model: numpy, transformers, each backend.
     With --clients N: N simulated learners against one server, together and one after another."""
     from puffergpt import bench as b
@@ -52,7 +62,8 @@ def bench(ctx, model, backends, dsn, data_dir, quick, json_out, chart_out, no_to
         fail(f"unknown backend {bad[0] if bad else backends!r}: use some of {', '.join(BACKENDS)}")
     check_mode(ctx, clients, url, names)
     if clients is not None:
-        return clients_bench(clients, url, tokens, temperature, seed, model, names[0], dsn, data_dir, json_out)
+        return clients_bench(clients, url, tokens, temperature, seed, model, names[0], dsn, data_dir, json_out,
+                             replicas)
     plan = b.Plan.quick() if quick else b.Plan()
     if rounds:
         plan.rounds = rounds
@@ -104,7 +115,7 @@ def store_size_mb(store) -> float | None:
 
 ENGINES_ONLY = ("quick", "chart_out", "no_torch", "rounds")  # the engines' bench, not --clients
 CLIENTS_ONLY = ("url", "tokens", "temperature", "seed")
-OWN_SERVER_ONLY = ("model", "backends", "dsn", "data_dir")  # the server bench starts itself, not --url's
+OWN_SERVER_ONLY = ("model", "backends", "dsn", "data_dir", "replicas")  # the bench's own server, not --url's
 
 
 def check_mode(ctx: click.Context, clients: int | None, url: str | None, backends: list[str]) -> None:
@@ -125,7 +136,8 @@ def check_mode(ctx: click.Context, clients: int | None, url: str | None, backend
 
 
 def clients_bench(clients: int, url: str | None, tokens: int | None, temperature: float | None, seed: int | None,
-                  model: str, backend: str, dsn: str | None, data_dir: Path | None, json_out: Path | None) -> None:
+                  model: str, backend: str, dsn: str | None, data_dir: Path | None, json_out: Path | None,
+                  replicas: int = 0) -> None:
     """N learners against the server at --url, or against one started here on --model."""
     from puffergpt import bench_clients as bc
 
@@ -134,17 +146,17 @@ def clients_bench(clients: int, url: str | None, tokens: int | None, temperature
         if url is not None:
             report = bc.run(url, plan, progress=True)
         else:
-            report = own_server(plan, model, backend, dsn, data_dir)
+            report = own_server(plan, model, backend, dsn, data_dir, replicas)
     click.echo(bc.table(report))
     if json_out:
         json_out.write_text(json.dumps(report, indent=2) + "\n")
         click.echo(f"wrote {json_out}")
 
 
-def own_server(plan, model: str, backend: str, dsn: str | None, data_dir: Path | None) -> dict:
+def own_server(plan, model: str, backend: str, dsn: str | None, data_dir: Path | None, replicas: int = 0) -> dict:
     """The bench against a server of its own: uvicorn in a thread on a free loopback port,
-    the model opened as ``serve`` opens it (in a temporary store unless --data), room for every
-    learner's text; stopped at the end."""
+    the model opened as ``serve`` opens it (in a temporary store unless --data, with ``replicas``
+    of the weights), room for every learner's text; stopped at the end."""
     from puffergpt import bench_clients as bc
     from puffergpt.server import ServerConfig, create_app
     from puffergpt.server.app import ServerDidNotStart, serving
@@ -153,7 +165,8 @@ def own_server(plan, model: str, backend: str, dsn: str | None, data_dir: Path |
             open_model("search", model, backend, data_dir or Path(tmp) / backend, dsn) as opened:
         config = ServerConfig(max_open_texts=max(ServerConfig.max_open_texts, plan.clients))
         try:
-            with serving(create_app(opened.engine, config)) as url:
-                return bc.run(url, plan, progress=True, where="started by bench, in this process")
+            with opened.engine.replicated(replicas) as n, serving(create_app(opened.engine, config)) as url:
+                where = "started by bench, in this process" + (f", {n} read replicas of the weights" if n else "")
+                return bc.run(url, plan, progress=True, where=where)
         except ServerDidNotStart as e:
             raise bc.BenchError(f"{e} (the bench's own server): use --url with `puffergpt serve`") from None

@@ -50,6 +50,13 @@ def backend_option(f):
                         help="the vector database that holds the weights")(f)
 
 
+def replicas_option(f):
+    return click.option("--replicas", type=click.IntRange(0, 64), default=0, show_default=True,
+                        help="read replicas of the weights, each searched by a worker process (embedded store: "
+                             "Qdrant Edge searches on one core a process); they pay only with many cores: "
+                             "docs/serving.md")(f)
+
+
 def notebook_option(f):
     return click.option("--notebook", "notebook_path", type=click.Path(path_type=Path), default=None,
                         help="the insight notebook, a git repository [default: DATA/notebook]")(f)

@@ -20,6 +20,7 @@ from puffergpt.cli.options import (
     default_data,
     notebook_option,
     open_served,
+    replicas_option,
     resolve_model,
 )
 
@@ -37,7 +38,9 @@ from puffergpt.cli.options import (
               help="texts generating at once (their searches are merged); the others wait their turn")
 @click.option("--idle-minutes", type=click.FloatRange(0.1, 10080), default=30.0, show_default=True,
               help="an idle text is closed after this long")
-def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, max_running, idle_minutes) -> None:
+@replicas_option
+def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, max_running, idle_minutes,
+          replicas) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
     from puffergpt.reference import NumpyProducts
     from puffergpt.server import ServerConfig, create_app
@@ -57,10 +60,16 @@ def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, m
     app = create_app(opened.engine, config, reference=reference, notebook=notebook)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
     url = f"http://{shown}:{port}/"
-    click.echo(f"puffergpt: {model} on {backend}, {opened.engine.manifest['documents']:,} documents. Open {url}")
     serving = default_data(data_dir) / SERVING if backend == "embedded" else None
-    with announced(serving, {"url": url, "pid": os.getpid(), "model": model}):
-        run_server(app, host, port)  # its shutdown stops running generations first
+    with clear_errors(), opened.engine.replicated(replicas) as n:
+        if replicas and not n:
+            click.echo(f"note: the {backend} store searches outside this process already: --replicas makes none",
+                       err=True)
+        copies = f", {n} read replica{'s' if n != 1 else ''} of the weights" if n else ""
+        click.echo(f"puffergpt: {model} on {backend}, {opened.engine.manifest['documents']:,} documents{copies}. "
+                   f"Open {url}")
+        with announced(serving, {"url": url, "pid": os.getpid(), "model": model}):
+            run_server(app, host, port)  # its shutdown stops running generations first
 
 
 @contextmanager

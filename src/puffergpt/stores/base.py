@@ -412,6 +412,13 @@ class Store(ABC):
     def release(self, namespaces: Sequence[str]) -> None:  # noqa: B027 - optional: nothing to release by default
         """Close what this process holds open of these namespaces (before another reads them)."""
 
+    def replicas(self, namespaces: Sequence[str], n: int):
+        """n read replicas of these read-only namespaces, searched by worker processes
+        (``stores/replicas.py``), or None where the store needs none: a database server searches
+        in processes of its own already, and a store that lets go of Python's lock searches
+        on every core from threads."""
+        return None
+
     def read_isolated(self, target: str, payload: dict, namespaces: Sequence[str] = ()) -> Iterator[dict]:
         """Run ``target`` (``module:function``, called as f(store, payload) and yielding JSON-able
         dicts) where the database aborting cannot take this process down, and yield its dicts;
