@@ -124,12 +124,16 @@ def bench_servers() -> int:
 
 
 def test_the_cli_starts_its_own_server_and_stops_it(tmp_path, tiny_dir, tiny):
+    """Its own server, here with a read replica of the weights (stores/replicas.py): the
+    learners' tokens are numpy's, and the replica and its copy go with the server."""
     out, before = tmp_path / "clients.json", bench_servers()
     r = CliRunner().invoke(main, ["bench", "--clients", "2", "--tokens", "3", "--model", str(tiny_dir),
-                                  "--data", str(tmp_path / "data"), "--json", str(out)])
+                                  "--data", str(tmp_path / "data"), "--json", str(out), "--replicas", "1"])
     assert r.exit_code == 0, r.output
     report = json.loads(out.read_text())
-    assert report["server"].startswith("started by bench") and report["errors"] == []
+    assert report["server"] == "started by bench, in this process, 1 read replica of the weights"
+    assert report["errors"] == [] and report["server_status"]["after_together"]["replicas"] == 1
+    assert list((tmp_path / "data" / "tmp").iterdir()) == []  # the replica's copy is gone
     assert report["outputs"]["equal"] == 2
     for run in report["together"]["runs"]:
         assert run["token_ids"] == reference_greedy(tiny, run["prompt"], 3)
@@ -162,6 +166,9 @@ def closed_port() -> int:
     (["--clients", "2", "--backends", "embedded,pgvector"], "one server on one backend"),
     (["--tokens", "4"], "--tokens goes with --clients"),
     (["--clients", "2", "--url", "{served}", "--model", "demo"], "--model sets up the server bench starts itself"),
+    (["--clients", "2", "--url", "{served}", "--replicas", "2"], "--replicas sets up the server bench starts itself"),
+    (["--clients", "2", "--replicas", "-1"], "-1 is not in the range 0<=x<=64"),
+    (["--replicas", "2"], "--replicas goes with --clients"),
     (["--clients", "2", "--url", "{served}", "--tokens", "513"], "over this server's limit of 512"),
     (["--clients", "2", "--url", "{served}", "--tokens", "300"], "context of 256 tokens: use --tokens 254 or fewer"),
     (["--clients", "40", "--url", "{served}"], "holds at most 32: use fewer --clients"),

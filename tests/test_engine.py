@@ -113,6 +113,28 @@ def test_closing_drops_the_keys_namespace(loaded, tiny):
     assert products.keys_ns not in store.namespaces("text-")
 
 
+def test_texts_made_ready_open_on_spare_shards_and_still_equal_numpy(tmp_path, tiny):
+    """ready_texts(n) on the embedded store leaves n emptied key shards; the next texts open on
+    them (no shard made), see none of the earlier keys, and give numpy's tokens."""
+    from puffergpt import loading
+    from puffergpt.stores import open_store
+
+    store = open_store("embedded", tmp_path)
+    try:
+        loading.load(store, tiny, "tiny", progress=False)
+        engine = Engine(store, tiny.name, "tiny")
+        assert engine.ready_texts(3) == 3 and len(store._spare) == 3
+        spare_dirs = {sp.dir for sp in store._spare}
+        prompt = [464, 3290, 286]
+        want = Reference(tiny).greedy(prompt, 5)
+        for _ in range(4):  # one after another, each on a spare shard
+            assert greedy_on(engine, prompt, 5) == want
+        assert {sp.dir for sp in store._spare} & spare_dirs
+        assert store.namespaces("text-") == []
+    finally:
+        store.close()
+
+
 def test_products_for_the_views_make_no_namespace_and_read_no_text(loaded, tiny):
     store, key = loaded(tiny)
     before = store.namespaces("text-")

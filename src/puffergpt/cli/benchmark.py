@@ -114,7 +114,7 @@ def store_size_mb(store) -> float | None:
 # --- --clients: learners against one server ---------------------------------------------------
 
 ENGINES_ONLY = ("quick", "chart_out", "no_torch", "rounds")  # the engines' bench, not --clients
-CLIENTS_ONLY = ("url", "tokens", "temperature", "seed")
+CLIENTS_ONLY = ("url", "tokens", "temperature", "seed", "replicas")
 OWN_SERVER_ONLY = ("model", "backends", "dsn", "data_dir", "replicas")  # the bench's own server, not --url's
 
 
@@ -158,6 +158,7 @@ def own_server(plan, model: str, backend: str, dsn: str | None, data_dir: Path |
     the model opened as ``serve`` opens it (in a temporary store unless --data, with ``replicas``
     of the weights), room for every learner's text; stopped at the end."""
     from puffergpt import bench_clients as bc
+    from puffergpt.cli.serving import READY_TEXTS
     from puffergpt.server import ServerConfig, create_app
     from puffergpt.server.app import ServerDidNotStart, serving
 
@@ -166,7 +167,9 @@ def own_server(plan, model: str, backend: str, dsn: str | None, data_dir: Path |
         config = ServerConfig(max_open_texts=max(ServerConfig.max_open_texts, plan.clients))
         try:
             with opened.engine.replicated(replicas) as n, serving(create_app(opened.engine, config)) as url:
-                where = "started by bench, in this process" + (f", {n} read replicas of the weights" if n else "")
+                opened.engine.ready_texts(READY_TEXTS)  # as serve does
+                copies = f", {n} read replica{'s' if n != 1 else ''} of the weights" if n else ""
+                where = "started by bench, in this process" + copies
                 return bc.run(url, plan, progress=True, where=where)
         except ServerDidNotStart as e:
             raise bc.BenchError(f"{e} (the bench's own server): use --url with `puffergpt serve`") from None

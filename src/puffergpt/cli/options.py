@@ -54,7 +54,7 @@ def replicas_option(f):
     return click.option("--replicas", type=click.IntRange(0, 64), default=0, show_default=True,
                         help="read replicas of the weights, each searched by a worker process (embedded store: "
                              "Qdrant Edge searches on one core a process); they pay only with many cores: "
-                             "docs/serving.md")(f)
+                             "docs/how-it-works.md")(f)
 
 
 def notebook_option(f):

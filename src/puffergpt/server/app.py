@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from fastapi import FastAPI
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from puffergpt import tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import Products
 from puffergpt.scheduler import Scheduler
@@ -64,6 +65,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
     ``notebook`` (a ``notebook.Notebook``) adds the insight routes."""
     config = config or ServerConfig()
     engine.scheduler = Scheduler(config.max_running)  # this server's bound on texts generating at once
+    tokenizer.get_encoding()  # its tables built now (~0.5 s), not in the first learner's request
     served = Served(engine, config, Texts(engine.open, max_open=config.max_open_texts, idle_s=config.idle_s),
                     Generations(), reference)
     app = FastAPI(title="puffergpt", description="GPT-2 where every matrix multiply is a vector search.",

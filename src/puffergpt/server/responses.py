@@ -48,6 +48,7 @@ class Status(Response):
     open_texts: int
     max_open_texts: int
     searches: dict[str, int]
+    replicas: int  # read replicas of the weights searching for this server (serve --replicas)
 
 
 class TextView(Response):

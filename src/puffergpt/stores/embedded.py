@@ -162,6 +162,7 @@ class EmbeddedStore(Store):
     metrics = ("inner_product", "cosine_distance", "euclidean_squared")
     max_queries = 16384  # 12 heads x 1,024 positions: a whole prefill's attention in one request
     thread_safe = True  # it holds its own locks
+    keeps_spares = True  # a text's shard, emptied, for the next text (_keep_spare)
 
     def __init__(self, data_dir: Path, borrowed: bool = False):
         """``borrowed``: opened by a reader child (``read_isolated``) while its parent holds the
