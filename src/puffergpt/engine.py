@@ -120,13 +120,11 @@ class Engine:
 
     def ready_texts(self, n: int) -> int:
         """Make n texts' namespaces of keys ahead of the learners, on a store that keeps a closed
-        text's namespace for the next (``keeps_spares``: the embedded store, where making one costs
-        ~45 ms): the first n texts then open at once. -> how many were made (0: the store keeps none)"""
-        if not self.store.keeps_spares or n < 1:
-            return 0
+        text's namespace for the next (``keeps_spares``, at most: the embedded store, where making
+        one costs ~45 ms): the first n texts then open at once. -> how many were made (0: none kept)"""
         opened = []
         try:
-            for _ in range(n):
+            for _ in range(min(n, self.store.keeps_spares)):
                 opened.append(self.open())
         finally:
             for p in opened:

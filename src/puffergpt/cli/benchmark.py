@@ -158,7 +158,6 @@ def own_server(plan, model: str, backend: str, dsn: str | None, data_dir: Path |
     the model opened as ``serve`` opens it (in a temporary store unless --data, with ``replicas``
     of the weights), room for every learner's text; stopped at the end."""
     from puffergpt import bench_clients as bc
-    from puffergpt.cli.serving import READY_TEXTS
     from puffergpt.server import ServerConfig, create_app
     from puffergpt.server.app import ServerDidNotStart, serving
 
@@ -167,7 +166,7 @@ def own_server(plan, model: str, backend: str, dsn: str | None, data_dir: Path |
         config = ServerConfig(max_open_texts=max(ServerConfig.max_open_texts, plan.clients))
         try:
             with opened.engine.replicated(replicas) as n, serving(create_app(opened.engine, config)) as url:
-                opened.engine.ready_texts(READY_TEXTS)  # as serve does
+                opened.engine.ready_texts(config.max_running)  # as serve does
                 copies = f", {n} read replica{'s' if n != 1 else ''} of the weights" if n else ""
                 where = "started by bench, in this process" + copies
                 return bc.run(url, plan, progress=True, where=where)

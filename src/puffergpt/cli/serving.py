@@ -24,8 +24,6 @@ from puffergpt.cli.options import (
     resolve_model,
 )
 
-READY_TEXTS = 8  # texts' namespaces of keys made at start, so the first learners open theirs at once
-
 
 @click.command()
 @click.option("--model", default=None,
@@ -64,7 +62,7 @@ def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, m
     url = f"http://{shown}:{port}/"
     serving = default_data(data_dir) / SERVING if backend == "embedded" else None
     with clear_errors(), opened.engine.replicated(replicas) as n:
-        opened.engine.ready_texts(READY_TEXTS)
+        opened.engine.ready_texts(max_running)  # the first learners open their texts at once
         if replicas and not n:
             click.echo(f"note: the {backend} store searches outside this process already: --replicas makes none",
                        err=True)

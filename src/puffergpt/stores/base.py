@@ -412,7 +412,7 @@ class Store(ABC):
     def release(self, namespaces: Sequence[str]) -> None:  # noqa: B027 - optional: nothing to release by default
         """Close what this process holds open of these namespaces (before another reads them)."""
 
-    keeps_spares = False  # a dropped ephemeral namespace is kept for the next of its layout (embedded)
+    keeps_spares = 0  # dropped ephemeral namespaces kept, at most, for the next of their layout (embedded)
 
     def replicas(self, namespaces: Sequence[str], n: int):
         """n read replicas of these read-only namespaces, searched by worker processes

@@ -62,7 +62,7 @@ _OPTIMIZERS = qe.EdgeOptimizersConfig(indexing_threshold=0, prevent_unoptimized=
 OLD_DB_FILE = "puffergpt.duckdb"
 LOCK_FILE = "puffergpt.lock"
 SCROLL = 10_000
-SPARE = 8  # emptied ephemeral shards kept for reuse
+SPARE = 32  # emptied ephemeral shards kept for reuse (~200 KB each): as many as a server's open texts
 REUSE = 32  # namespaces one ephemeral shard may hold, one after another
 
 
@@ -162,7 +162,7 @@ class EmbeddedStore(Store):
     metrics = ("inner_product", "cosine_distance", "euclidean_squared")
     max_queries = 16384  # 12 heads x 1,024 positions: a whole prefill's attention in one request
     thread_safe = True  # it holds its own locks
-    keeps_spares = True  # a text's shard, emptied, for the next text (_keep_spare)
+    keeps_spares = SPARE  # a text's shard, emptied, for the next text (_keep_spare)
 
     def __init__(self, data_dir: Path, borrowed: bool = False):
         """``borrowed``: opened by a reader child (``read_isolated``) while its parent holds the

@@ -172,8 +172,9 @@ class Replicas:
                 raise EOFError
             kind, what = r.conn.recv()
         except (EOFError, OSError):
-            log.warning("a replica of the weights died (exit code %s); starting another", _exit(r))
-            self._restart(r)
+            if not self._closed:  # closing ends them all: nothing to start again
+                log.warning("a replica of the weights died (exit code %s); starting another", _exit(r))
+                self._restart(r)
             try:
                 return self.primary.search(*part)
             except BaseException as e:
