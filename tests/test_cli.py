@@ -356,8 +356,8 @@ def test_generate_while_serve_holds_the_data_says_where_the_server_is(tmp_path):
     data = tmp_path / "data"
     env = {k: v for k, v in os.environ.items() if k != "PUFFERGPT_DATA"}
     server = subprocess.Popen([sys.executable, "-m", "puffergpt.cli", "serve", "--model", "demo", "--data", str(data),
-                               "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True)
+                               "--port", str(port), "--replicas", "1"], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -368,14 +368,25 @@ def test_generate_while_serve_holds_the_data_says_where_the_server_is(tmp_path):
                 assert server.poll() is None, server.stdout.read()
                 assert time.monotonic() < deadline, "serve did not come up"
                 time.sleep(0.5)
+        status = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=5).read())
+        assert status["replicas"] == 1, status
         r = run("generate", "hi", "--model", "demo", "--data", str(data))
         assert_clear_error(r, "in use by another puffergpt process", f"pid {server.pid}", "puffergpt serve",
                            f"http://127.0.0.1:{port}/v1/completions")
     finally:
         server.terminate()
         server.wait(timeout=30)
-    # a serving.json left behind (uvicorn re-raises SIGTERM, so no finally runs) names a pid
-    # that no longer holds the directory: it is ignored, and the store opens
+    replica = ["pgrep", "-f", f"puffergpt.stores.replicas import _child.*{data}"]
+    deadline = time.monotonic() + 10  # a replica ends when its server's end of the socket closes
+    while subprocess.run(replica, capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "a replica outlived its server"
+        time.sleep(0.2)
+    # SIGTERM ends serve as Ctrl-C does: its replica's copy is removed, serving.json too
+    assert server.returncode == 143 and not list((data / "tmp").glob("replica-*"))
+    assert not (data / "serving.json").exists()
+    # a serving.json left behind (a server killed) names a pid that no longer holds the
+    # directory: it is ignored, and the store opens
+    (data / "serving.json").write_text(json.dumps({"url": f"http://127.0.0.1:{port}/", "pid": server.pid}))
     r = run("generate", "hi", "--model", "demo", "--data", str(data), "-n", "2")
     assert r.exit_code == 0, r.output
 
@@ -430,6 +441,12 @@ def test_a_notebook_that_cannot_be_opened_is_named_and_frees_the_store(tmp_path,
     assert "choose another with --notebook DIR" in r.output, r.output
     again = run("generate", PROMPT, "--model", str(cli_ckpt), "--data", str(cli_data), "-n", "1")
     assert again.exit_code == 0, again.output
+
+
+@pytest.mark.parametrize("bad", ["-1", "65", "two"])
+def test_serve_refuses_a_bad_replicas(bad):
+    r = run("serve", "--model", "demo", "--replicas", bad)
+    assert r.exit_code == 2 and "--replicas" in r.output and "Traceback" not in r.output, r.output
 
 
 @pytest.mark.parametrize("bad", ["0", "1001", "many"])

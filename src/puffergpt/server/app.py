@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -132,4 +133,16 @@ def serving(app: FastAPI, host: str = "127.0.0.1", start_s: float = 60.0) -> Ite
 
 
 def run(app: FastAPI, host: str, port: int) -> None:
-    server(app, host, port).run()
+    """Serve until stopped. uvicorn shuts down gracefully on SIGINT and SIGTERM, then raises the
+    signal again; a SIGTERM then ends the process as SystemExit (143), not where it stands, so
+    the caller's cleanup runs as it does after Ctrl-C (replicas stopped, their copies removed)."""
+    def terminate(signum, frame):
+        raise SystemExit(128 + signum)
+
+    main = threading.current_thread() is threading.main_thread()  # only there can a handler be set
+    old = signal.signal(signal.SIGTERM, terminate) if main else None
+    try:
+        server(app, host, port).run()
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
