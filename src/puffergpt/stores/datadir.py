@@ -2,7 +2,8 @@
 directory they keep their files in: one process at a time (a lock file), files replaced
 whole or not at all, the fingerprint of a namespace's files (``stamp``), and a reader child
 that opens the store where a database that aborts on a damaged file can't take the parent
-down (``read_isolated``)."""
+down (``read_isolated``); and the ids and attributes of a namespace's documents, kept in
+memory by slot (``Columns``)."""
 
 from __future__ import annotations
 
@@ -15,10 +16,77 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
-from puffergpt.stores.base import Layout, ReaderDied, Store, StoreError, StoreHeld, resolve
+import numpy as np
+
+from puffergpt.stores.base import Filter, Layout, ReaderDied, Store, StoreError, StoreHeld, resolve
+
+_DTYPES = {"int": np.int64, "float": np.float64, "str": object}
+
+
+class Columns:
+    """A namespace's documents in memory, by slot (the integer key its database gives each): both
+    databases key documents by integer, and neither returns attributes as arrays. Mixed into a
+    store's namespace dataclass, which holds ``schema``, ``slots`` (string id -> slot), ``cols``
+    ("id", "live" and each attribute, by slot), ``counts`` (int or str attribute -> value -> live
+    documents: a search's bound) and ``next`` (the next free slot)."""
+
+    def reserve(self, ids) -> np.ndarray:
+        """Slots for these ids: their own if they exist, new ones otherwise. (n,) int64"""
+        out = np.empty(len(ids), np.int64)
+        for i, s in enumerate(ids):
+            slot = self.slots.get(s)
+            if slot is None:
+                slot = self.slots[s] = self.next
+                self.next += 1
+            out[i] = slot
+        self.grow(self.next)
+        return out
+
+    def grow(self, n: int) -> None:
+        if not self.cols:
+            self.cols = {a: np.zeros(0, _DTYPES[t]) for a, t in {"id": "str", **self.schema}.items()}
+            self.cols["live"] = np.zeros(0, bool)
+            self.counts = {a: Counter() for a, t in self.schema.items() if t in ("int", "str")}
+        cap = len(self.cols["id"])
+        if n > cap:
+            for a, c in self.cols.items():
+                new = np.zeros(max(n, 2 * cap, 1024), c.dtype)  # doubling: appends stay cheap
+                new[:cap] = c
+                self.cols[a] = new
+
+    def record(self, slots: np.ndarray, ids, attrs: dict) -> None:
+        """Write ids and attributes into the columns (a slot may have held a document)."""
+        old = self.cols["live"][slots]
+        for a in self.counts:
+            self.counts[a].subtract(self.cols[a][slots[old]].tolist())
+            self.counts[a].update(attrs[a])
+        self.cols["id"][slots] = ids
+        for a in self.schema:
+            self.cols[a][slots] = attrs[a]
+        self.cols["live"][slots] = True
+
+    def forget(self, slots: np.ndarray) -> None:
+        for a in self.counts:
+            self.counts[a].subtract(self.cols[a][slots].tolist())
+        for s in self.cols["id"][slots].tolist():
+            self.slots.pop(s, None)
+        self.cols["live"][slots] = False
+
+    def bound(self, f: Filter) -> int:
+        """An upper bound on the documents matching f, from the value counts (a search's limit)."""
+        n = len(self.slots)
+        for a, op, v in f:
+            if a in self.counts and op == "=":
+                n = min(n, self.counts[a][v])
+            elif a in self.counts and op == "in":
+                n = min(n, sum(self.counts[a][x] for x in set(v)))
+            elif a == "id":
+                n = min(n, 1 if op == "=" else len(set(v)))
+        return n
 
 
 def hold(path: Path, data_dir: Path):

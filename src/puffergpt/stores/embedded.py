@@ -50,7 +50,6 @@ from puffergpt.stores.base import (
 
 _INDEX = {"int": qe.IntegerIndexParams(lookup=True, range=True), "float": qe.PayloadSchemaType.Float,
           "str": qe.PayloadSchemaType.Keyword}
-_DTYPES = {"int": np.int64, "float": np.float64, "str": object}
 _DISTANCES = {
     "inner_product": qe.Distance.Dot,
     "euclidean_squared": qe.Distance.Euclid,
@@ -71,7 +70,7 @@ def _error(what: str, e: Exception) -> StoreError:
 
 
 @dataclass
-class _Namespace:
+class _Namespace(datadir.Columns):
     """One namespace: its shard, and its ids and attributes in memory, indexed by slot (= point id)."""
 
     dim: int
@@ -79,7 +78,7 @@ class _Namespace:
     metrics: tuple[str, ...]  # the named vectors it holds
     shard: object = None  # qe.EdgeShard, opened on first use
     slots: dict[str, int] = field(default_factory=dict)  # string id -> slot
-    cols: dict[str, np.ndarray] = field(default_factory=dict)  # "id" and each attribute, by slot
+    cols: dict[str, np.ndarray] = field(default_factory=dict)  # "id", "live" and each attribute, by slot
     counts: dict[str, Counter] = field(default_factory=dict)  # attribute -> value -> live documents
     next: int = 0  # the next free slot
     dirty: bool = False  # written since the last flush
@@ -97,55 +96,6 @@ class _Namespace:
     @property
     def spec(self) -> Layout:
         return Layout(self.dim, self.schema, self.metrics)
-
-    def reserve(self, ids) -> np.ndarray:
-        """Slots for these ids: their own if they exist, new ones otherwise. (n,) int64"""
-        out = np.empty(len(ids), np.int64)
-        for i, s in enumerate(ids):
-            slot = self.slots.get(s)
-            if slot is None:
-                slot = self.slots[s] = self.next
-                self.next += 1
-            out[i] = slot
-        self._grow(self.next)
-        return out
-
-    def _grow(self, n: int) -> None:
-        if not self.cols:
-            self.cols = {a: np.empty(0, _DTYPES[t]) for a, t in {"id": "str", **self.schema}.items()}
-        cap = len(self.cols["id"])
-        if n > cap:
-            for a, c in self.cols.items():
-                new = np.zeros(max(n, 2 * cap, 1024), c.dtype)  # doubling: appends stay cheap
-                new[:cap] = c
-                self.cols[a] = new
-
-    def record(self, slots: np.ndarray, ids, attrs: dict, new: np.ndarray) -> None:
-        """Write ids and attributes into the columns; ``new`` marks slots that held no document."""
-        for a in self.counts:
-            old = self.cols[a][slots[~new]]
-            self.counts[a].subtract(old.tolist())
-            self.counts[a].update(attrs[a])
-        self.cols["id"][slots] = ids
-        for a in self.schema:
-            self.cols[a][slots] = attrs[a]
-
-    def forget(self, slots: np.ndarray) -> None:
-        for a in self.counts:
-            self.counts[a].subtract(self.cols[a][slots].tolist())
-        for s in self.cols["id"][slots].tolist():
-            self.slots.pop(s, None)
-
-    def bound(self, f: Filter) -> int:
-        """An upper bound on the documents matching f, from the value counts (a search's limit)."""
-        n = len(self.slots)
-        for a, op, v in f:
-            if a in self.counts and op == "=":
-                n = min(n, self.counts[a][v])
-            elif a in self.counts and op == "in":
-                n = min(n, sum(self.counts[a][x] for x in set(v)))
-        return n
-
 
 @dataclass
 class _Spare:
@@ -230,7 +180,6 @@ class EmbeddedStore(Store):
 
     @staticmethod
     def _rebuild(n: _Namespace) -> None:
-        n.counts = {a: Counter() for a, t in n.schema.items() if t in ("int", "str")}
         offset = None
         while True:
             recs, offset = n.shard.scroll(
@@ -242,8 +191,8 @@ class EmbeddedStore(Store):
                 ids = [p["id"] for p in pays]
                 n.slots.update(zip(ids, slots.tolist(), strict=True))
                 n.next = max(n.next, int(slots.max()) + 1)
-                n._grow(n.next)
-                n.record(slots, ids, {a: [p[a] for p in pays] for a in n.schema}, np.ones(len(recs), bool))
+                n.grow(n.next)
+                n.record(slots, ids, {a: [p[a] for p in pays] for a in n.schema})
             if offset is None:
                 return
 
@@ -259,8 +208,7 @@ class EmbeddedStore(Store):
             if (old := self._layout(ns)) is not None:
                 return old
             n = _Namespace(layout.dim, dict(layout.schema), metrics)
-            n.counts = {a: Counter() for a, t in layout.schema.items() if t in ("int", "str")}
-            n._grow(0)
+            n.grow(0)
             if ephemeral and (spare := self._reuse(n)) is not None:
                 self._ephemeral[ns], n.shard = spare.dir, spare.shard
                 n.uses = spare.uses + 1
@@ -359,7 +307,7 @@ class EmbeddedStore(Store):
                 for i in np.asarray(ids, object)[new]:  # nothing was written: forget the new slots
                     n.slots.pop(i)
                 raise _error(f"write to {ns!r}", e) from None
-            n.record(slots, ids, cols, new)
+            n.record(slots, ids, cols)
             n.dirty = True
 
     def _fetch(self, ns, layout, ids):

@@ -80,7 +80,6 @@ BATCH = 1024  # zvec's largest write batch
 MAX_TOP_K = 100_000  # zvec's largest topk
 _METRICS = {"inner_product": "IP", "euclidean_squared": "L2", "cosine_distance": "COSINE"}  # zvec.MetricType
 _FIELD = {"int": "INT64", "float": "DOUBLE", "str": "INT64"}  # zvec.DataType; str: a code
-_DTYPES = {"int": np.int64, "float": np.float64, "str": object}
 _CMP = {"=": np.equal, "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
 
 
@@ -120,7 +119,7 @@ class _Gate:
 
 
 @dataclass
-class _Namespace:
+class _Namespace(datadir.Columns):
     """One namespace: its collection, and its ids and attributes in memory, by slot (= zvec's key)."""
 
     dim: int
@@ -155,48 +154,6 @@ class _Namespace:
             cache[attr] = {v: i for i, v in enumerate(self.codes[attr])}
         return cache[attr]
 
-    def reserve(self, ids) -> np.ndarray:
-        """Slots for these ids: their own if they exist, new ones otherwise. (n,) int64"""
-        out = np.empty(len(ids), np.int64)
-        for i, s in enumerate(ids):
-            slot = self.slots.get(s)
-            if slot is None:
-                slot = self.slots[s] = self.next
-                self.next += 1
-            out[i] = slot
-        self.grow(self.next)
-        return out
-
-    def grow(self, n: int) -> None:
-        if not self.cols:
-            self.cols = {a: np.zeros(0, _DTYPES[t]) for a, t in {"id": "str", **self.schema}.items()}
-            self.cols["live"] = np.zeros(0, bool)
-            self.counts = {a: Counter() for a, t in self.schema.items() if t in ("int", "str")}
-        cap = len(self.cols["id"])
-        if n > cap:
-            for a, c in self.cols.items():
-                new = np.zeros(max(n, 2 * cap, 1024), c.dtype)  # doubling: appends stay cheap
-                new[:cap] = c
-                self.cols[a] = new
-
-    def record(self, slots: np.ndarray, ids, attrs: dict) -> None:
-        """Write ids and attributes into the columns (a slot may have held a document)."""
-        old = self.cols["live"][slots]
-        for a in self.counts:
-            self.counts[a].subtract(self.cols[a][slots[old]].tolist())
-            self.counts[a].update(attrs[a])
-        self.cols["id"][slots] = ids
-        for a in self.schema:
-            self.cols[a][slots] = attrs[a]
-        self.cols["live"][slots] = True
-
-    def forget(self, slots: np.ndarray) -> None:
-        for a in self.counts:
-            self.counts[a].subtract(self.cols[a][slots].tolist())
-        for s in self.cols["id"][slots].tolist():
-            self.slots.pop(s, None)
-        self.cols["live"][slots] = False
-
     def mask(self, f: Filter) -> np.ndarray:
         """(next,) bool: the live documents every condition of f holds for (exact, in numpy)."""
         m = self.cols["live"][: self.next].copy() if self.cols else np.zeros(0, bool)
@@ -208,18 +165,6 @@ class _Namespace:
             col = self.cols[a][: self.next]
             m &= np.isin(col, list(v)) if op == "in" else _CMP[op](col, v)
         return m
-
-    def bound(self, f: Filter) -> int:
-        """An upper bound on the documents matching f, from the value counts (a search's topk)."""
-        n = len(self.slots)
-        for a, op, v in f:
-            if a in self.counts and op == "=":
-                n = min(n, self.counts[a][v])
-            elif a in self.counts and op == "in":
-                n = min(n, sum(self.counts[a][x] for x in set(v)))
-            elif a == "id":
-                n = min(n, 1 if op == "=" else len(set(v)))
-        return n
 
 
 class ZvecStore(Store):
