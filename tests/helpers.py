@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
 import numpy as np
 
 # Max abs difference of the engine's top-40 logits from numpy's, per encoding (see docs/how-it-works.md).
@@ -111,3 +117,25 @@ def products_for(kind: str, loaded, ckpt):
         return lambda: NumpyProducts(ckpt)
     store, key = loaded(ckpt)
     return Engine(store, ckpt.name, key).open
+
+
+HOLDER = """
+import sys, time
+from puffergpt.stores import open_store
+s = open_store(sys.argv[1], sys.argv[2])
+print("holding", flush=True)
+time.sleep(60)
+"""
+
+
+@contextlib.contextmanager
+def held_by_another_process(backend: str, data_dir: Path) -> Iterator[int]:
+    """An in-process store's data directory opened by another process for the block: its pid.
+    The process is killed at the end, and its lock goes with it."""
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, backend, str(data_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "holding"
+        yield p.pid
+    finally:
+        p.kill()
+        p.wait()

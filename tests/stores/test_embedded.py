@@ -9,12 +9,12 @@ import re
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 
 import numpy as np
 import pytest
 
+from helpers import held_by_another_process
 from puffergpt import checkpoints, loading
 from puffergpt.stores import Query, StoreError, open_store
 from puffergpt.stores.embedded import EmbeddedStore
@@ -95,30 +95,16 @@ def test_wrong_values_are_clear_errors(tmp_path):
     s.close()
 
 
-HOLDER = textwrap.dedent("""
-    import sys, time
-    from puffergpt.stores import open_store
-    s = open_store("embedded", sys.argv[1])
-    print("holding", flush=True)
-    time.sleep(60)
-""")
-
-
 def test_a_data_directory_held_by_another_process(tmp_path):
-    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "holding"
+    with held_by_another_process("embedded", tmp_path) as pid:
         with pytest.raises(
-            StoreError, match=rf"in use by another puffergpt process \(pid {p.pid}\).*another --data DIR"
+            StoreError, match=rf"in use by another puffergpt process \(pid {pid}\).*another --data DIR"
         ):
             open_store("embedded", tmp_path)
         r = subprocess.run(
             cli("verify", "--model", "demo", "--data", str(tmp_path)), capture_output=True, text=True, timeout=120
         )
-        assert r.returncode != 0 and f"pid {p.pid}" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    finally:
-        p.kill()
-        p.wait()
+        assert r.returncode != 0 and f"pid {pid}" in r.stderr and "Traceback" not in r.stderr, r.stderr
     open_store("embedded", tmp_path).close()  # the lock went with the process
 
 

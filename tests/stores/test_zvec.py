@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import held_by_another_process
 from puffergpt import checkpoints, loading
 from puffergpt.stores import Query, StoreError, open_store
 
@@ -111,24 +112,10 @@ def test_filters_it_cannot_express_are_refused(tmp_path):
     s.close()
 
 
-HOLDER = textwrap.dedent("""
-    import sys, time
-    from puffergpt.stores import open_store
-    s = open_store("zvec", sys.argv[1])
-    print("holding", flush=True)
-    time.sleep(60)
-""")
-
-
 def test_one_process_at_a_time(tmp_path):
-    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "holding"
-        with pytest.raises(StoreError, match=rf"in use by another puffergpt process \(pid {p.pid}\).*--data DIR"):
+    with held_by_another_process("zvec", tmp_path) as pid:
+        with pytest.raises(StoreError, match=rf"in use by another puffergpt process \(pid {pid}\).*--data DIR"):
             open_store("zvec", tmp_path)
-    finally:
-        p.kill()
-        p.wait()
     s = open_store("zvec", tmp_path)  # the lock went with the process
     with pytest.raises(StoreError, match=f"pid {os.getpid()}"):
         open_store("zvec", tmp_path)
