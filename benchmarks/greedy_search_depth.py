@@ -23,6 +23,7 @@ from unittest import mock
 from puffergpt import checkpoints, loading, tokenizer
 from puffergpt.completion import complete
 from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.sampling import Sampling
 from puffergpt.stores import open_store
 
@@ -48,7 +49,7 @@ def main() -> None:
     try:
         key = loading.model_key(ckpt.name)
         loading.load(store, ckpt, key, progress=False)
-        eng, ids, s = Engine(store, ckpt.name, key), tokenizer.encode(PROMPT), Sampling(0, ckpt.config.n_vocab)
+        eng, ids, s = open_engine(store, ckpt.name, key), tokenizer.encode(PROMPT), Sampling(0, ckpt.config.n_vocab)
         before = mock.patch.object(Sampling, "search_k", lambda self, keep: self.top_k)
         arms = {"kept": (s, False, None), "whole (before)": (s, False, before), "logprobs": (s, True, None)}
         times, seen = {k: [] for k in arms}, {}

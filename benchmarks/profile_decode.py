@@ -20,7 +20,7 @@ from collections import defaultdict
 import numpy as np
 
 from puffergpt import checkpoints, loading
-from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.sampling import Sampling
 from puffergpt.stores import open_store
 from puffergpt.text import Text
@@ -39,7 +39,7 @@ def main() -> None:
     store = open_store("embedded", a.data or tempfile.mkdtemp(prefix="puffergpt-profile-"))
     key = loading.model_key(a.model)
     loading.load(store, ckpt, key)
-    text = Text(Engine(store, a.model, key).open())
+    text = Text(open_engine(store, a.model, key).open())
     if a.prefill:
         text.append([int(t) for t in np.random.default_rng(a.prefill).integers(0, 50000, a.prefill)])
         steps = list(text.generate(1, Sampling(0, 40)))  # the one step that reads the prompt

@@ -42,6 +42,7 @@ import httpx
 from puffergpt import checkpoints, loading, tokenizer
 from puffergpt import notebook as nb
 from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.reference import NumpyProducts
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import server
@@ -233,7 +234,7 @@ def main() -> None:
     ckpt = checkpoints.load(str(checkpoints.make_model(tmp / "tiny", "tiny", 0)))
     store = open_store("embedded", tmp / "data")
     loading.load(store, ckpt, loading.model_key(ckpt.name), progress=False)
-    engine = Engine(store, ckpt.name)
+    engine = open_engine(store, ckpt.name)
     book = nb.Notebook(tmp / "notebook")
     (tmp / "outside").mkdir()
     app = create_app(engine, ServerConfig(max_open_texts=8), reference=lambda: NumpyProducts(ckpt), notebook=book)

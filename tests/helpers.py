@@ -110,13 +110,13 @@ def compare_with_reference(ckpt, text, prompt: str, n: int, metric: str = "inner
 def products_for(kind: str, loaded, ckpt):
     """A products factory for ckpt: "search", the engine on a store it is loaded into
     (``loaded``, the conftest fixture); anything else ("numpy", "reference"), numpy."""
-    from puffergpt.engine import Engine
+    from puffergpt.loading import open_engine
     from puffergpt.reference import NumpyProducts
 
     if kind != "search":
         return lambda: NumpyProducts(ckpt)
     store, key = loaded(ckpt)
-    return Engine(store, ckpt.name, key).open
+    return open_engine(store, ckpt.name, key).open
 
 
 HOLDER = """

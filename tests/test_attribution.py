@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from helpers import assert_close, products_for
-from puffergpt import attribution, completion, inside, tokenizer
-from puffergpt.engine import Engine
+from puffergpt import attribution, completion, inside, inspector, tokenizer
+from puffergpt.loading import open_engine
 from puffergpt.reference import NumpyProducts
 from puffergpt.sampling import Sampling
 from puffergpt.text import Text
@@ -130,13 +130,13 @@ def test_inspect_explains_the_token_that_is_there(request, hf, loaded, model):
     ckpt = request.getfixturevalue(model)
     store, key_ = loaded(ckpt)
     c = ckpt.config
-    t = Text(Engine(store, ckpt.name, key_).open())
+    t = Text(open_engine(store, ckpt.name, key_).open())
     try:
         ids = tokenizer.encode(PROMPTS[0])
         t.append(ids)
         list(t.generate(1, Sampling(0, 40)))
         p = 3
-        got, reqs, _ = t.inspect(p, 5)
+        got, reqs, _ = inspector.inspect(t, p, 5)
         assert got["attribution"]["token_id"] == ids[p]
         check(f"{model} inspect at {p}", hf(ckpt), ckpt, ids[:p], got)
         kinds = [r.kind for r in reqs]
@@ -147,11 +147,11 @@ def test_inspect_explains_the_token_that_is_there(request, hf, loaded, model):
         heads = [r for r in mine if r.kind.endswith("attn.c_proj")]
         assert all(r.queries == c.n_head + 1 for r in heads)  # H masked queries and the zero one (the bias)
         # Asked again: kept, no request.
-        _, again, recomputed = t.inspect(p, 5)
+        _, again, recomputed = inspector.inspect(t, p, 5)
         assert again == [] and not recomputed
         # Past the end of the text (stepped back from the token it wrote): the final top-1 is explained.
         t.step_back(t.length - 1)
-        got, _, _ = t.inspect(t.length, 5)
+        got, _, _ = inspector.inspect(t, t.length, 5)
         assert got["attribution"]["token_id"] == inside.final_top1(got["lens"])
     finally:
         t.close()
@@ -184,11 +184,11 @@ def test_head_writes_sum_to_the_attention_output(tiny):
     p = NumpyProducts(tiny)
     text = Text(p)
     text.append(tokenizer.encode(PROMPTS[0]))
-    got = list(text.generate(1, Sampling(0, 40), inspect=5))[0].inspect
+    got = list(inspector.generate(text, 1, Sampling(0, 40), 5))[0].inspect
     tr = got["trace"]
     for layer in range(tiny.config.n_layer):
-        writes, bias = attribution.head_writes(p, layer, tr.heads[layer])
-        assert_close(f"layer {layer} heads + bias", writes.sum(axis=0) + bias, tr.attn[layer], 1e-5)
+        writes, bias = attribution.head_writes(p, layer, tr[f"h.{layer}.attn.heads"])
+        assert_close(f"layer {layer} heads + bias", writes.sum(axis=0) + bias, tr[f"h.{layer}.attn.c_proj"], 1e-5)
 
 
 def test_the_inspect_route_gives_the_page_its_shape(loaded, hf, demo):
@@ -201,7 +201,7 @@ def test_the_inspect_route_gives_the_page_its_shape(loaded, hf, demo):
 
     store, key_ = loaded(demo)
     c = demo.config
-    app = create_app(Engine(store, demo.name, key_), ServerConfig(max_open_texts=2))
+    app = create_app(open_engine(store, demo.name, key_), ServerConfig(max_open_texts=2))
     with TestClient(app) as client:
         t = client.post("/api/texts", json={"prompt": PROMPTS[0]}).json()
         n = t["length"]

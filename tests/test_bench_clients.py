@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from puffergpt import bench_clients as bc
 from puffergpt import tokenizer
 from puffergpt.cli import main
-from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.reference import NumpyProducts, Reference
 from puffergpt.sampling import Sampling
 from puffergpt.server import ServerConfig, create_app
@@ -28,7 +28,7 @@ from puffergpt.text import opened
 def served(loaded, demo):
     """The demo model served by ``server.app.serving`` (uvicorn in a thread), as the bench serves it: its URL."""
     store, key = loaded(demo)
-    with serving(create_app(Engine(store, demo.name, key), ServerConfig())) as url:
+    with serving(create_app(open_engine(store, demo.name, key), ServerConfig())) as url:
         yield url
 
 
@@ -79,7 +79,7 @@ def test_the_prompts_are_distinct_and_the_demo_model_continues_them(demo):
 def test_errors_are_reported_not_hidden(loaded, demo, monkeypatch):
     """A server whose limit is under what the learners ask: every refusal is in the report."""
     store, key = loaded(demo)
-    app = create_app(Engine(store, demo.name, key), ServerConfig(max_new_tokens=2))
+    app = create_app(open_engine(store, demo.name, key), ServerConfig(max_new_tokens=2))
     monkeypatch.setattr(bc.Plan, "check", lambda self, info: None)  # past the bench's own check
     with serving(app) as url:
         report = bc.run(url, bc.Plan(clients=2, tokens=3))

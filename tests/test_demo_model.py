@@ -69,7 +69,7 @@ def copy_weights(ckpt) -> tuple[list[int], np.ndarray, np.ndarray]:
     """(ids, last-token logits (V,), attention weights (n_layer, n_head, T)) of the copy prompt."""
     ids = tokenizer.encode(COPY_PROMPT)
     logits, trace = last_token_trace(ckpt, ids)
-    return ids, logits, np.stack(trace.weights)
+    return ids, logits, np.stack(trace.layers("attn.weights"))
 
 
 def test_copy_prompt_answers_3(demo, hf):

@@ -6,6 +6,7 @@ import pytest
 from helpers import PROMPTS, compare_with_reference
 from puffergpt import tokenizer
 from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
 from puffergpt.stores.base import StoreError
@@ -28,7 +29,7 @@ def test_engine_equals_reference_on_ten_prompts(request, loaded, model):
     store, key = loaded(ckpt)
     worst = 0.0
     for prompt in PROMPTS:
-        diff, _ = compare_with_reference(ckpt, Text(Engine(store, ckpt.name, key).open()), prompt, 32)
+        diff, _ = compare_with_reference(ckpt, Text(open_engine(store, ckpt.name, key).open()), prompt, 32)
         worst = max(worst, diff)
     print(f"{model} inner_product: worst top-40 logit diff {worst:.3g}")
 
@@ -38,14 +39,14 @@ def test_padded_encodings_on_the_demo_model(loaded, demo, metric):
     store, key = loaded(demo, metric)
     worst = 0.0
     for prompt in PROMPTS[:3]:
-        diff, _ = compare_with_reference(demo, Text(Engine(store, demo.name, key).open()), prompt, 8, metric)
+        diff, _ = compare_with_reference(demo, Text(open_engine(store, demo.name, key).open()), prompt, 8, metric)
         worst = max(worst, diff)
     print(f"demo {metric}: worst top-40 logit diff {worst:.3g}")
 
 
 def test_request_counts(loaded, tiny):
     store, key = loaded(tiny)
-    products = Engine(store, tiny.name, key).open()
+    products = open_engine(store, tiny.name, key).open()
     text = Text(products)
     L = tiny.config.n_layer
     text.append(tokenizer.encode("one two three four five six"))
@@ -72,7 +73,7 @@ def test_request_counts(loaded, tiny):
 def test_no_weights_in_the_server(loaded, tiny):
     """Walk everything a text and its products hold: only layer norms and activations."""
     store, key = loaded(tiny)
-    products = Engine(store, tiny.name, key).open()
+    products = open_engine(store, tiny.name, key).open()
     text = Text(products)
     text.append(tokenizer.encode("Hello world"))
     list(text.generate(4, Sampling(0, 40)))
@@ -107,7 +108,7 @@ def test_no_weights_in_the_server(loaded, tiny):
 
 def test_closing_drops_the_keys_namespace(loaded, tiny):
     store, key = loaded(tiny)
-    products = Engine(store, tiny.name, key).open()
+    products = open_engine(store, tiny.name, key).open()
     assert products.keys_ns in store.namespaces("text-")
     products.close()
     assert products.keys_ns not in store.namespaces("text-")
@@ -122,7 +123,7 @@ def test_texts_made_ready_open_on_spare_shards_and_still_equal_numpy(tmp_path, t
     store = open_store("embedded", tmp_path)
     try:
         loading.load(store, tiny, "tiny", progress=False)
-        engine = Engine(store, tiny.name, "tiny")
+        engine = open_engine(store, tiny.name, "tiny")
         assert engine.ready_texts(3) == 3 and len(store._spare) == 3
         spare_dirs = {sp.dir for sp in store._spare}
         prompt = [464, 3290, 286]
@@ -138,7 +139,7 @@ def test_texts_made_ready_open_on_spare_shards_and_still_equal_numpy(tmp_path, t
 def test_products_for_the_views_make_no_namespace_and_read_no_text(loaded, tiny):
     store, key = loaded(tiny)
     before = store.namespaces("text-")
-    products = Engine(store, tiny.name, key).views()
+    products = open_engine(store, tiny.name, key).views()
     assert store.namespaces("text-") == before and products.keys_ns is None
     t = Text(products)
     t.append([1, 2])
@@ -154,7 +155,7 @@ def test_keys_without_an_inner_product(loaded, tiny, metric):
     """The path of a store with no inner product (turbopuffer): each key carries |k|^2."""
     store, key = loaded(tiny, metric)
     ids = tokenizer.encode(PROMPTS[2])
-    assert greedy_on(Engine(store, tiny.name, key, key_metric=metric), ids, 12) == Reference(tiny).greedy(ids, 12)
+    assert greedy_on(open_engine(store, tiny.name, key, key_metric=metric), ids, 12) == Reference(tiny).greedy(ids, 12)
 
 
 def test_batches_over_the_store_limit_are_split(loaded, tiny, monkeypatch):
@@ -162,13 +163,13 @@ def test_batches_over_the_store_limit_are_split(loaded, tiny, monkeypatch):
     store, key = loaded(tiny)
     monkeypatch.setattr(store, "max_queries", 7)
     ids = tokenizer.encode(PROMPTS[4])  # 10 tokens: 40 attention queries, 10 per product
-    assert greedy_on(Engine(store, tiny.name, key), ids, 3) == Reference(tiny).greedy(ids, 3)
+    assert greedy_on(open_engine(store, tiny.name, key), ids, 3) == Reference(tiny).greedy(ids, 3)
 
 
 def test_split_batches_count_their_round_trips(loaded, tiny, monkeypatch):
     store, key = loaded(tiny)
     monkeypatch.setattr(store, "max_queries", 7)
-    text = Text(Engine(store, tiny.name, key).open())
+    text = Text(open_engine(store, tiny.name, key).open())
     text.append(tokenizer.encode(PROMPTS[4]))  # 10 tokens
     step = next(text.generate(1, Sampling(0, 40)))
     text.close()

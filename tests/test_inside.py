@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from helpers import assert_close, products_for
-from puffergpt import checkpoints, completion, inside, loading, tokenizer, views
+from puffergpt import checkpoints, completion, inside, inspector, loading, tokenizer, views
 from puffergpt.checkpoints import GPT2Config
-from puffergpt.engine import Engine, round_trips_per_token
+from puffergpt.engine import round_trips_per_token
+from puffergpt.loading import open_engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
 from puffergpt.stores import open_store
@@ -63,15 +64,15 @@ def test_inspect_on_demand_equals_the_generations_own(loaded, tiny):
     """A position not kept is recomputed, its requests counted and marked extra, and the
     text is left as it was: same tokens, same keys, same next candidates."""
     store, key = loaded(tiny)
-    t = Text(Engine(store, tiny.name, key).open())
+    t = Text(open_engine(store, tiny.name, key).open())
     try:
         t.append(tokenizer.encode(PROMPTS[0]))
-        steps = list(t.generate(6, Sampling(0, 40), inspect=10))
-        kept = {p: t.inspected[p] for p in list(t.inspected)}
-        t.inspected.clear()
+        steps = list(inspector.generate(t, 6, Sampling(0, 40), 10))
+        kept = {p: t.kept[p] for p in list(t.kept)}
+        t.kept.clear()
         before = (list(t.tokens), t.read_upto, t.products.key_counts())
         for p, want in kept.items():
-            got, reqs, recomputed = t.inspect(p, 10)
+            got, reqs, recomputed = inspector.inspect(t, p, 10)
             assert recomputed and reqs and all(r.extra for r in reqs)
             assert_close(f"weights at {p}", got["weights"], want["weights"], 1e-6)
             for a, b in zip(got["lens"], want["lens"], strict=True):
@@ -86,20 +87,20 @@ def test_inspect_on_demand_equals_the_generations_own(loaded, tiny):
 
 def test_inspect_bad_input_changes_nothing(loaded, tiny):
     store, key = loaded(tiny)
-    t = Text(Engine(store, tiny.name, key).open())
+    t = Text(open_engine(store, tiny.name, key).open())
     try:
         t.append(tokenizer.encode(PROMPTS[0]))
         list(t.generate(3, Sampling(0, 40)))
         state = (list(t.tokens), t.length, t.read_upto, sorted(t.steps))
         for p in (0, -1, t.read_upto + 1, 999, True, "2"):
             with pytest.raises(TextError, match="position"):
-                t.inspect(p)
+                inspector.inspect(t, p)
         for k in (0, 101, 2.5):
             with pytest.raises(TextError, match="k must be"):
-                t.inspect(2, k)
+                inspector.inspect(t, 2, k)
         t.cut(3)  # a cut text: positions past the cut are not read any more
         with pytest.raises(TextError, match="outside 1..3"):
-            t.inspect(5)
+            inspector.inspect(t, 5)
         assert (list(t.tokens), t.length, t.read_upto) == (state[0][:3], 3, 3)
     finally:
         t.close()
@@ -120,11 +121,11 @@ def numpy_untrained(ckpt) -> set[int]:
 def test_analogy_and_neighbours_equal_numpy(request, loaded, model):
     ckpt = request.getfixturevalue(model)
     store, key = loaded(ckpt)
-    products = Engine(store, ckpt.name, key).open()
+    products = open_engine(store, ckpt.name, key).open()
     try:
-        n0 = len(products.log)
-        got = views.analogy(products, " man", " woman", " king", 10)
-        assert [r.kind for r in products.log[n0:]] == ["wte.fetch", "wte.cosine"]  # a fetch and one search
+        with products.recording() as requests:
+            got = views.analogy(products, " man", " woman", " king", 10)
+        assert [r.kind for r in requests] == ["wte.fetch", "wte.cosine"]  # a fetch and one search
         w = ckpt.params["wte.weight"].astype(np.float64)
         a, b, c = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
         sims = numpy_cosine(ckpt, w[b] - w[a] + w[c])
@@ -144,7 +145,7 @@ def test_analogy_and_neighbours_equal_numpy(request, loaded, model):
 
 def test_a_word_of_several_tokens_is_a_clear_error(loaded, tiny):
     store, key = loaded(tiny)
-    products = Engine(store, tiny.name, key).open()
+    products = open_engine(store, tiny.name, key).open()
     try:
         with pytest.raises(TextError,
                            match=r"'queen' is 2 GPT-2 tokens \('que' \+ 'en'\).*leading space, ' queen' is one token"):
@@ -159,7 +160,7 @@ def test_a_word_of_several_tokens_is_a_clear_error(loaded, tiny):
 
 def test_map_is_stable_and_is_the_words_pca(loaded, tiny):
     store, key = loaded(tiny)
-    products = Engine(store, tiny.name, key).open()
+    products = open_engine(store, tiny.name, key).open()
     words = [" man", " woman", " king", " queen", " list"]
     try:
         one, two = views.embedding_map(products, words), views.embedding_map(products, words)
@@ -178,7 +179,7 @@ def test_map_is_stable_and_is_the_words_pca(loaded, tiny):
 
 def test_kv_view_counts_keys_in_the_store(loaded, tiny):
     store, key = loaded(tiny)
-    t = Text(Engine(store, tiny.name, key).open())
+    t = Text(open_engine(store, tiny.name, key).open())
     c = tiny.config
     try:
         ids = tokenizer.encode(PROMPTS[0])
@@ -203,7 +204,7 @@ def test_a_decode_step_is_at_most_62_round_trips_at_gpt2_depth(tmp_path):
     try:
         key = loading.model_key(ckpt.name)
         loading.load(store, ckpt, key, progress=False)
-        t = Text(Engine(store, ckpt.name, key).open())
+        t = Text(open_engine(store, ckpt.name, key).open())
         t.append(tokenizer.encode(PROMPTS[0]))
         steps = list(t.generate(4, Sampling(0, 40)))
         t.close()
@@ -223,7 +224,7 @@ def test_200_tokens_never_miss_a_key(loaded, demo):
     ids = tokenizer.encode("A man")  # the demo model writes 200 tokens after it without <|endoftext|>
     want = Reference(demo).greedy(ids, 200)
     assert tokenizer.EOT not in want, "pick a prompt the model continues for 200 tokens"
-    got = [s.token_id for s in completion.complete(Engine(store, demo.name, key).open, ids, 200, Sampling(0, 40))]
+    got = [s.token_id for s in completion.complete(open_engine(store, demo.name, key).open, ids, 200, Sampling(0, 40))]
     assert got == want
 
 
@@ -258,16 +259,16 @@ def test_decided_layer_on_a_real_prompt_where_the_readings_differ(loaded, hf, de
     decided = next(l for l in range(len(tops)) if all(t == final for t in tops[l:]))
     assert first_equal < decided, f"the prompt no longer tells the readings apart: {tops}"
     store, key = loaded(demo)
-    t = Text(Engine(store, demo.name, key).open())
+    t = Text(open_engine(store, demo.name, key).open())
     try:
         t.append(ids)
-        step = list(t.generate(1, Sampling(0, 40), inspect=5))[0]
+        step = list(inspector.generate(t, 1, Sampling(0, 40), 5))[0]
         assert inside.decided_layer(step.inspect["lens"]) == decided
         assert step_inspect_json(step)["decided_layer"] == decided
         assert step_inspect_json(step)["final_top1"]["token_id"] == final
         line = step_line(step)
         assert (line["decided_layer"], line["final_top1"]["token_id"]) == (decided, final)
-        got, reqs, recomputed = t.inspect(2, 5)
+        got, reqs, recomputed = inspector.inspect(t, 2, 5)
         view = inspect_json(got, t, 2, reqs, recomputed)
         assert (view["decided_layer"], view["final_top1"]["token_id"]) == (decided, final)
         assert "first_top1_layer" not in view
@@ -299,16 +300,16 @@ def twins(tmp_path_factory, tiny):
 
 def test_untrained_rows_are_recorded_at_load(twins, loaded, demo):
     ckpt, store, key, _, want = twins
-    assert Engine(store, ckpt.name, key).untrained == want == numpy_untrained(ckpt)
+    assert open_engine(store, ckpt.name, key).untrained == want == numpy_untrained(ckpt)
     demo_store, demo_key = loaded(demo)
-    got = Engine(demo_store, demo.name, demo_key).untrained
+    got = open_engine(demo_store, demo.name, demo_key).untrained
     assert got == numpy_untrained(demo) and len(got) > 1000  # the demo model's unseen tokens
     assert tokenizer.encode(" niece")[0] in got and tokenizer.encode(" list")[0] not in got
 
 
 def test_views_never_answer_with_untrained_rows(twins):
     ckpt, store, key, _, bad = twins
-    products = Engine(store, ckpt.name, key).views()
+    products = open_engine(store, ckpt.name, key).views()
     w = ckpt.params["wte.weight"].astype(np.float64)
     try:
         man, woman, king = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
@@ -346,7 +347,7 @@ def test_a_store_from_an_older_version_says_untrained_rows_are_unknown(tmp_path,
         m = loading.load(store, tiny, key, progress=False)
         del m["untrained"]
         store.put_meta(f"manifest:{key}", m)
-        products = Engine(store, tiny.name, key).views()
+        products = open_engine(store, tiny.name, key).views()
         try:
             for got in (views.analogy(products, " man", " woman", " king", 3), views.neighbours(products, " man", 3),
                         views.embedding_map(products, [" man", " woman", " king"])):
@@ -355,6 +356,6 @@ def test_a_store_from_an_older_version_says_untrained_rows_are_unknown(tmp_path,
         finally:
             products.close()
         assert loading.load(store, tiny, key, progress=False)["untrained"] == []
-        assert Engine(store, tiny.name, key).untrained == frozenset()
+        assert open_engine(store, tiny.name, key).untrained == frozenset()
     finally:
         store.close()

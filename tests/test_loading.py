@@ -5,7 +5,7 @@ import pytest
 from puffergpt import checkpoints, loading
 from puffergpt.checkpoints import expected_shapes
 from puffergpt.documents import ENCODING_VERSION
-from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.stores import open_store
 from puffergpt.stores.base import StoreError
 
@@ -54,7 +54,7 @@ def test_interrupted_load_resumes_to_the_same_manifest(tmp_path, tiny):
     with pytest.raises(KeyboardInterrupt):
         loading.load(store, tiny, "tiny", progress=False, interrupt=stop_after_ten)
     with pytest.raises(loading.NotLoaded, match="did not finish.*puffergpt load"):
-        Engine(store, "tiny")
+        open_engine(store, "tiny")
     got = loading.load(store, tiny, "tiny", progress=False)
     assert got == want
     assert {ns: store.count(ns) for ns in store.namespaces("tiny.")} == want["namespaces"]  # no duplicates, no gaps
@@ -65,7 +65,7 @@ def test_a_removed_document_is_detected_and_named(store, tiny):
     ns = m["matrices"]["h.1.mlp.c_fc"]["namespace"]
     store.delete(ns, (("matrix", "=", "h.1.mlp.c_fc"), ("row", "=", 7)))
     with pytest.raises(loading.NotLoaded, match=f"namespace {ns} holds .*puffergpt load"):
-        Engine(store, "tiny")
+        open_engine(store, "tiny")
     assert loading.verify(store, m) == {"h.1.mlp.c_fc": "255 documents stored, 256 expected"}
     loading.load(store, tiny, "tiny", progress=False)  # load repairs it
     assert loading.verify(store, m) == {}
@@ -82,19 +82,19 @@ def test_an_altered_document_is_detected_and_named(store, tiny):
     with pytest.raises(
         loading.StoreDamaged, match=r"h\.0\.attn\.c_attn: .*altered.*\n.*puffergpt load --model tiny .*--repair"
     ):
-        Engine(store, "tiny", verify=True)  # as serve and generate open it
+        open_engine(store, "tiny", verify=True)  # as serve and generate open it
     # The counts look right, but the files changed since they were verified: a plain load reads
     # every document back and rewrites what differs.
     assert loading.load(store, tiny, "tiny", progress=False) == m
     assert loading.verify(store, m) == {}
-    assert Engine(store, "tiny", verify=True).manifest == m
+    assert open_engine(store, "tiny", verify=True).manifest == m
 
 
 @pytest.mark.parametrize("attr", ["row", "norm2"])
 def test_an_altered_attribute_is_detected_and_repaired(store, tiny, attr):
     """The check covers what a search returns and the engine uses, not only the vectors:
     a document whose row number changed would put its output in another row's place."""
-    from puffergpt.engine import Engine
+    from puffergpt.loading import open_engine
     from puffergpt.sampling import Sampling
     from puffergpt.text import Text
 
@@ -108,7 +108,7 @@ def test_an_altered_attribute_is_detected_and_repaired(store, tiny, attr):
     assert list(bad) == [name] and "altered attribute" in bad[name], bad
     loading.load(store, tiny, "tiny", progress=False, repair=True)
     assert loading.verify(store, m) == {}
-    t = Text(Engine(store, "tiny").open())  # and the engine reads the repaired matrix right
+    t = Text(open_engine(store, "tiny").open())  # and the engine reads the repaired matrix right
     t.append([1, 2, 3])
     ref = __import__("puffergpt.reference", fromlist=["Reference"]).Reference(tiny).greedy([1, 2, 3], 4)
     assert [st.token_id for st in t.generate(4, Sampling(0, 40))] == ref
@@ -117,19 +117,20 @@ def test_an_altered_attribute_is_detected_and_repaired(store, tiny, attr):
 
 def test_engine_refuses_missing_or_old_stores(store, tiny):
     with pytest.raises(loading.NotLoaded, match="not loaded.*puffergpt load --model tiny"):
-        Engine(store, "tiny")
+        open_engine(store, "tiny")
     m = loading.load(store, tiny, "tiny", progress=False)
     store.put_meta("manifest:tiny", {**m, "version": ENCODING_VERSION - 1})
     with pytest.raises(loading.NotLoaded, match="encoding version .*puffergpt load"):
-        Engine(store, "tiny")
+        open_engine(store, "tiny")
 
 
 def test_two_models_side_by_side(tmp_path, store, tiny):
     other = checkpoints.load(str(checkpoints.make_model(tmp_path / "other", "tiny", seed=1)))
     loading.load(store, tiny, "tiny", progress=False)
     loading.load(store, other, "other", progress=False)
-    assert Engine(store, "tiny").manifest["weights_sha256"] != Engine(store, "other").manifest["weights_sha256"]
-    assert loading.verify(store, Engine(store, "tiny").manifest) == {}
+    tiny_sha, other_sha = (open_engine(store, k).manifest["weights_sha256"] for k in ("tiny", "other"))
+    assert tiny_sha != other_sha
+    assert loading.verify(store, open_engine(store, "tiny").manifest) == {}
 
 
 def test_a_changed_checkpoint_is_reloaded(tmp_path, store, tiny):
@@ -174,7 +175,7 @@ def test_a_verified_store_is_not_read_again_until_its_files_change(tmp_path, tin
         reads.clear()
         s = open_store("embedded", tmp_path)
         try:
-            Engine(s, "tiny", verify=True).open().close()
+            open_engine(s, "tiny", verify=True).open().close()
         finally:
             s.close()
         return len(reads)

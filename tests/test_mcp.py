@@ -16,7 +16,7 @@ from mcp.client.stdio import StdioServerParameters
 
 from puffergpt import notebook as nb
 from puffergpt import tokenizer
-from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.reference import Reference
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
@@ -124,7 +124,7 @@ def test_mcp_over_stdio_with_its_own_store(tmp_path, tiny, tiny_dir):
 def test_mcp_through_a_running_server(tmp_path, tiny, loaded):
     store, key = loaded(tiny)
     book = nb.Notebook(tmp_path / "notebook")
-    engine = Engine(store, tiny.name, key)
+    engine = open_engine(store, tiny.name, key)
     with serving(create_app(engine, ServerConfig(), notebook=book)) as base:
         saved = mcp_session(["--server", base], lambda c: tour(c, tiny, engine.model))
     check_commits(book.path, saved)

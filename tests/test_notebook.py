@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 from puffergpt import notebook as nb
 from puffergpt import tokenizer
 from puffergpt.cli.notebook import notebook as notebook_cli
-from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.notebook import GitError, InsightNotFound, InvalidInsight, Notebook, NotebookError
 from puffergpt.reference import NumpyProducts, Reference
 from puffergpt.sampling import Sampling
@@ -76,7 +76,7 @@ def step_evidence(products, model: str, prompt: str = PROMPT, n: int = 3, s: Sam
 @pytest.fixture(scope="module")
 def engine_evidence(loaded, tiny) -> dict:
     store, key = loaded(tiny)
-    return step_evidence(Engine(store, tiny.name, key).open(), tiny.name, s=Sampling(0.8, 40, 7))
+    return step_evidence(open_engine(store, tiny.name, key).open(), tiny.name, s=Sampling(0.8, 40, 7))
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import yaml
 from playwright.sync_api import expect
 
 from puffergpt import notebook as nb
-from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.notebook import Notebook
 from puffergpt.reference import NumpyProducts
 from puffergpt.server import create_app
@@ -36,7 +36,7 @@ def served(loaded, demo, tmp_path_factory):
     """(url, notebook dir, demo): the app over the demo model with a notebook in tmp."""
     store, key = loaded(demo)
     book = tmp_path_factory.mktemp("notebook")
-    app = create_app(Engine(store, demo.name, key), reference=lambda: NumpyProducts(demo), notebook=Notebook(book))
+    app = create_app(open_engine(store, demo.name, key), reference=lambda: NumpyProducts(demo), notebook=Notebook(book))
     with serve_app(app) as url:
         yield url, book, demo
 

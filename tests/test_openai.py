@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 
 from puffergpt import tokenizer
-from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.openai_bodies import ChatResponse, CompletionResponse, ModelList
 from puffergpt.server.tokenize_routes import DetokenizeResponse, TokenizeResponse
@@ -42,7 +42,7 @@ def servers(loaded):
         if ckpt.name not in made:
             store, key = loaded(ckpt)
             port = _free_port()
-            server = uvicorn.Server(uvicorn.Config(create_app(Engine(store, ckpt.name, key), ServerConfig()),
+            server = uvicorn.Server(uvicorn.Config(create_app(open_engine(store, ckpt.name, key), ServerConfig()),
                                                    host="127.0.0.1", port=port, log_level="warning"))
             thread = threading.Thread(target=server.run, daemon=True)
             thread.start()

@@ -18,7 +18,7 @@ from aiopenapi3 import OpenAPI
 from aiopenapi3.errors import HTTPClientError
 
 from puffergpt import tokenizer
-from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.reference import Reference
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
@@ -36,7 +36,7 @@ def api(loaded, demo):
     """The client aiopenapi3 builds from the /openapi.json of a server (uvicorn, in this process)
     of the demo model; operations grouped by their tags: ``api._.openai.createCompletion``."""
     store, key = loaded(demo)
-    with serving(create_app(Engine(store, demo.name, key), ServerConfig())) as base:
+    with serving(create_app(open_engine(store, demo.name, key), ServerConfig())) as base:
         yield OpenAPI.load_sync(f"{base}/openapi.json", session_factory=httpx2.Client, use_operation_tags=True)
 
 

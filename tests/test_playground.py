@@ -21,7 +21,7 @@ import pytest
 import uvicorn
 from playwright.sync_api import Page, expect, sync_playwright
 
-from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.reference import NumpyProducts
 from puffergpt.server import create_app
 
@@ -41,7 +41,7 @@ def free_port() -> int:
 def server(loaded, demo):
     """The app over the demo model in an embedded store, served on a free port."""
     store, key = loaded(demo)
-    app = create_app(Engine(store, demo.name, key), reference=lambda: NumpyProducts(demo))
+    app = create_app(open_engine(store, demo.name, key), reference=lambda: NumpyProducts(demo))
     with serve_app(app) as url:
         yield url
 

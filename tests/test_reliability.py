@@ -26,9 +26,10 @@ import httpx
 import pytest
 
 from puffergpt import checkpoints, loading, tokenizer
-from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
+from puffergpt.scheduler import Scheduler
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import server
 from puffergpt.stores import open_store
@@ -106,7 +107,7 @@ def wait_for(cond, within_s: float, what: str) -> float:
 @pytest.fixture
 def served(loaded, tiny):
     store, key = loaded(tiny)
-    engine = Engine(store, tiny.name, key)
+    engine = open_engine(store, tiny.name, key)
     app = create_app(engine, ServerConfig(max_open_texts=8, max_new_tokens=400, read_timeout_s=0.5))
     with Running(app) as r:
         r.store = store
@@ -184,7 +185,7 @@ def test_a_queued_learner_runs_when_the_running_one_leaves(loaded, tiny):
     """One slot: a second learner's generation waits (``/api/status``: 1 running, 1 queued),
     sends nothing, and starts as soon as the first learner's client goes away."""
     store, key = loaded(tiny)
-    app = create_app(Engine(store, tiny.name, key), ServerConfig(max_open_texts=4, max_running=1))
+    app = create_app(open_engine(store, tiny.name, key, scheduler=Scheduler(1)), ServerConfig(max_open_texts=4))
     with Running(app) as r:
         ids = [json.loads(r.request("POST", "/api/texts", {"prompt": PROMPT})[1])["id"] for _ in range(2)]
         first = r.send("POST", f"/api/texts/{ids[0]}/generate", {"max_tokens": 100, "temperature": 1.0, "top_k": 40})
@@ -280,7 +281,7 @@ def damaged(tmp_path, tiny):
 
 
 def greedy_on(store, tiny, key, n: int = 4) -> list[int]:
-    with opened(Engine(store, tiny.name, key).open, tokenizer.encode(PROMPT)) as t:
+    with opened(open_engine(store, tiny.name, key).open, tokenizer.encode(PROMPT)) as t:
         return [s.token_id for s in t.generate(n, Sampling(0, 40))]
 
 
@@ -290,7 +291,7 @@ def test_a_dropped_namespace_is_named_refused_and_repaired(damaged, tiny):
     store.drop_namespace(ns)
     with pytest.raises(loading.NotLoaded,
                        match=rf"namespace {re.escape(ns)} is missing .*run `puffergpt load --model "):
-        Engine(store, tiny.name, key)
+        open_engine(store, tiny.name, key)
     bad = loading.verify(store, m)  # every matrix of the namespace, by name, not a raw store error
     assert set(bad) == {name for name, info in m["matrices"].items() if info["namespace"] == ns}
     assert all(f"namespace {ns} is missing" in why for why in bad.values()), bad
@@ -304,7 +305,7 @@ def test_a_missing_document_is_named_refused_and_repaired(damaged, tiny):
     ns = m["matrices"]["wte"]["namespace"]
     store.delete(ns, (("matrix", "=", "wte"), ("row", "=", 17)))
     with pytest.raises(loading.NotLoaded, match=rf"namespace {re.escape(ns)} holds .*run `puffergpt load --model "):
-        Engine(store, tiny.name, key)
+        open_engine(store, tiny.name, key)
     assert list(loading.verify(store, m)) == ["wte"]
     loading.load(store, tiny, key, progress=False, repair=True)
     assert loading.verify(store, m) == {}
@@ -323,10 +324,10 @@ def test_a_broken_manifest_names_the_repair(damaged, tiny, broken, monkeypatch):
         store.put_meta(f"manifest:{key}", broken)
     with pytest.raises(loading.NotLoaded,
                        match=r"manifest of model .* is broken .*`puffergpt load --model \S+ .*--repair`"):
-        Engine(store, tiny.name, key)
+        open_engine(store, tiny.name, key)
     monkeypatch.undo()
     assert loading.load(store, tiny, key, progress=False, repair=True) == m
-    assert Engine(store, tiny.name, key).manifest == m
+    assert open_engine(store, tiny.name, key).manifest == m
 
 
 @pytest.mark.parametrize("name", ["_private", "модель", "-dash", "日本語 model"])
@@ -396,7 +397,7 @@ def test_a_postgresql_crash_under_the_server(pg, new_database, tiny):
     ref = Reference(tiny)
     want = ref.greedy(tokenizer.encode(PROMPT), 6)
     try:
-        with Running(create_app(Engine(store, tiny.name, key))) as r, \
+        with Running(create_app(open_engine(store, tiny.name, key))) as r, \
                 httpx.Client(base_url=f"http://127.0.0.1:{r.port}", timeout=30) as c:
             tid = c.post("/api/texts", json={"prompt": PROMPT}).json()["id"]
 
@@ -459,7 +460,7 @@ def probed(loaded, tiny, tmp_path_factory):
     """The whole app, with a notebook, under Starlette's TestClient: a 500 is an answer."""
     store, key = loaded(tiny)
     book = Notebook(tmp_path_factory.mktemp("probe") / "nb")
-    app = create_app(Engine(store, tiny.name, key), ServerConfig(max_open_texts=8), notebook=book)
+    app = create_app(open_engine(store, tiny.name, key), ServerConfig(max_open_texts=8), notebook=book)
     with TestClient(app, raise_server_exceptions=False) as c:
         c.book = book
         yield c
@@ -540,7 +541,7 @@ def book_client(tmp_path, loaded, tiny):
     """A served notebook holding one insight: (client, notebook, insight id)."""
     store, key = loaded(tiny)
     book = Notebook(tmp_path / "nb")
-    app = create_app(Engine(store, tiny.name, key), ServerConfig(), notebook=book)
+    app = create_app(open_engine(store, tiny.name, key), ServerConfig(), notebook=book)
     with TestClient(app, raise_server_exceptions=False) as c:
         r = c.post("/api/insights", json={"title": "t", "body": "words", "tags": [], "evidence": evidence_of(tiny)})
         assert r.status_code == 201, r.text

@@ -13,6 +13,7 @@ import pytest
 from helpers import LOGIT_BOUNDS, assert_close
 from puffergpt import tokenizer
 from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.reference import NumpyProducts
 from puffergpt.sampling import Sampling
 from puffergpt.scheduler import Batcher, Scheduler, split
@@ -130,7 +131,7 @@ def test_split_keeps_each_queries_order():
 @pytest.fixture
 def demo_engine(loaded, demo):
     store, key = loaded(demo)
-    engine = Engine(store, demo.name, key)
+    engine = open_engine(store, demo.name, key)
     engine.batcher.gather_s = 1.0  # texts wait for each other as long as it takes: merging is sure
     return engine
 
@@ -172,11 +173,12 @@ def test_texts_together_equal_texts_alone_and_numpy(demo_engine, demo, s):
 # --- slots: a bound on texts generating at once ---------------------------------------------
 
 @pytest.fixture
-def one_slot(demo_engine):
+def one_slot(loaded, demo):
     """An engine with one slot, and two texts on it: the first holding the slot (its
     generation begun, ``should_stop`` its stop event), the second's generation queued in a
     thread. -> (engine, first's generation, first's stop, second, second's stop, {"steps"}, thread)"""
-    demo_engine.scheduler = Scheduler(max_running=1)
+    store, key = loaded(demo)
+    demo_engine = open_engine(store, demo.name, key, scheduler=Scheduler(max_running=1))
     first, second = Text(demo_engine.open()), Text(demo_engine.open())
     stops, got = (threading.Event(), threading.Event()), {}
     try:
@@ -219,9 +221,10 @@ def test_a_stop_while_queued_leaves_the_queue(one_slot):
     assert engine.scheduler.status()["running"] == 0
 
 
-def test_a_scheduler_needs_a_slot():
-    with pytest.raises(ValueError, match="max_running must be at least 1"):
-        Scheduler(0)
+@pytest.mark.parametrize("bad", [0, 1001, True, 2.5])
+def test_a_scheduler_needs_a_bound_of_1_to_1000(bad):
+    with pytest.raises(ValueError, match="max_running must be in 1..1000"):
+        Scheduler(bad)
 
 
 def wait_for(cond, timeout_s: float = 10.0) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from puffergpt import loading, tokenizer
-from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
 from puffergpt.stores import open_store
@@ -136,7 +136,7 @@ def test_damage_is_named_refused_and_repaired(tmp_path, clean, tiny_dir, tiny, k
     assert r.returncode == 0, r.stderr[-3000:]
     store = open_store("embedded", data)
     try:  # the engine, checking the store as serve does, gives numpy's tokens again
-        t = Text(Engine(store, model, verify=True).open())
+        t = Text(open_engine(store, model, verify=True).open())
         t.append(tokenizer.encode(PROMPT))
         assert [s.token_id for s in t.generate(4, Sampling(0, 40))] == Reference(tiny).greedy(
             tokenizer.encode(PROMPT), 4

@@ -5,9 +5,9 @@ import threading
 import numpy as np
 import pytest
 
-from puffergpt import tokenizer, views
+from puffergpt import inspector, tokenizer, views
 from puffergpt.completion import complete
-from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
 from puffergpt.text import KEEP_CANDIDATES, Text, TextBusy, TextError, Texts
@@ -19,7 +19,7 @@ PROMPT = tokenizer.encode("The quick brown fox jumps over the lazy dog")
 @pytest.fixture
 def engine(loaded, tiny):
     store, key = loaded(tiny)
-    return Engine(store, tiny.name, key)
+    return open_engine(store, tiny.name, key)
 
 
 @pytest.fixture
@@ -73,13 +73,13 @@ def test_branching_pays_only_for_positions_after_it(text, tiny):
 def test_stepping_back_and_forward_costs_nothing(text):
     text.append(PROMPT)
     list(text.generate(8, GREEDY))
-    log = len(text.products.log)
     end, tokens = text.length, list(text.tokens)
-    text.step_back(end - 5)
-    text.step_forward(end)
-    text.step_back(end - 5)
-    replay = list(text.generate(4, GREEDY))  # the same greedy tokens: replayed, not searched
-    assert len(text.products.log) == log and all(s.requests == [] and s.read == 0 for s in replay)
+    with text.products.recording() as requests:
+        text.step_back(end - 5)
+        text.step_forward(end)
+        text.step_back(end - 5)
+        replay = list(text.generate(4, GREEDY))  # the same greedy tokens: replayed, not searched
+    assert requests == [] and all(s.requests == [] and s.read == 0 for s in replay)
     assert text.length == end - 1 and text.tokens == tokens  # the token after the end is still known
 
 
@@ -202,7 +202,7 @@ def test_a_one_token_prompt_is_a_prefill(text):
     lambda t: t.cut(2),
     lambda t: t.branch(2, token_id=5),
     lambda t: t.begin(),
-    lambda t: t.inspect(2),
+    lambda t: inspector.inspect(t, 2),
     lambda t: views.kv(t),
 ])
 def test_a_generating_text_refuses_edits_and_views(text, op):

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.reference import NumpyProducts
 from puffergpt.server import create_app
 from test_playground import (  # noqa: F401  (browser: a fixture)
@@ -39,7 +39,7 @@ SHOTS = Path("/tmp/shots")
 @pytest.fixture(scope="module")
 def server(loaded, demo):
     store, key = loaded(demo)
-    app = create_app(Engine(store, demo.name, key), reference=lambda: NumpyProducts(demo))
+    app = create_app(open_engine(store, demo.name, key), reference=lambda: NumpyProducts(demo))
     with serve_app(app) as url:
         yield url
 

@@ -61,10 +61,10 @@ def attribution(p: Products, trace: Trace, token_id: int) -> dict:
 
     parts = [{"kind": "embed", "value": value(trace.residual[0])}]
     for layer in range(c.n_layer):
-        writes, bias = head_writes(p, layer, trace.heads[layer])
+        writes, bias = head_writes(p, layer, trace[f"h.{layer}.attn.heads"])
         parts += [{"kind": "attn", "layer": layer, "head": h, "value": value(v)} for h, v in enumerate(writes)]
         parts.append({"kind": "attn_bias", "layer": layer, "value": value(bias)})
-        parts.append({"kind": "mlp", "layer": layer, "value": value(trace.mlp[layer])})
+        parts.append({"kind": "mlp", "layer": layer, "value": value(trace[f"h.{layer}.mlp.c_proj"])})
     parts.append({"kind": "ln_f_bias", "value": float(b @ w)})
     logit = float(((x - x.mean()) / s * g + b) @ w)
     return {"token_id": int(token_id), "logit": logit, "parts": parts}
@@ -74,7 +74,7 @@ def top_neurons(trace: Trace, n: int = NEURONS) -> list[tuple[np.ndarray, np.nda
     """Each layer's n most active neurons: (ids (n,), activations (n,)), largest first.
     Arithmetic on the c_fc product the forward pass already searched: no request."""
     out = []
-    for a in trace.acts:
+    for a in trace.layers("mlp.gelu"):
         top = np.argsort(-a, kind="stable")[:n]
         out.append((top.astype(np.int64), np.asarray(a[top], np.float64)))
     return out

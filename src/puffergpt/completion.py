@@ -16,11 +16,11 @@ import codecs
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from puffergpt import tokenizer
+from puffergpt import inspector, tokenizer
 from puffergpt.reference import Products
 from puffergpt.sampling import Sampling
-from puffergpt.text import Step, check_generation, opened
-from puffergpt.views import token_dict
+from puffergpt.text import Step, TextError, check_generation, opened
+from puffergpt.tokenizer import token_dict
 
 LOWEST = -1e9  # JSON has no -inf: a log-probability below this is sent as this
 
@@ -41,7 +41,12 @@ def complete(open_products: Callable[[], Products], ids: list[int], n: int, s: S
         check_generation(text.config, s, len(ids), n)
         if echo:
             yield from text.score_prompt()
-        yield from text.generate(n, s, should_stop=should_stop, inspect=inspect, full=full, explain=explain)
+        if inspect:
+            if full:
+                raise TextError("inspect works over the top-k candidates: not with top_p or full log-probabilities")
+            yield from inspector.generate(text, n, s, inspect, explain, should_stop)
+        else:
+            yield from text.generate(n, s, should_stop=should_stop, full=full)
 
 
 # --- one choice, as a client may see it -------------------------------------------------

@@ -17,9 +17,12 @@ subtract large, nearly equal numbers (tests/test_documents.py measures by how mu
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
+
+from puffergpt.checkpoints import GPT2Config
 
 ENCODING_VERSION = 2  # 2: every document carries norm2, |w|^2 of its row
 METRICS = ("inner_product", "euclidean_squared", "cosine_distance")
@@ -74,3 +77,53 @@ class Encoding:
     def rows(self, docs: np.ndarray, n_in: int) -> np.ndarray:
         """Documents -> the weight rows they carry (for embeddings fetched by id)."""
         return docs[:, :n_in]
+
+# --- the document scheme: where a model's rows live and what they are called -----------
+# For a model stored under key K with width C: namespace ``K.C`` holds every matrix whose
+# input has C numbers (each layer's attn.c_attn, attn.c_proj and mlp.c_fc, wte, wpe and the
+# layer norms); namespace ``K.4C`` holds each layer's mlp.c_proj. A document's attributes are
+# ``matrix`` (a filter on it picks one whole matrix), ``row`` and ``norm2`` (|w|^2 of its row).
+
+SCHEMA = {"matrix": "str", "row": "int", "norm2": "float"}
+PARTITION = "matrix"  # every search of the weights filters on it: a store may keep each matrix apart
+
+
+def namespace(key: str, n_in: int) -> str:
+    return f"{key}.{n_in}"
+
+
+def matrices(c: GPT2Config) -> Iterator[tuple[str, int]]:
+    """(matrix name, input width) of every matrix stored as documents."""
+    for i in range(c.n_layer):
+        yield f"h.{i}.attn.c_attn", c.n_embd
+        yield f"h.{i}.attn.c_proj", c.n_embd
+        yield f"h.{i}.mlp.c_fc", c.n_embd
+        yield f"h.{i}.mlp.c_proj", 4 * c.n_embd
+    yield "wte", c.n_embd
+    yield "wpe", c.n_embd
+
+
+def norms(c: GPT2Config) -> list[str]:
+    return [f"h.{i}.{n}" for i in range(c.n_layer) for n in ("ln_1", "ln_2")] + ["ln_f"]
+
+
+def doc_id(name: str, row: int) -> str:
+    """The id of a matrix's row: ``wte.50256``, ``h.3.ln_1.0``."""
+    return f"{name}.{int(row)}"
+
+
+def ids(name: str, rows: int) -> list[str]:
+    return [doc_id(name, r) for r in range(rows)]
+
+
+def n_in_of(ns: str) -> int:
+    return int(ns.rsplit(".", 1)[1])
+
+
+def whole_matrix(name: str, rows: int, max_top_k: int | None) -> list[tuple]:
+    """The filters that, together, match every row of a matrix: one, or row ranges where the
+    store returns at most ``max_top_k`` hits a query (turbopuffer's 10,000)."""
+    cap = max_top_k or rows
+    if cap >= rows:
+        return [(("matrix", "=", name),)]
+    return [(("matrix", "=", name), ("row", ">=", a), ("row", "<", min(a + cap, rows))) for a in range(0, rows, cap)]

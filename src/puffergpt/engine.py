@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from puffergpt import costs, loading, untrained
+from puffergpt import costs, documents, untrained
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.documents import Encoding
 from puffergpt.scheduler import Batcher, Scheduler
@@ -95,24 +95,31 @@ def round_trips_per_token(c: GPT2Config) -> int:
 class Engine:
     """A model loaded into a store. ``open()`` gives the products for one text."""
 
-    def __init__(self, store: Store, model: str, key: str | None = None, key_metric: str | None = None,
-                 verify: bool = False, progress: bool = False):
-        """``verify``: refuse (loading.StoreDamaged) documents that do not match the manifest,
-        read in full unless the store's files are those last verified (serve and generate)."""
+    def __init__(self, store: Store, manifest: dict, model: str, key: str, key_metric: str | None = None,
+                 scheduler: Scheduler | None = None):
+        """``manifest``: the model's, read and checked by the caller (``loading.open_engine``);
+        ``scheduler``: the bound on texts generating at once (a server's own; default 16)."""
         self.store = store
         self.batcher = Batcher(store)  # the same product of several texts, one request (scheduler.py)
-        self.scheduler = Scheduler()  # texts generating at once; a server sets its own bound (create_app)
+        self.scheduler = scheduler or Scheduler()
         self.model = model
-        self.key = key or loading.model_key(model)
-        self.manifest = loading.manifest(store, self.key, model, verify=verify, progress=progress)
-        self.config = GPT2Config(**self.manifest["config"])
-        self.encoding = Encoding(self.manifest["metric"])
-        self.untrained = untrained.from_manifest(self.manifest)  # token ids never trained; None: not recorded
+        self.key = key
+        self.manifest = manifest
+        self.config = GPT2Config(**manifest["config"])
+        self.encoding = Encoding(manifest["metric"])
+        self.untrained = untrained.from_manifest(manifest)  # token ids never trained; None: not recorded
         # Keys use the most precise metric this store has.
         self.key_metric = key_metric or store.metrics[0]
         if self.key_metric not in store.metrics:
             raise StoreError(f"the {store.name} store has no {self.key_metric!r} search")
         self.key_schema = KEY_SCHEMA if self.key_metric == "inner_product" else KEY_SCHEMA | {"norm2": "float"}
+        self._replicas = None  # read replicas of the weights while ``replicated`` runs
+
+    def status(self) -> dict:
+        """How busy the engine is: texts generating and waiting (``Scheduler.status``), how many
+        of their searches went to the store shared with another text's, and read replicas."""
+        return {**self.scheduler.status(), "searches": self.batcher.stats().to_json(),
+                "replicas": len(self._replicas) if self._replicas is not None else 0}
 
     def open(self) -> SearchProducts:
         """The products of one text, with a namespace of its own for the text's keys."""
@@ -133,18 +140,18 @@ class Engine:
 
     def weight_namespaces(self) -> list[str]:
         """The namespaces of this model's documents: one a matrix input width."""
-        return sorted({loading.namespace(self.key, n_in) for _, n_in in loading.matrices(self.config)})
+        return sorted({documents.namespace(self.key, n_in) for _, n_in in documents.matrices(self.config)})
 
     @contextlib.contextmanager
     def replicated(self, n: int) -> Iterator[int]:
         """The weights' searches on n read replicas in worker processes while the block runs
         (``stores/replicas.py``), where the store needs them; yields how many run (0: none)."""
         replicas = self.store.replicas(self.weight_namespaces(), n) if n else None
-        self.batcher.replicas = replicas
+        self._replicas = self.batcher.replicas = replicas
         try:
             yield len(replicas) if replicas is not None else 0
         finally:
-            self.batcher.replicas = None
+            self._replicas = self.batcher.replicas = None
             if replicas is not None:
                 replicas.close()
 
@@ -162,8 +169,8 @@ class SearchProducts:
         self.enc = engine.encoding
         self.key = engine.key
         self.M = {name: m["M"] for name, m in engine.manifest["matrices"].items()}
-        self.log: list[Request] = []
-        self.extra = False  # set while a learning view asks: its requests are marked extra
+        self._recordings: list[list[Request]] = []  # the open ``recording`` blocks, outermost first
+        self._extra = False  # inside ``recording(extra=True)``: requests are marked extra
         self.untrained = engine.untrained  # for the embedding views
         # One writer thread: a text's key writes land in the order they were made.
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="puffergpt-keys")
@@ -173,11 +180,11 @@ class SearchProducts:
         if keys:
             self.store.create_namespace(self.keys_ns, c.head_dim, engine.key_schema, engine.key_metric, ephemeral=True)
         # Layer norms: the only parameters the server keeps, 2 x C numbers each.
-        names = loading.norms(c)
-        ns = loading.namespace(self.key, c.n_embd)
+        names = documents.norms(c)
+        ns = documents.namespace(self.key, c.n_embd)
         t = time.perf_counter()
         try:
-            v = self.store.fetch(ns, [loading.doc_id(n, r) for n in names for r in (0, 1)])[:, : c.n_embd]
+            v = self.store.fetch(ns, [documents.doc_id(n, r) for n in names for r in (0, 1)])[:, : c.n_embd]
         except BaseException:
             if keys:
                 self.store.drop_namespace(self.keys_ns)  # no text, no namespace
@@ -190,9 +197,30 @@ class SearchProducts:
              shared=1) -> Request:
         parts = parts or max(1, -(-queries // self.store.max_queries))  # how _search splits the batch
         r = Request(kind, op, queries, rows, int(nbytes), returned, (time.perf_counter() - t0) * 1e3, parts,
-                    concurrent, self.extra, shared)
-        self.log.append(r)
+                    concurrent, self._extra, shared)
+        self._record(r)
         return r
+
+    def _record(self, r: Request) -> None:
+        for requests in self._recordings:
+            requests.append(r)
+
+    @contextlib.contextmanager
+    def recording(self, extra: bool = False) -> Iterator[list[Request]]:
+        """The requests made inside the block (``reference.Extras``); nothing is kept outside one."""
+        got: list[Request] = []
+        was = self._extra
+        self._recordings.append(got)
+        self._extra = was or extra
+        try:
+            yield got
+        finally:
+            self._extra = was
+            del self._recordings[next(i for i, r in enumerate(self._recordings) if r is got)]  # not by ==
+
+    def _ns(self, n_in: int) -> str:
+        """The namespace of this model's matrices whose input has n_in numbers (``documents.py``)."""
+        return documents.namespace(self.key, n_in)
 
     def close(self) -> None:
         """Wait for the key writes in flight, then drop the text's namespace."""
@@ -232,9 +260,10 @@ class SearchProducts:
     # --- the seam ---
     def embed(self, ids, pos):
         C = self.config.n_embd
-        ns = loading.namespace(self.key, C)
+        ns = self._ns(C)
         t = time.perf_counter()
-        docs = self.store.fetch(ns, [loading.doc_id("wte", i) for i in ids] + [loading.doc_id("wpe", p) for p in pos])
+        wanted = [documents.doc_id("wte", i) for i in ids] + [documents.doc_id("wpe", p) for p in pos]
+        docs = self.store.fetch(ns, wanted)
         self._log("embed", "fetch", 1, len(docs), docs.nbytes, len(docs), t)
         rows = self.enc.rows(docs, C)  # (2T, C)
         return rows[: len(ids)] + rows[len(ids):]  # wte[ids] + wpe[pos]
@@ -244,7 +273,7 @@ class SearchProducts:
 
     def linear(self, name, x):
         n_in = x.shape[1]
-        ns = loading.namespace(self.key, n_in)
+        ns = self._ns(n_in)
         q = self.enc.queries(x)  # (T, in) -> (T, dim)
         rows = self.engine.manifest["matrices"][name]["rows"]
         t = time.perf_counter()
@@ -288,8 +317,8 @@ class SearchProducts:
         attrs = {"layer": [layer] * (H * T), "head": heads.ravel(), "pos": pos[ts.ravel()]}
         if self.engine.key_metric != "inner_product":
             attrs["norm2"] = (keys.astype(np.float64) ** 2).sum(axis=1)
-        req = Request(f"h.{layer}.attn.keys", "write", 0, H * T, keys.nbytes, 0, 0.0, 1, concurrent, self.extra)
-        self.log.append(req)
+        req = Request(f"h.{layer}.attn.keys", "write", 0, H * T, keys.nbytes, 0, 0.0, 1, concurrent, self._extra)
+        self._record(req)
 
         def write():
             t = time.perf_counter()
@@ -350,7 +379,7 @@ class SearchProducts:
         q = self.enc.queries(x)  # (n, dim)
         t = time.perf_counter()
         queries = [Query(v, (("matrix", "=", "wte"),), top_k=k) for v in q]
-        hits, shared = self._search(loading.namespace(self.key, self.config.n_embd), queries, self.enc.metric, ("row",))
+        hits, shared = self._search(self._ns(self.config.n_embd), queries, self.enc.metric, ("row",))
         V = self.config.n_vocab
         self._log(kind, "search", len(q), V * len(q), V * q.shape[1] * 4 * len(q), len(hits.query), t, shared=shared)
         out = []
@@ -366,9 +395,9 @@ class SearchProducts:
         most ``max_top_k`` hits a query, as one request."""
         rows = self.engine.manifest["matrices"][matrix]["rows"]
         q = self.enc.queries(x[None])  # (1, dim)
-        queries = [Query(q[0], f) for f in loading.whole_matrix(self.store, matrix, rows)]
+        queries = [Query(q[0], f) for f in documents.whole_matrix(matrix, rows, self.store.max_top_k)]
         t = time.perf_counter()
-        hits, shared = self._search(loading.namespace(self.key, self.config.n_embd), queries, self.enc.metric, include)
+        hits, shared = self._search(self._ns(self.config.n_embd), queries, self.enc.metric, include)
         self._log(kind, "search", len(queries), rows, rows * q.shape[1] * 4, len(hits.query), t, shared=shared)
         if len(hits.query) != rows:
             raise StoreError(
@@ -387,7 +416,7 @@ class SearchProducts:
         """Token vectors fetched by id, for the embedding views: (n,) -> (n, C)."""
         C = self.config.n_embd
         t = time.perf_counter()
-        docs = self.store.fetch(loading.namespace(self.key, C), [loading.doc_id("wte", int(i)) for i in ids])
+        docs = self.store.fetch(self._ns(C), [documents.doc_id("wte", int(i)) for i in ids])
         self._log("wte.fetch", "fetch", 1, len(docs), docs.nbytes, len(docs), t)
         return self.enc.rows(docs, C)
 
@@ -397,7 +426,7 @@ class SearchProducts:
             raise ValueError(f"row() reads an embedding (wte, wpe), not {name!r}")
         C = self.config.n_embd
         t = time.perf_counter()
-        docs = self.store.fetch(loading.namespace(self.key, C), [loading.doc_id(name, int(i))])
+        docs = self.store.fetch(self._ns(C), [documents.doc_id(name, int(i))])
         self._log(f"{name}.fetch", "fetch", 1, len(docs), docs.nbytes, len(docs), t)
         return self.enc.rows(docs, C)[0]
 

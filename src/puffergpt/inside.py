@@ -44,8 +44,8 @@ def inspection(products: Products, trace: Trace, k: int, final=None) -> dict:
     """scores, weights: (L, H, S); lens: n_layer + 1 entries; residual: (L + 1, C); what
     the attribution needs of the trace (each head's output, each MLP's: small) and each
     layer's most active neurons (the (L, 4C) activations themselves are not kept)."""
-    kept = Trace(residual=trace.residual, heads=trace.heads, attn=trace.attn, mlp=trace.mlp)
-    return {"scores": np.stack(trace.scores), "weights": np.stack(trace.weights),
+    kept = trace.only("resid", "attn.heads", "attn.c_proj", "mlp.c_proj")
+    return {"scores": np.stack(trace.layers("attn.scores")), "weights": np.stack(trace.layers("attn.weights")),
             "lens": lens(products, trace, k, final), "residual": np.stack(trace.residual), "k": k,
             "trace": kept, "top_neurons": attribution.top_neurons(trace)}
 

@@ -1,17 +1,7 @@
 """Writing a checkpoint into a store as documents, and the manifest that vouches for it.
 
-Layout, for a model stored under key K with width C (see documents.py for the vectors):
-
-- namespace ``K.C`` holds every matrix whose input has C numbers: each layer's
-  ``attn.c_attn``, ``attn.c_proj`` and ``mlp.c_fc``, the token embeddings ``wte``
-  (which are also the next-token matrix), the position embeddings ``wpe``, and the
-  layer-norm parameters (``h.0.ln_1`` row 0 is the gain, row 1 the bias);
-- namespace ``K.4C`` holds each layer's ``mlp.c_proj``, whose input has 4C.
-
-A document's id is its matrix and row, ``h.3.mlp.c_fc.17`` (``doc_id``, the one
-place ids are spelt); its attributes are ``matrix`` and ``row``, so a filter on
-``matrix`` picks one whole matrix, and ``norm2``, the squared length of the weight
-row it carries (so that cosine similarity between token vectors is one search too).
+Where each row goes and what it is called (namespaces, ids, attributes) is the document
+scheme in ``documents.py``; what each vector holds, the encodings there too.
 
 ``load`` is idempotent and resumable: it upserts matrix by matrix, records the
 matrices done, and ends by reading every document back against its checksum,
@@ -40,10 +30,20 @@ import numpy as np
 
 from puffergpt import untrained
 from puffergpt.checkpoints import Checkpoint, GPT2Config
-from puffergpt.documents import ENCODING_VERSION, Encoding
+from puffergpt.documents import (
+    ENCODING_VERSION,
+    SCHEMA,
+    Encoding,
+    ids,
+    matrices,
+    n_in_of,
+    namespace,
+    norms,
+    whole_matrix,
+)
+from puffergpt.engine import Engine
 from puffergpt.stores.base import Query, ReaderDied, Store, StoreError
 
-SCHEMA = {"matrix": "str", "row": "int", "norm2": "float"}
 BATCH = 2048
 VERIFIED = "verified:"  # + key: the stamp of the files last found to match the manifest
 
@@ -69,25 +69,6 @@ def model_key(model: str) -> str:
     return f"{base}-{hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:8]}"
 
 
-def namespace(key: str, n_in: int) -> str:
-    return f"{key}.{n_in}"
-
-
-def matrices(c: GPT2Config) -> Iterator[tuple[str, int]]:
-    """(matrix name, input width) of every matrix stored as documents."""
-    for i in range(c.n_layer):
-        yield f"h.{i}.attn.c_attn", c.n_embd
-        yield f"h.{i}.attn.c_proj", c.n_embd
-        yield f"h.{i}.mlp.c_fc", c.n_embd
-        yield f"h.{i}.mlp.c_proj", 4 * c.n_embd
-    yield "wte", c.n_embd
-    yield "wpe", c.n_embd
-
-
-def norms(c: GPT2Config) -> list[str]:
-    return [f"h.{i}.{n}" for i in range(c.n_layer) for n in ("ln_1", "ln_2")] + ["ln_f"]
-
-
 def matrix_documents(ckpt: Checkpoint, name: str, enc: Encoding) -> tuple[np.ndarray, float]:
     """The documents of one matrix, one per output row: (rows, dim), and their length M."""
     p = ckpt.params
@@ -107,22 +88,9 @@ def checksum(docs: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(np.asarray(docs, np.float32) + np.float32(0)).tobytes()).hexdigest()
 
 
-def doc_id(name: str, row: int) -> str:
-    """The id of a matrix's row: ``wte.50256``, ``h.3.ln_1.0``."""
-    return f"{name}.{int(row)}"
-
-
-def ids(name: str, rows: int) -> list[str]:
-    return [doc_id(name, r) for r in range(rows)]
-
-
 def row_norm2(docs: np.ndarray, n_in: int) -> np.ndarray:
     """|w|^2 of each document's weight row (the first n_in numbers): (rows, dim) -> (rows,)"""
     return (np.asarray(docs[:, :n_in], np.float64) ** 2).sum(axis=1)
-
-
-def n_in_of(ns: str) -> int:
-    return int(ns.rsplit(".", 1)[1])
 
 
 def plan(
@@ -279,22 +247,13 @@ def _read_matrix(store: Store, ns: str, name: str, doc_ids: list[str], sha256: s
     return verify_attributes(store, ns, name, doc_ids, row_norm2(docs, n_in_of(ns)), metric, docs.shape[1])
 
 
-def whole_matrix(store: Store, name: str, rows: int) -> list[tuple]:
-    """The filters that, together, match every row of a matrix: one, or row ranges where the
-    store returns at most ``max_top_k`` hits a query (turbopuffer)."""
-    cap = store.max_top_k or rows
-    if cap >= rows:
-        return [(("matrix", "=", name),)]
-    return [(("matrix", "=", name), ("row", ">=", a), ("row", "<", min(a + cap, rows))) for a in range(0, rows, cap)]
-
-
 def verify_attributes(store: Store, ns: str, name: str, doc_ids: list[str], norm2: np.ndarray, metric: str,
                       dim: int) -> str | None:
     """None if every document of the matrix carries its own row number and |w|^2, else what
     is wrong. Exact searches return them all, as the engine's searches would."""
     probe = np.zeros(dim, np.float32)
     probe[0] = 1.0  # any vector will do (not zero: cosine would have no direction); the distances are unused
-    queries = [Query(probe, f) for f in whole_matrix(store, name, len(doc_ids))]
+    queries = [Query(probe, f) for f in whole_matrix(name, len(doc_ids), store.max_top_k)]
     hits = store.search(ns, queries, metric, include=("id", "row", "norm2"))  # split at max_queries by the store
     a = hits.attrs
     got = dict(zip(a["id"].tolist(), zip(a["row"].tolist(), a["norm2"].tolist(), strict=True), strict=True))
@@ -563,6 +522,15 @@ def manifest(store: Store, key: str, model: str, verify: bool = False, progress:
             f"or `puffergpt verify` to see what is damaged"
         ) from None
     return m
+
+
+def open_engine(store: Store, model: str, key: str | None = None, verify: bool = False, progress: bool = False,
+                **options) -> Engine:
+    """The model's engine on a store, over its manifest read (and with ``verify``, checked:
+    ``manifest``) here, so the engine is handed one it can trust. ``options`` go to ``Engine``
+    (``key_metric``, ``scheduler``)."""
+    key = key or model_key(model)
+    return Engine(store, manifest(store, key, model, verify=verify, progress=progress), model, key, **options)
 
 
 def stored_bytes(m: dict) -> int:

@@ -29,8 +29,8 @@ from typing import Annotated, Any, Protocol
 
 from pydantic import Field
 
+from puffergpt import inspector, tokenizer
 from puffergpt import notebook as nb
-from puffergpt import tokenizer
 from puffergpt.sampling import Sampling
 from puffergpt.server.bodies import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_VIEW_K
 from puffergpt.text import TextError, Texts, check_generation
@@ -102,7 +102,7 @@ class Local:
         from puffergpt.server.render import inspect_json
 
         t = self.texts.get(text_id)
-        got, requests, recomputed = t.inspect(position, lens_k)
+        got, requests, recomputed = inspector.inspect(t, position, lens_k)
         with t.lock:
             return inspection_json(inspect_json(got, t, position, requests, recomputed))
 

@@ -10,6 +10,8 @@ residual additions are the same code for both.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -37,14 +39,10 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 # --- the seam ---------------------------------------------------------------------------
 
-class Products(Protocol):
-    """What the forward pass needs from the weights. Names are GPT-2's.
-
-    ``log`` lists the requests made so far (empty for numpy, which makes none), and
-    ``close()`` lets go of what the products hold (a text's namespace of keys)."""
+class Weights(Protocol):
+    """What the forward pass and the learning views need from the weights. Names are GPT-2's."""
 
     config: GPT2Config
-    log: list
 
     def embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """wte[ids] + wpe[pos]: (T,), (T,) -> (T, C)"""
@@ -73,25 +71,84 @@ class Products(Protocol):
     def row(self, name: str, i: int) -> np.ndarray:
         """Row i of an embedding, ``wte`` (token i's vector) or ``wpe``, one fetch: -> (C,)"""
 
-    def close(self) -> None: ...
+    def token_rows(self, ids: np.ndarray) -> np.ndarray:
+        """Token vectors by id, for the embedding views: (n,) -> (n, C)"""
+
+    def cosine_all(self, v: np.ndarray) -> np.ndarray:
+        """Cosine similarity of v to every token vector: (C,) -> (V,)"""
 
 
-@dataclass
+class Extras(Protocol):
+    """What searches add to the math: the requests they cost, a turn among many texts, the
+    text's namespace of keys. ``NumpyProducts`` has them all, doing nothing."""
+
+    untrained: frozenset[int] | None  # token rows no training touched (``untrained.py``); None: unknown
+    keys_ns: str | None  # the namespace of this text's keys; None: none (numpy, the embedding views)
+
+    def recording(self, extra: bool = False) -> AbstractContextManager[list]:
+        """The requests made inside the block, in order, in the list it yields (filled as the
+        block ends); ``extra``: marked as asked by a learning view, not needed for the token.
+        Blocks nest: an inner block's requests are the outer's too."""
+
+    def slot(self, should_stop: Callable[[], bool] | None = None) -> AbstractContextManager[bool]:
+        """A generation's turn among texts (``scheduler.Scheduler``): yields False if
+        ``should_stop`` said so while it waited."""
+
+    def stepping(self) -> AbstractContextManager[None]:
+        """A step computed inside the block, in lockstep with other texts' (``scheduler.Batcher``)."""
+
+    def key_counts(self) -> list[int] | None:
+        """Keys stored per layer (the KV cache view); None where there is no store to count."""
+
+    def close(self) -> None:
+        """Let go of what the products hold (a text's namespace of keys)."""
+
+
+class Products(Weights, Extras, Protocol):
+    """What a text and the views hold: the math and the extras, one object."""
+
+
 class Trace:
-    """What one forward pass shows of its last token, for the learning views: the residual
-    stream entering each block and after the last (before ln_f), each layer's attention
-    of the last token's query over positions 0..p: scores (q.k / sqrt(hd)) and softmax
-    weights, each head's output before c_proj, what attention and the MLP added to the
-    residual, and the MLP's neuron activations (GELU of c_fc). Recorded from the
-    products' own results, never recomputed."""
+    """What one forward pass shows of its last token, for the learning views, by GPT-2's
+    names (as the request kinds are): ``h.{l}.resid`` the residual entering block l (C,),
+    ``ln_f.resid`` entering ln_f (C,); ``h.{l}.attn.scores`` q.k / sqrt(hd) (H, S) and
+    ``h.{l}.attn.weights`` their softmax (H, S); ``h.{l}.attn.heads`` each head's output
+    before c_proj (H, hd); ``h.{l}.attn.c_proj`` and ``h.{l}.mlp.c_proj`` what attention and
+    the MLP add to the residual (C,); ``h.{l}.mlp.gelu`` the MLP's neurons (4C,). Recorded from
+    the products' own results (``record``), never recomputed."""
 
-    residual: list[np.ndarray] = field(default_factory=list)  # n_layer + 1 of (C,)
-    scores: list[np.ndarray] = field(default_factory=list)  # n_layer of (H, S)
-    weights: list[np.ndarray] = field(default_factory=list)  # n_layer of (H, S)
-    heads: list[np.ndarray] = field(default_factory=list)  # n_layer of (H, hd): weights @ values
-    attn: list[np.ndarray] = field(default_factory=list)  # n_layer of (C,): attention's c_proj output
-    acts: list[np.ndarray] = field(default_factory=list)  # n_layer of (4C,): gelu(c_fc)
-    mlp: list[np.ndarray] = field(default_factory=list)  # n_layer of (C,): the MLP's c_proj output
+    KINDS = ("resid", "attn.scores", "attn.weights", "attn.heads", "attn.c_proj", "mlp.gelu", "mlp.c_proj")
+
+    def __init__(self, values: dict[str, np.ndarray] | None = None, on: bool = True):
+        self.values: dict[str, np.ndarray] = dict(values or {})
+        self.on = on  # off: the forward pass records nothing (no learning view asked)
+
+    def record(self, name: str, value: np.ndarray) -> None:
+        if self.on:
+            self.values[name] = np.array(value, np.float32)  # a copy: the pass goes on with its arrays
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.values[name]
+
+    @property
+    def n_layer(self) -> int:
+        return sum(1 for n in self.values if n.startswith("h.") and n.endswith(".resid"))
+
+    def layers(self, kind: str) -> list[np.ndarray]:
+        """``kind`` of every layer, in order: ``layers("attn.weights")`` -> n_layer of (H, S)"""
+        return [self.values[f"h.{l}.{kind}"] for l in range(self.n_layer)]
+
+    @property
+    def residual(self) -> list[np.ndarray]:
+        """The residual entering each block, then entering ln_f: n_layer + 1 of (C,)"""
+        return self.layers("resid") + [self.values["ln_f.resid"]]
+
+    def only(self, *kinds: str) -> Trace:
+        """A trace of these kinds alone (what a kept inspection needs, without the neurons)."""
+        return Trace({n: v for n, v in self.values.items() if n == "ln_f.resid" or n.split(".", 2)[-1] in kinds})
+
+
+NO_TRACE = Trace(on=False)
 
 
 @dataclass
@@ -107,9 +164,8 @@ class Cache:
 
 # --- the forward pass -------------------------------------------------------------------
 
-def attention(
-    p: Products, layer: int, x: np.ndarray, pos: np.ndarray, cache: Cache, trace: Trace | None = None
-) -> np.ndarray:
+def attention(p: Products, layer: int, x: np.ndarray, pos: np.ndarray, cache: Cache, trace: Trace = NO_TRACE
+              ) -> np.ndarray:
     c = p.config
     T, H, hd = x.shape[0], c.n_head, c.head_dim
     qkv = p.linear(f"h.{layer}.attn.c_attn", x)  # (T, C) -> (T, 3C)
@@ -119,25 +175,21 @@ def attention(
     cache.values[layer] = np.concatenate([cache.values[layer][:, :start], v], axis=1)  # (H, S, hd)
     scores = p.attention_scores(layer, q, k, pos)  # (H, T, S)
     w = softmax(scores / np.sqrt(hd))  # the causal mask is already in scores as -inf
-    if trace is not None:  # the last token's row: (H, T, S) -> (H, S)
-        trace.scores.append((scores[:, -1] / np.sqrt(hd)).astype(np.float32))
-        trace.weights.append(w[:, -1].astype(np.float32))
     out = (w @ cache.values[layer]).astype(np.float32)  # (H, T, S) @ (H, S, hd) -> (H, T, hd)
-    if trace is not None:
-        trace.heads.append(out[:, -1].copy())  # (H, hd)
-    out = out.transpose(1, 0, 2).reshape(T, H * hd)  # merge heads -> (T, C)
-    y = p.linear(f"h.{layer}.attn.c_proj", out)  # (T, C) -> (T, C)
-    if trace is not None:
-        trace.attn.append(y[-1].copy())
+    y = p.linear(f"h.{layer}.attn.c_proj", out.transpose(1, 0, 2).reshape(T, H * hd))  # merge heads: (T, C)
+    # What the last token shows: its rows of (H, T, S), (H, T, hd) and (T, C).
+    trace.record(f"h.{layer}.attn.scores", scores[:, -1] / np.sqrt(hd))
+    trace.record(f"h.{layer}.attn.weights", w[:, -1])
+    trace.record(f"h.{layer}.attn.heads", out[:, -1])
+    trace.record(f"h.{layer}.attn.c_proj", y[-1])
     return y
 
 
-def mlp(p: Products, layer: int, x: np.ndarray, trace: Trace | None = None) -> np.ndarray:
+def mlp(p: Products, layer: int, x: np.ndarray, trace: Trace = NO_TRACE) -> np.ndarray:
     h = gelu(p.linear(f"h.{layer}.mlp.c_fc", x))  # (T, C) -> (T, 4C)
     y = p.linear(f"h.{layer}.mlp.c_proj", h)  # (T, 4C) -> (T, C)
-    if trace is not None:
-        trace.acts.append(h[-1].copy())
-        trace.mlp.append(y[-1].copy())
+    trace.record(f"h.{layer}.mlp.gelu", h[-1])
+    trace.record(f"h.{layer}.mlp.c_proj", y[-1])
     return y
 
 
@@ -146,6 +198,7 @@ def forward(p: Products, ids: np.ndarray, start: int, cache: Cache, trace: Trace
     return the final hidden states after ``ln_f``: (T,) -> (T, C). A ``trace`` records
     what the last token went through."""
     c = p.config
+    trace = NO_TRACE if trace is None else trace
     ids = np.asarray(ids, dtype=np.int64)
     pos = np.arange(start, start + len(ids))
     if len(ids) == 0:
@@ -158,12 +211,10 @@ def forward(p: Products, ids: np.ndarray, start: int, cache: Cache, trace: Trace
         cache.values = [np.zeros((c.n_head, 0, c.head_dim), np.float32) for _ in range(c.n_layer)]
     x = p.embed(ids, pos)  # (T, C)
     for i in range(c.n_layer):
-        if trace is not None:
-            trace.residual.append(x[-1].copy())  # entering block i
+        trace.record(f"h.{i}.resid", x[-1])  # entering block i
         x = x + attention(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_1"), c.eps), pos, cache, trace)
         x = x + mlp(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_2"), c.eps), trace)
-    if trace is not None:
-        trace.residual.append(x[-1].copy())  # after the last block, before ln_f
+    trace.record("ln_f.resid", x[-1])  # after the last block, before ln_f
     return layer_norm(x, *p.norm("ln_f"), c.eps)
 
 
@@ -175,7 +226,8 @@ class NumpyProducts:
     def __init__(self, ckpt: Checkpoint):
         self.config = ckpt.config
         self.params = ckpt.params
-        self.log: list = []  # numpy makes no requests
+        self.untrained = None  # numpy can't say which rows were never trained: the views say so
+        self.keys_ns = None
         self.keys: list[np.ndarray] = [
             np.zeros((self.config.n_head, 0, self.config.head_dim), np.float32)
         ] * self.config.n_layer
@@ -210,6 +262,28 @@ class NumpyProducts:
         if name not in ("wte", "wpe"):
             raise ValueError(f"row() reads an embedding (wte, wpe), not {name!r}")
         return self.params[f"{name}.weight"][i].copy()
+
+    def token_rows(self, ids):
+        return self.params["wte.weight"][np.asarray(ids, np.int64)].copy()
+
+    def cosine_all(self, v):
+        w = self.params["wte.weight"].astype(np.float64)
+        v = np.asarray(v, np.float64)
+        return (w @ v) / np.maximum(np.linalg.norm(w, axis=1) * np.linalg.norm(v), 1e-30)
+
+    # --- the extras: numpy makes no requests, takes no turn, keeps no keys in a store ---
+    @contextmanager
+    def recording(self, extra: bool = False) -> Iterator[list]:
+        yield []
+
+    def slot(self, should_stop=None):
+        return nullcontext(True)
+
+    def stepping(self):
+        return nullcontext()
+
+    def key_counts(self):
+        return None
 
     def close(self) -> None:
         pass

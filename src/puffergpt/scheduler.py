@@ -34,6 +34,7 @@ from puffergpt.stores.base import Hits, Query, Store
 MERGE_QUERIES = 2048  # at most this many queries in one merged request (a text's own may be more)
 GATHER_S = 0.005  # a lane of the weights waits at least this long for texts still in their step,
 MAX_GATHER_S = 0.1  # and, sized from the store's speed, at most this (Batcher._wait_s)
+MAX_RUNNING = 16  # texts generating at once by default; a server sets its own (serve --max-running)
 WAIT_POLL_S = 0.05  # how often a queued generation checks whether it was stopped
 
 
@@ -246,9 +247,9 @@ def split(hits: Hits, sizes: list[int], include: tuple) -> list[Hits]:
 class Scheduler:
     """At most ``max_running`` generations at once; the others wait, first come first served."""
 
-    def __init__(self, max_running: int = 16):
-        if max_running < 1:
-            raise ValueError(f"max_running must be at least 1, got {max_running}")
+    def __init__(self, max_running: int = MAX_RUNNING):
+        if isinstance(max_running, bool) or not isinstance(max_running, int) or not 1 <= max_running <= 1000:
+            raise ValueError(f"max_running must be in 1..1000, got {max_running!r}")
         self.max_running = max_running
         self._cond = threading.Condition()
         self._running = 0

@@ -11,8 +11,9 @@ model has not read cost requests:
   values in ``cache``, their final hidden states in ``hidden`` (the query for the next token);
 - ``steps[p]`` holds, for each generated position p, its candidates (at most
   ``KEEP_CANDIDATES``) and what they cost;
-- ``inspected[p]``: the attention and lens of the token at p - 1, for at most
-  ``KEEP_INSPECTED`` positions (the most recent); others are recomputed on demand;
+- ``kept[p]``: what a learning view computed from the token at p - 1 (an inspection,
+  ``inspector.py``), for at most ``KEEP_VIEWS`` positions (the most recent), dropped when a
+  token before p changes; others are recomputed on demand;
 - ``writes`` and ``written_by``: which read wrote each position's keys (the KV cache view).
 
 Reading is batched: all unread tokens go through each matrix in one request (prefill).
@@ -36,14 +37,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from puffergpt import attribution, inside, tokenizer
+from puffergpt import tokenizer
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.reference import Cache, Products, Trace, forward
 from puffergpt.sampling import Sampling, distribution, log_softmax, pick, probabilities
 
 log = logging.getLogger("puffergpt")
 KEEP_CANDIDATES = 100  # a step keeps this many candidates, whatever top_k was (the page shows 40)
-KEEP_INSPECTED = 32  # positions whose attention and lens a text keeps
+KEEP_VIEWS = 32  # positions whose inspection a text keeps
 MAX_PROMPT_IDS = 4096  # token ids a text may be given at once: more than any GPT-2's context
 
 
@@ -103,7 +104,7 @@ class Step:
     ms: float = 0.0
     read: int = 0  # tokens the model read for it: many for a prefill, 1 for a decode, 0 if replayed
     phase: str = "decode"  # "prefill" when it read the user's tokens (a prompt, appended text)
-    inspect: dict | None = None  # attention and lens, when the generation asked for them
+    inspect: dict | None = None  # attention and lens, when the generation asked for them (``inspector.py``)
     # With the whole vocabulary scored (``full``): log sum exp of all n_vocab logits, so
     # a candidate's exact log-probability is logit - logz; and the chosen token's own.
     logz: float | None = None
@@ -140,17 +141,13 @@ class Text:
         self.cache = Cache()
         self.hidden: list[np.ndarray] = []
         self.steps: dict[int, Step] = {}
-        self.inspected: OrderedDict[int, dict] = OrderedDict()
+        self.kept: OrderedDict[int, dict] = OrderedDict()  # position -> a view of it (``keep``)
         self.writes: list[dict] = []  # each read: {"batch", "phase", "start", "end", "requests"}
         self.written_by: dict[int, dict] = {}  # position -> {"phase", "step", "batch"}
         self.lock = threading.RLock()
         self.generating = False  # claimed by begin(), for callers that generate from another thread
         self.stopping = threading.Event()  # a user's Stop: the generation ends at its next token
         self.last_used = time.monotonic()
-
-    # --- what it costs ---
-    def _log(self) -> list:
-        return self.products.log
 
     @property
     def text(self) -> list[int]:
@@ -183,8 +180,8 @@ class Text:
         if same < max(len(old), len(new)):
             self.read_upto = min(self.read_upto, first)
             del self.hidden[self.read_upto:]
-            for q in [q for q in self.inspected if q > self.read_upto]:  # its query's token changed
-                del self.inspected[q]
+            for q in [q for q in self.kept if q > self.read_upto]:  # its query's token changed
+                del self.kept[q]
             # A step's candidates depend only on the tokens before it, so the step at
             # `first` survives, with the token now there.
             self.steps = {q: st for q, st in self.steps.items() if q <= first}
@@ -260,14 +257,15 @@ class Text:
         """Read every unread token of the text in one batched forward; how many were read."""
         n = self.length - self.read_upto
         if n > 0:
-            start, log0 = self.read_upto, len(self._log())
-            h = forward(self.products, np.asarray(self.tokens[start: self.length]), start, self.cache, trace)
+            start = self.read_upto
+            with self.products.recording() as requests:
+                h = forward(self.products, np.asarray(self.tokens[start: self.length]), start, self.cache, trace)
             self.hidden[start:] = list(h)
             self.read_upto = self.length
             users = any(q not in self.steps for q in range(start, self.length))  # not all the model's own tokens
             batch = len(self.writes)
             self.writes.append({"batch": batch, "phase": "prefill" if users else "decode", "start": start,
-                                "end": self.length, "requests": len(self._log()) - log0})
+                                "end": self.length, "requests": len(requests)})
             for q in range(start, self.length):
                 self.written_by[q] = {"phase": self.writes[-1]["phase"], "step": self.length, "batch": batch}
         return n
@@ -295,16 +293,15 @@ class Text:
         a read, then one all-vocabulary search a position from 1 on; position 0 has no
         prediction (logprob None). Keeps KEEP_CANDIDATES a position, never all V scores."""
         for q in range(self.length):
-            with self.lock:
-                log0, t0 = len(self._log()), time.perf_counter()
-                tok = self.tokens[q]
+            with self.lock, self.products.recording() as requests:
+                t0, tok = time.perf_counter(), self.tokens[q]
                 if q == 0:
                     read = self._read() if self.read_upto < 1 else 0
                     step = Step(0, tok, np.zeros(0, np.int64), np.zeros(0), 1.0, read=read, phase="prompt")
                 else:
                     full, read = self._all_logits(q)
                     step = self._full_step(q, tok, full, 1.0, read, "prompt")
-                step.requests, step.ms = list(self._log()[log0:]), (time.perf_counter() - t0) * 1e3
+                step.requests, step.ms = requests, (time.perf_counter() - t0) * 1e3
             yield step
 
     @staticmethod
@@ -317,132 +314,70 @@ class Text:
         return Step(p, tok, best.astype(np.int64), full[best], temperature, read=read, phase=phase,
                     logz=logz, logprob=float(full[tok]) - logz)
 
-    def keep_inspection(self, p: int, got: dict) -> None:
-        self.inspected[p] = got
-        self.inspected.move_to_end(p)
-        while len(self.inspected) > KEEP_INSPECTED:
-            self.inspected.popitem(last=False)
+    def keep(self, p: int, view: dict) -> None:
+        """Keep a view of position p (an inspection) while the tokens before p stay."""
+        self.kept[p] = view
+        self.kept.move_to_end(p)
+        while len(self.kept) > KEEP_VIEWS:
+            self.kept.popitem(last=False)
 
-    def inspect(self, p: int, k: int = 10, explain: bool = True) -> tuple[dict, list, bool]:
-        """The view from the token at p - 1, whose output predicts position p: attention
-        over 0..p-1 per layer and head, and the lens. Kept from a generation that asked,
-        else recomputed: that token through the layers again over a copy of the cache,
-        so the text's own cache and keys stay as they are (its key is rewritten as it
-        was). ``explain`` adds the attribution of the token at p (the final top-1 when
-        p is past the end) and the MLP's top neurons (``attribution.py``).
-        -> (inspection, the requests it cost, marked extra; recomputed?)"""
-        try:
-            k = inside.check_k(k, "lens k")
-        except ValueError as e:
-            raise TextError(str(e)) from None
-        with self.lock:
-            if self.generating:
-                raise TextBusy("this text is generating: inspect a token when it ends")
-            got, requests, recomputed = self._inspect(p, k)
-            if explain:
-                c = self.tokens[p] if p < self.length else inside.final_top1(got["lens"])
-                requests = requests + self._explain(got, c)
-            return got, requests, recomputed
+    def trace(self, p: int) -> Trace:
+        """What reading the token at p - 1 shows (``reference.Trace``), read again over a copy
+        of the cache, so the text's own cache and keys stay as they are (its key is rewritten
+        as it was): the requests of one token. The lock held by the caller."""
+        if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 1 <= p <= self.read_upto:
+            raise TextError(f"inspect: position {p!r} is outside 1..{self.read_upto} "
+                            f"(the positions whose previous token the model has read)")
+        trace = Trace()
+        cache = Cache([v[:, : p - 1].copy() for v in self.cache.values])
+        forward(self.products, np.asarray([self.tokens[p - 1]]), p - 1, cache, trace)
+        return trace
 
-    def _explain(self, got: dict, token_id: int) -> list:
-        """Attribution and neurons into an inspection; the requests it cost, marked extra."""
-        log0 = len(self._log())
-        self.products.extra = True
-        try:
-            attribution.explain(self.products, got, token_id)
-        finally:
-            self.products.extra = False
-        return list(self._log()[log0:])
-
-    def _inspect(self, p: int, k: int) -> tuple[dict, list, bool]:
-        with self.lock:
-            if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 1 <= p <= self.read_upto:
-                raise TextError(f"inspect: position {p!r} is outside 1..{self.read_upto} "
-                                f"(the positions whose previous token the model has read)")
-            kept = self.inspected.get(p)
-            if kept is not None and kept["k"] >= k:
-                return kept, [], False
-            log0 = len(self._log())
-            self.products.extra = True
-            try:
-                trace = Trace()
-                cache = Cache([v[:, : p - 1].copy() for v in self.cache.values])
-                forward(self.products, np.asarray([self.tokens[p - 1]]), p - 1, cache, trace)
-                got = inside.inspection(self.products, trace, k)
-            finally:
-                self.products.extra = False
-            self.keep_inspection(p, got)
-            return got, list(self._log()[log0:]), True
-
-    def generate(self, n: int, s: Sampling, should_stop: Callable[[], bool] | None = None,
-                 inspect: int = 0, full: bool = False, explain: bool = False) -> Iterator[Step]:
+    def generate(self, n: int, s: Sampling, should_stop: Callable[[], bool] | None = None, full: bool = False,
+                 observe: Callable[[Step, Trace | None], None] | None = None) -> Iterator[Step]:
         """Write up to n tokens at the end of the text, stopping at <|endoftext|> or when
         should_stop() says so (checked before each token; the text stays consistent).
-        ``inspect`` = k > 0 also records each step's attention and a lens of top-k, and
-        with ``explain`` the chosen token's attribution and the MLP's top neurons.
         ``full`` (implied by top_p < 1) scores the whole vocabulary each token, one search
-        (``wte.all``): sampling then uses the exact distribution, and the step has ``logz``."""
+        (``wte.all``): sampling then uses the exact distribution, and the step has ``logz``.
+        ``observe(step, trace)`` runs after each token, inside its lock and its requests, with
+        what the read showed of the token (None when the step was replayed): the inspector's
+        lens and attribution (``inspector.generate``)."""
         check_generation(self.config, s, self.length, n)
-        if inspect and (full or s.top_p < 1):
-            raise TextError("inspect works over the top-k candidates: not with top_p or full log-probabilities")
         full = full or s.top_p < 1
         if self.length == 0:
             raise TextError("the text is empty: give at least one token")
         rng = np.random.default_rng(s.seed)
-        with self._slot(should_stop) as turn:  # other texts may be generating: wait for a turn
+        with self.products.slot(should_stop) as turn:  # other texts may be generating: wait for a turn
             for _ in range(n if turn else 0):
                 if should_stop is not None and should_stop():
                     return
-                with self.lock, self._stepping():
-                    step = self._next(s, rng, inspect, full, explain)
+                with self.lock, self.products.stepping():
+                    step = self._next(s, rng, full, observe)
                     tok = step.token_id
                 yield step
                 if tok == tokenizer.EOT:
                     return
 
-    def _slot(self, should_stop: Callable[[], bool] | None):
-        """The engine's turn for a generation (``scheduler.Scheduler``); the numpy reference has none."""
-        slot = getattr(self.products, "slot", None)
-        return slot(should_stop) if slot is not None else contextlib.nullcontext(True)
-
-    def _stepping(self):
-        """A step in lockstep with the other texts' (``scheduler.Batcher``); the numpy reference has none."""
-        stepping = getattr(self.products, "stepping", None)
-        return stepping() if stepping is not None else contextlib.nullcontext()
-
-    def _next(self, s: Sampling, rng: np.random.Generator, inspect: int, full: bool, explain: bool) -> Step:
+    def _next(self, s: Sampling, rng: np.random.Generator, full: bool,
+              observe: Callable[[Step, Trace | None], None] | None) -> Step:
         """One token written at the end of the text (the lock held): chosen, recorded as a
-        step, and inspected when asked."""
+        step, and observed when asked."""
         if self.length >= self.config.n_ctx:  # an edit from elsewhere may have filled it
             raise TextError(f"the text has reached the model's context of {self.config.n_ctx} tokens")
-        log0, t0, first = len(self._log()), time.perf_counter(), self.read_upto
-        trace = Trace() if inspect else None
-        p = self.length
-        ids, logits, read, tok, whole = self._choose(p, s, rng, full, trace, max(KEEP_CANDIDATES, inspect))
-        users = read and any(q not in self.steps for q in range(first, first + read))  # not the model's own
-        got = None
-        if inspect and read:  # the lens: one more request, marked extra
-            self.products.extra = True
-            try:
-                got = inside.inspection(self.products, trace, inspect, (ids, logits))
-            finally:
-                self.products.extra = False
-            if explain:
-                self._explain(got, tok)
-        step = Step(p, tok, ids[:KEEP_CANDIDATES], logits[:KEEP_CANDIDATES], s.temperature,
-                    list(self._log()[log0:]), (time.perf_counter() - t0) * 1e3, read,
-                    "prefill" if users else "decode")
-        if whole is not None:
-            step.logz, step.logprob = whole.logz, whole.logprob
-        self._set(p, tok)
-        self.steps[p] = step
-        if got is not None:
-            self.keep_inspection(p, got)
-        elif inspect:  # replayed: what was kept, or the token through the layers again
-            got = self._inspect(p, inspect)[0]
-            if explain:
-                self._explain(got, tok)
-        step.inspect = got
+        t0, first, p = time.perf_counter(), self.read_upto, self.length
+        trace = Trace() if observe is not None else None
+        with self.products.recording() as requests:
+            ids, logits, read, tok, whole = self._choose(p, s, rng, full, trace)
+            users = read and any(q not in self.steps for q in range(first, first + read))  # not the model's own
+            step = Step(p, tok, ids[:KEEP_CANDIDATES], logits[:KEEP_CANDIDATES], s.temperature, requests, 0.0, read,
+                        "prefill" if users else "decode")
+            if whole is not None:
+                step.logz, step.logprob = whole.logz, whole.logprob
+            self._set(p, tok)
+            self.steps[p] = step
+            if observe is not None:
+                observe(step, trace if read else None)
+        step.ms = (time.perf_counter() - t0) * 1e3
         self.last_used = time.monotonic()
         return step
 
@@ -462,9 +397,7 @@ class Text:
         return ids, logits, read, int(ids[pick(distribution(logits, s), rng)]), None
 
     def close(self) -> None:
-        close = getattr(self.products, "close", None)
-        if close:
-            close()
+        self.products.close()
 
 
 # --- the open texts of one engine: open, find, close ---------------------------------

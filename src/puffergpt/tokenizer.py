@@ -67,3 +67,15 @@ def token_bytes(token_id: int) -> bytes:
 def token_text(token_id: int) -> str:
     """One token as text (a lone byte of a multi-byte character shows as U+FFFD)."""
     return get_encoding().decode_single_token_bytes(int(token_id)).decode("utf-8", errors="replace")
+
+
+def token_dict(tok: int) -> dict:
+    """A token as text, and its bytes in hex where they are not whole UTF-8 on their own
+    (a piece of a multi-byte character), so a page can show ``<e6>`` and not U+FFFD."""
+    raw = token_bytes(tok)
+    d = {"token_id": tok, "text": token_text(tok)}
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        d["bytes_hex"] = raw.hex()
+    return d

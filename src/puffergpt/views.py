@@ -5,7 +5,7 @@ views (``analogy``, ``neighbours``, ``embedding_map``) and a text's key namespac
 
 Words are GPT-2 tokens (``one_token``); rows never trained are skipped and said so
 (``untrained.py``); a token is shown as text, with its bytes where they are not whole
-UTF-8 (``token_dict``).
+UTF-8 (``tokenizer.token_dict``).
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from puffergpt import inside, tokenizer
-from puffergpt.reference import layer_norm
+from puffergpt.reference import Products, layer_norm
 from puffergpt.text import Text, TextBusy, TextError
+from puffergpt.tokenizer import token_dict
 
 MAX_MAP_WORDS = 24  # words an embedding map may place
 
@@ -40,26 +41,14 @@ def _check_k(k) -> int:
         raise TextError(str(e)) from None
 
 
-def token_dict(tok: int) -> dict:
-    """A token as text, and its bytes in hex where they are not whole UTF-8 on their own
-    (a piece of a multi-byte character), so a page can show ``<e6>`` and not U+FFFD."""
-    raw = tokenizer.token_bytes(tok)
-    d = {"token_id": tok, "text": tokenizer.token_text(tok)}
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        d["bytes_hex"] = raw.hex()
-    return d
-
-
 UNKNOWN_UNTRAINED = ("this store was loaded by an older puffergpt, which did not record which token vectors were "
                      "never trained (they may rank as answers): run `puffergpt load` with the same options to "
                      "record them")
 
 
-def _untrained(products) -> frozenset[int] | None:
+def _untrained(products: Products) -> frozenset[int] | None:
     """The ids of token vectors never trained (``untrained.py``); None when not recorded."""
-    return getattr(products, "untrained", None)
+    return products.untrained
 
 
 def _best(sims: np.ndarray, k: int, exclude: set[int],
@@ -184,8 +173,8 @@ def kv(text: Text) -> dict:
     with text.lock:
         if text.generating:
             raise TextBusy("this text is generating: look at its keys when it ends")
-        counts = text.products.key_counts() if hasattr(text.products, "key_counts") else None
-        return {"namespace": getattr(text.products, "keys_ns", None), "layers": c.n_layer, "heads": c.n_head,
+        counts = text.products.key_counts()
+        return {"namespace": text.products.keys_ns, "layers": c.n_layer, "heads": c.n_head,
                 "length": text.length, "read_upto": text.read_upto, "known": len(text.tokens),
                 "documents": None if counts is None else int(sum(counts)), "per_layer": counts,
                 "positions": [{"position": i, "token_id": tok, "text": tokenizer.token_text(tok),
@@ -194,4 +183,4 @@ def kv(text: Text) -> dict:
                 "writes": list(text.writes)}
 
 
-__all__ = ["analogy", "embedding_map", "kv", "neighbours", "one_token", "token_dict"]
+__all__ = ["analogy", "embedding_map", "kv", "neighbours", "one_token"]

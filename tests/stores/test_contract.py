@@ -312,14 +312,14 @@ def test_the_engine_on_every_backend(store, tiny):
     """The engine on this store: greedy tokens and top-40 logits equal the numpy reference."""
     from helpers import assert_close
     from puffergpt import loading, tokenizer
-    from puffergpt.engine import Engine
+    from puffergpt.loading import open_engine
     from puffergpt.reference import NumpyProducts
     from puffergpt.sampling import Sampling
     from puffergpt.text import Text
 
     loading.load(store, tiny, "tiny", progress=False)  # the store's most precise metric
     ids = tokenizer.encode("The quick brown fox")
-    got, want = Text(Engine(store, tiny.name, "tiny").open()), Text(NumpyProducts(tiny))
+    got, want = Text(open_engine(store, tiny.name, "tiny").open()), Text(NumpyProducts(tiny))
     for t in (got, want):
         t.append(ids)
     for a, b in zip(got.generate(8, Sampling(0, 40)), want.generate(8, Sampling(0, 40)), strict=True):
@@ -333,12 +333,12 @@ def test_the_learning_views_on_every_backend(store, tiny):
     equal numpy's (which tests/test_inside.py holds to transformers)."""
     from helpers import assert_close
     from puffergpt import completion, loading, tokenizer, views
-    from puffergpt.engine import Engine
+    from puffergpt.loading import open_engine
     from puffergpt.reference import NumpyProducts
     from puffergpt.sampling import Sampling
 
     loading.load(store, tiny, "tiny", progress=False)
-    engine = Engine(store, tiny.name, "tiny")
+    engine = open_engine(store, tiny.name, "tiny")
     ids = tokenizer.encode("one two three one two")
     got = list(completion.complete(engine.open, ids, 2, Sampling(0, 40), inspect=10))
     want = list(completion.complete(lambda: NumpyProducts(tiny), ids, 2, Sampling(0, 40), inspect=10))

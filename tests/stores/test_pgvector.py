@@ -13,7 +13,7 @@ import pytest
 from helpers import compare_with_reference, encoding_error_through
 from puffergpt import loading, tokenizer
 from puffergpt.documents import METRICS
-from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
 from puffergpt.stores import Query, StoreError, open_store
@@ -38,7 +38,7 @@ def tiny_pg(new_database, tiny):
 
 def compare(ckpt, store, key, prompt, n, metric="inner_product", text=None):
     """The engine on pgvector and numpy side by side: (worst logit diff, tokens)."""
-    return compare_with_reference(ckpt, text or Text(Engine(store, ckpt.name, key).open()), prompt, n, metric)
+    return compare_with_reference(ckpt, text or Text(open_engine(store, ckpt.name, key).open()), prompt, n, metric)
 
 
 # --- the engine on pgvector ---------------------------------------------------------------
@@ -61,7 +61,7 @@ def test_padded_encodings_on_pgvector(new_database, tiny, metric):
     store = open_store("pgvector", dsn=new_database())
     key = loading.model_key(tiny.name)
     loading.load(store, tiny, key, metric=metric, progress=False)
-    text = Text(Engine(store, tiny.name, key, key_metric=metric).open())
+    text = Text(open_engine(store, tiny.name, key, key_metric=metric).open())
     diff, tokens = compare(tiny, store, key, PROMPTS[1], 8, metric, text=text)
     assert tokens == Reference(tiny).greedy(tokenizer.encode(PROMPTS[1]), 8)
     print(f"tiny on pgvector, {metric}: worst top-40 logit diff {diff:.3g}")
@@ -456,7 +456,7 @@ def test_a_killed_load_is_refused_then_resumed(new_database, tiny_pg, tiny):
     stored = sum(store.count(ns) for ns in store.namespaces(f"{key}."))
     assert 0 < stored < clean["documents"]  # half-loaded
     with pytest.raises(loading.NotLoaded, match="did not finish.*--backend pgvector --dsn"):
-        Engine(store, tiny.name, key)
+        open_engine(store, tiny.name, key)
     resumed = loading.load(store, tiny, key, progress=False)
     assert resumed == clean
     assert loading.verify(store, resumed) == {}
@@ -475,7 +475,7 @@ def test_the_server_going_away_mid_generation(pg, tiny_pg, tiny, monkeypatch):
     store = open_store("pgvector", dsn=dsn)
     ids = tokenizer.encode(PROMPTS[1])
     want = Reference(tiny).greedy(ids, 8)
-    text = Text(Engine(store, tiny.name, key).open())
+    text = Text(open_engine(store, tiny.name, key).open())
     text.append(ids)
     steps = text.generate(8, GREEDY)
     got = [next(steps).token_id for _ in range(3)]
@@ -505,7 +505,7 @@ def test_the_server_stopping_mid_generation(pg, tiny_pg, tiny, mode, monkeypatch
     store = open_store("pgvector", dsn=dsn)
     ids = tokenizer.encode(PROMPTS[2])
     want = Reference(tiny).greedy(ids, 6)
-    text = Text(Engine(store, tiny.name, key).open())
+    text = Text(open_engine(store, tiny.name, key).open())
     text.append(ids)
     steps = text.generate(6, GREEDY)
     got = [next(steps).token_id for _ in range(2)]
@@ -528,7 +528,7 @@ def test_the_server_stopping_mid_generation(pg, tiny_pg, tiny, mode, monkeypatch
         with pytest.raises(StoreError, match=r"keys in text-\S+ are missing .*close the text and open it again"):
             next(iter(text.generate(4, GREEDY)))
         text.close()
-        text = Text(Engine(store, tiny.name, key).open())
+        text = Text(open_engine(store, tiny.name, key).open())
         text.append(ids)
         got = []
     got += [s.token_id for s in text.generate(6 - len(got), GREEDY)]

@@ -11,6 +11,7 @@ import pytest
 
 from puffergpt import loading
 from puffergpt.engine import Engine
+from puffergpt.loading import open_engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
 from puffergpt.stores import Query, StoreError, open_store
@@ -22,7 +23,7 @@ from puffergpt.text import opened
 def engine(tmp_path_factory, tiny_dir, tiny):
     store = open_store("embedded", tmp_path_factory.mktemp("replicas"))
     loading.load(store, tiny, loading.model_key(str(tiny_dir)), progress=False)
-    yield Engine(store, str(tiny_dir))
+    yield open_engine(store, str(tiny_dir))
     store.close()
 
 

@@ -70,7 +70,7 @@ def test_cli_load_and_greedy_generate_on_turbopuffer_equal_the_reference(emu):
 
 
 def test_a_model_of_gpt2s_depth_loads_completely(emu, deep):
-    from puffergpt.engine import Engine
+    from puffergpt.loading import open_engine
     from puffergpt.reference import Reference
     from puffergpt.sampling import Sampling
     from puffergpt.text import Text
@@ -79,7 +79,7 @@ def test_a_model_of_gpt2s_depth_loads_completely(emu, deep):
     m = loading.load(s, deep, "deep", progress=False)
     assert len(json.dumps(m)) > 4096 and len(json.dumps(s.get_meta("loading:deep"))) > 4096  # over a filterable value
     assert m["complete"] and loading.verify(s, m) == {}
-    text = Text(Engine(s, deep.name, "deep").open())
+    text = Text(open_engine(s, deep.name, "deep").open())
     text.append([5, 17, 42])
     assert [t.token_id for t in text.generate(4, Sampling(0, 5))] == Reference(deep).greedy([5, 17, 42], 4)
     text.close()

@@ -99,7 +99,7 @@ def run_generate(steps, prompt, ids, as_json, summary) -> None:
 def step_line(step) -> dict:
     """The --json line of a token; with --inspect, its attention, lens, attribution and
     neurons (see docs/cli.md)."""
-    from puffergpt import inside, views
+    from puffergpt import inside
 
     d = step.to_json()
     if step.inspect is not None:
@@ -109,7 +109,7 @@ def step_line(step) -> dict:
         d["lens"] = [[{"token_id": int(i), "logit": float(v)} for i, v in zip(e["ids"], e["logits"], strict=True)]
                      for e in got["lens"]]
         d["decided_layer"] = inside.decided_layer(got["lens"])
-        d["final_top1"] = views.token_dict(inside.final_top1(got["lens"]))
+        d["final_top1"] = tokenizer.token_dict(inside.final_top1(got["lens"]))
         if "attribution" in got:
             d["attribution"], d["neurons"] = got["attribution"], got["neurons"]
     return d

@@ -93,7 +93,7 @@ def loaded(ckpt, model: str, dirs: dict[str, Path], dsn: str | None, stores: lis
     """The model loaded into a store of each backend, in its directory (opened stores go on
     ``stores``, for the caller to close): each engine's ``open``, and each load's seconds and size."""
     from puffergpt import loading
-    from puffergpt.engine import Engine
+    from puffergpt.loading import open_engine
 
     engines, loads = {}, {}
     for name, data_dir in dirs.items():
@@ -102,7 +102,7 @@ def loaded(ckpt, model: str, dirs: dict[str, Path], dsn: str | None, stores: lis
         t0 = time.perf_counter()
         loading.load(store, ckpt, loading.model_key(model))
         loads[name] = {"load_s": round(time.perf_counter() - t0, 2), "disk_mb": store_size_mb(store)}
-        engines[name] = Engine(store, model).open
+        engines[name] = open_engine(store, model).open
     return engines, loads
 
 
@@ -166,7 +166,7 @@ def own_server(plan, model: str, backend: str, dsn: str | None, data_dir: Path |
         config = ServerConfig(max_open_texts=max(ServerConfig.max_open_texts, plan.clients))
         try:
             with opened.engine.replicated(replicas) as n, serving(create_app(opened.engine, config)) as url:
-                opened.engine.ready_texts(config.max_running)  # as serve does
+                opened.engine.ready_texts(opened.engine.scheduler.max_running)  # as serve does
                 copies = f", {n} read replica{'s' if n != 1 else ''} of the weights" if n else ""
                 where = "started by bench, in this process" + copies
                 return bc.run(url, plan, progress=True, where=where)

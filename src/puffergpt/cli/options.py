@@ -147,9 +147,11 @@ class Opened:
         self.close()
 
 
-def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn: str | None) -> Opened:
+def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn: str | None,
+               max_running: int | None = None) -> Opened:
     """The one way a command opens a model: ``engine`` "reference" is the numpy GPT-2 on the
-    checkpoint; "search" the engine on the store, verified, the model loaded on first use."""
+    checkpoint; "search" the engine on the store, verified, the model loaded on first use, with
+    at most ``max_running`` texts generating at once (a server's bound; default the scheduler's)."""
     if engine == "reference":
         from puffergpt.reference import NumpyProducts
 
@@ -158,19 +160,20 @@ def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn
     checkpoints.check_model(model)  # a bad name or path says so before the store is opened
     store = open_store(backend, data_dir, dsn)
     try:
-        e = search_engine(store, model)
+        e = search_engine(store, model, max_running)
     except BaseException:
         store.close()
         raise
     return Opened(e.open, e.config, e, store)
 
 
-def open_served(model: str, backend: str, data_dir: Path | None, dsn: str | None, notebook_path: Path | None):
+def open_served(model: str, backend: str, data_dir: Path | None, dsn: str | None, notebook_path: Path | None,
+                max_running: int | None = None):
     """(Opened, Notebook): what serve and mcp hold, the model on its store (loaded on first use)
     and the notebook; a notebook that can't be opened closes the store and says which option."""
     from puffergpt import notebook as nb
 
-    opened = open_model("search", model, backend, data_dir, dsn)
+    opened = open_model("search", model, backend, data_dir, dsn, max_running)
     try:
         return opened, nb.Notebook(notebook_dir(notebook_path, data_dir))
     except nb.NotebookError as e:
@@ -178,13 +181,17 @@ def open_served(model: str, backend: str, data_dir: Path | None, dsn: str | None
         fail(f"{e} (choose another with --notebook DIR)")
 
 
-def search_engine(store, model: str) -> Engine:
+def search_engine(store, model: str, max_running: int | None = None) -> Engine:
     """The model's engine on a store, loading it into the store on first use."""
     from puffergpt import loading
-    from puffergpt.engine import Engine
+    from puffergpt.scheduler import Scheduler
+
+    def engine() -> Engine:  # verified: never serve a damaged store
+        return loading.open_engine(store, model, verify=True, progress=True,
+                                   scheduler=Scheduler(max_running) if max_running else None)
 
     try:
-        return Engine(store, model, verify=True, progress=True)  # never serve a damaged store
+        return engine()
     except loading.NotLoaded as e:
         click.echo(f"{e.args[0].split(':')[0]}; loading it now", err=True)
         try:
@@ -194,4 +201,4 @@ def search_engine(store, model: str) -> Engine:
             fail(f"{ce}{hint}")
         loading.load(store, ckpt, loading.model_key(model))
         del ckpt  # the weights leave the server's memory once they are documents
-        return Engine(store, model, verify=True, progress=True)
+        return engine()

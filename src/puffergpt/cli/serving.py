@@ -48,14 +48,14 @@ def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, m
 
     model, fallback = resolve_model(model)
     with clear_errors():
-        opened, notebook = open_served(model, backend, data_dir, dsn, notebook_path)
+        opened, notebook = open_served(model, backend, data_dir, dsn, notebook_path, max_running)
 
     def reference():  # Compare reads the checkpoint only while it compares
         return NumpyProducts(checkpoints.load(model))
 
     loopback = host in ("127.0.0.1", "localhost", "::1")
     trusted = ("127.0.0.1", "localhost", "[::1]") if loopback else None  # no DNS rebinding onto a local server
-    config = ServerConfig(max_open_texts=max_texts, max_running=max_running, idle_s=idle_minutes * 60,
+    config = ServerConfig(max_open_texts=max_texts, idle_s=idle_minutes * 60,
                           trusted_hosts=trusted, fallback=fallback)
     app = create_app(opened.engine, config, reference=reference, notebook=notebook)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL

@@ -27,7 +27,6 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from puffergpt import tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import Products
-from puffergpt.scheduler import Scheduler
 from puffergpt.server import errors, model_routes, openai, static_routes, texts_routes, tokenize_routes, views_routes
 from puffergpt.server.body_limit import MAX_BODY, BoundedBody
 from puffergpt.server.state import Served, ServerConfig
@@ -65,7 +64,6 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
     """The app over one loaded model. ``reference`` returns a numpy Products for Compare;
     ``notebook`` (a ``notebook.Notebook``) adds the insight routes."""
     config = config or ServerConfig()
-    engine.scheduler = Scheduler(config.max_running)  # this server's bound on texts generating at once
     tokenizer.get_encoding()  # its tables built now (~0.5 s), not in the first learner's request
     served = Served(engine, config, Texts(engine.open, max_open=config.max_open_texts, idle_s=config.idle_s),
                     Generations(), reference)

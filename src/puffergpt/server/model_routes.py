@@ -36,10 +36,8 @@ def info(served: ServedDep) -> dict:
 def status(served: ServedDep) -> dict:
     """How busy the server is: texts generating and waiting their turn, texts open, and how
     many of the texts' searches went to the store shared with another text's."""
-    replicas = served.engine.batcher.replicas
-    return {**served.engine.scheduler.status(), "open_texts": len(served.texts),
-            "max_open_texts": served.config.max_open_texts, "searches": served.engine.batcher.stats().to_json(),
-            "replicas": len(replicas) if replicas is not None else 0}
+    return {**served.engine.status(), "open_texts": len(served.texts),
+            "max_open_texts": served.config.max_open_texts}
 
 
 @router.post("/compare", response_model=responses.Compare)

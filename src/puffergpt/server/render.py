@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from puffergpt import inside, views
+from puffergpt import inside, tokenizer
 from puffergpt.text import Step, Text
 
 
@@ -18,7 +18,7 @@ def request_json(r) -> dict:
     return d
 
 
-token_json = views.token_dict  # a token as text, with bytes_hex for a byte piece
+token_json = tokenizer.token_dict  # a token as text, with bytes_hex for a byte piece
 
 
 def part_label(part: dict) -> str:

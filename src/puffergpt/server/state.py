@@ -20,7 +20,6 @@ from puffergpt.text import Text, Texts
 @dataclass(frozen=True)
 class ServerConfig:
     max_open_texts: int = 32
-    max_running: int = 16  # texts generating at once; the others wait their turn (scheduler.Scheduler)
     idle_s: float = 1800.0
     max_new_tokens: int = MAX_NEW_TOKENS  # a request's new tokens (the bodies' bound is the most it can be)
     trusted_hosts: tuple[str, ...] | None = None  # Host headers accepted; None accepts any
@@ -30,8 +29,6 @@ class ServerConfig:
     def __post_init__(self):
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
             raise ValueError(f"max_new_tokens must be in 1..{MAX_NEW_TOKENS}, got {self.max_new_tokens}")
-        if not 1 <= self.max_running <= 1000:
-            raise ValueError(f"max_running must be in 1..1000, got {self.max_running}")
 
 
 @dataclass

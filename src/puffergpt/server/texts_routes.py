@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 from fastapi import APIRouter, HTTPException
 
-from puffergpt import tokenizer, views
+from puffergpt import inspector, tokenizer, views
 from puffergpt.sampling import Sampling
 from puffergpt.server import responses
 from puffergpt.server.bodies import AppendBody, BranchBody, CreateBody, PositionBody, SamplingBodyInspect
@@ -94,7 +94,9 @@ def generation_events(t: Text, n: int, s: Sampling, inspect: int, stop: threadin
     """A generation's events, in its worker thread: ``token`` each, then ``done`` or ``error``."""
     t0, count, requests = time.perf_counter(), 0, 0
     try:
-        for step in t.generate(n, s, should_stop=stop.is_set, inspect=inspect):
+        steps = (inspector.generate(t, n, s, inspect, should_stop=stop.is_set) if inspect else
+                 t.generate(n, s, should_stop=stop.is_set))
+        for step in steps:
             count, requests = count + 1, requests + len(step.requests)
             yield sse("token", step_json(step))
         with t.lock:
@@ -123,7 +125,7 @@ def generate(body: SamplingBodyInspect, t: TextDep, config: ConfigDep, generatio
 def inspect(position: int, t: TextDep, lens_k: int = 10) -> dict:
     """The view from the token at position - 1, whose output predicts ``position``:
     attention per layer and head over 0..position-1, and the logit lens."""
-    got, requests, recomputed = t.inspect(position, lens_k)
+    got, requests, recomputed = inspector.inspect(t, position, lens_k)
     with t.lock:
         return inspect_json(got, t, position, requests, recomputed)
 
@@ -131,8 +133,7 @@ def inspect(position: int, t: TextDep, lens_k: int = 10) -> dict:
 @router.get("/{text_id}/kv", response_model=responses.KV)
 def kv(t: TextDep) -> dict:
     """The text's key namespace: which positions hold keys, and which read wrote them."""
-    with t.lock:
-        log0 = len(t.products.log)
+    with t.lock, t.products.recording() as requests:
         d = views.kv(t)
-        d["requests"] = [request_json(r) for r in t.products.log[log0:]]
-        return d
+    d["requests"] = [request_json(r) for r in requests]
+    return d

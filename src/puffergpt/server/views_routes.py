@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from fastapi import APIRouter
 
-from puffergpt import views
+from puffergpt import inspector, views
 from puffergpt.engine import Engine
 from puffergpt.server import responses
 from puffergpt.server.bodies import AnalogyBody, MapBody, NeighboursBody
@@ -23,9 +23,9 @@ def view(engine: Engine, run: Callable[[object], dict]) -> dict:
     """A view on its own products (a fetch and a search or two), closed after."""
     products = engine.views()  # no text: no namespace of keys to make and drop
     try:
-        products.extra = True
-        d = run(products)
-        d["requests"] = [request_json(r) for r in products.log[1:]]  # after the layer-norm fetch of opening
+        with products.recording(extra=True) as requests:
+            d = run(products)
+        d["requests"] = [request_json(r) for r in requests]
         return d
     finally:
         products.close()
@@ -50,6 +50,6 @@ def embedding_map(body: MapBody, engine: EngineDep, texts: TextsDep) -> dict:
         t = open_text(body.text_id, texts)
         if body.position is None:
             raise TextError("map: give the position whose path to draw with the text")
-        got, _, _ = t.inspect(body.position, 5, explain=False)
+        got, _, _ = inspector.inspect(t, body.position, 5, explain=False)
         residual = got["residual"]
     return view(engine, lambda p: views.embedding_map(p, list(body.words), residual))

@@ -1,0 +1,85 @@
+"""Inspecting a text: the learning views of one of its tokens, as a layer over ``text.Text``.
+
+A text reads and writes tokens; the inspector asks it what a read showed (``Text.trace``,
+or the trace of the step it is generating) and turns that into the views, each one made of
+searches and counted as extra requests:
+
+- ``inspect``: the view from the token at p - 1, whose output predicts position p: attention
+  per layer and head over 0..p-1 and the logit lens (``inside.py``), and with ``explain`` the
+  attribution of the token at p and the MLP's most active neurons (``attribution.py``);
+- ``generate``: a text's generation with each new token inspected as it is written.
+
+What it computes is kept on the text (``Text.keep``) while the tokens before it stay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from puffergpt import attribution, inside
+from puffergpt.reference import Trace
+from puffergpt.sampling import Sampling
+from puffergpt.text import Step, Text, TextBusy, TextError
+
+
+def check_k(k) -> int:
+    try:
+        return inside.check_k(k, "lens k")
+    except ValueError as e:
+        raise TextError(str(e)) from None
+
+
+def inspect(text: Text, p: int, k: int = 10, explain: bool = True) -> tuple[dict, list, bool]:
+    """The view from the token at p - 1 (see the module's docstring). Kept from a generation
+    that asked, else recomputed: that token through the layers again (``Text.trace``).
+    ``explain`` adds the attribution of the token at p (the final top-1 when p is past the
+    end) and the MLP's top neurons. -> (inspection, the requests it cost, marked extra;
+    recomputed?)"""
+    k = check_k(k)
+    with text.lock:
+        if text.generating:
+            raise TextBusy("this text is generating: inspect a token when it ends")
+        with text.products.recording(extra=True) as requests:
+            got, recomputed = _view(text, p, k)
+            if explain:  # the token at p, or the model's own prediction past the end
+                chosen = text.tokens[p] if p < text.length else inside.final_top1(got["lens"])
+                attribution.explain(text.products, got, chosen)
+        return got, requests, recomputed
+
+
+def _view(text: Text, p: int, k: int) -> tuple[dict, bool]:
+    """Attention and the lens at p: kept, or recomputed and kept. -> (inspection, recomputed?)"""
+    kept = text.kept.get(p)
+    if kept is not None and kept["k"] >= k:
+        return kept, False
+    got = inside.inspection(text.products, text.trace(p), k)
+    text.keep(p, got)
+    return got, True
+
+
+def generate(text: Text, n: int, s: Sampling, k: int, explain: bool = False,
+             should_stop: Callable[[], bool] | None = None) -> Iterator[Step]:
+    """``Text.generate`` with each token inspected as it is written (``Step.inspect``): its
+    attention and a lens of top-k, and with ``explain`` its attribution and the MLP's top
+    neurons. The lens over the step's own trace costs one more request, marked extra."""
+    k = check_k(k)
+    if s.top_p < 1:
+        raise TextError("inspect works over the top-k candidates: not with top_p or full log-probabilities")
+    def observe(step: Step, trace: Trace | None) -> None:
+        _observe(text, step, trace, k, explain)
+
+    yield from text.generate(n, s, should_stop=should_stop, observe=observe)
+
+
+def _observe(text: Text, step: Step, trace: Trace | None, k: int, explain: bool) -> None:
+    """A step just written (the text's lock held): its inspection, from its own trace when it
+    read tokens, else kept or recomputed (a replayed step)."""
+    with text.products.recording(extra=True):
+        if trace is not None:
+            got = inside.inspection(text.products, trace, k, (step.ids, step.logits))
+            text.keep(step.position, got)
+        else:
+            got, _ = _view(text, step.position, k)
+        if explain:
+            attribution.explain(text.products, got, step.token_id)
+    step.inspect = got
