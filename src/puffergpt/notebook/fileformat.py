@@ -92,6 +92,10 @@ def _scalar(v) -> bool:
     return isinstance(v, (str, int, float, dt.date))  # YAML reads an unquoted date as a date
 
 
+def _kind(v) -> str:
+    return {list: "a list", dict: "a mapping", type(None): "nothing"}.get(type(v), type(v).__name__)
+
+
 def parse(text: str, path: str) -> Insight:
     """An insight file back into an Insight; NotebookError names what is wrong."""
     if not text.startswith("---\n") or (end := text.find("\n---\n", 3)) < 0:
@@ -107,13 +111,16 @@ def parse(text: str, path: str) -> Insight:
                             f"{', '.join(map(str, FORMATS))}: upgrade puffergpt")
     no_evidence = front["version"] == 2
     needed = ("id", "title", "date") if no_evidence else ("id", "title", "date", "model")
-    if bad := [k for k in needed if not _scalar(front[k])] + (
-        []
-        if front["tags"] is None or isinstance(front["tags"], list) and all(map(_scalar, front["tags"]))
-        else ["tags"]
-    ):
-        # a list or a mapping (YAML aliases can nest one a billion strings deep) is not what a save writes
-        raise NotebookError(f"{path}: the front matter's {', '.join(bad)} must be text (tags a list of words)")
+    # A list or a mapping (YAML aliases can nest one a billion strings deep) is not what a save
+    # writes: each key is named with what it holds, so a title is never reported as the tags.
+    bad = [f"{k} must be text, got {_kind(front[k])}" for k in needed if not _scalar(front[k])]
+    tags = front["tags"]
+    if tags is not None and not isinstance(tags, list):
+        bad.append(f"tags must be a list of words, got {_kind(tags)}")
+    elif tags and not all(map(_scalar, tags)):
+        bad.append(f"tags must be a list of words, got one that is {_kind(next(t for t in tags if not _scalar(t)))}")
+    if bad:
+        raise NotebookError(f"{path}: the front matter's {'; its '.join(bad)}")
     if no_evidence:  # the rest is the learner's words, whatever they hold (a ```json block too)
         return Insight(id=str(front["id"]), path=path, title=str(front["title"]), body=text[end + 5:].strip("\n"),
                        tags=[str(t) for t in front["tags"] or []], date=str(front["date"]), model=None, evidence=None)

@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from puffergpt.notebook.insight import INSIGHTS, MAX_FILE_BYTES, NotebookError, NotebookUnavailable
+from puffergpt.notebook.insight import ID_RE, INSIGHTS, MAX_FILE_BYTES, NotebookError, NotebookUnavailable
+
+log = logging.getLogger("puffergpt.notebook")
+
+# A save writes its temporary file in milliseconds: one this old was left by a process
+# that died mid-save, never one that another process is still writing.
+STALE_TMP_S = 60
 
 
 @contextlib.contextmanager
@@ -91,11 +99,10 @@ def read(notebook: Path, folder: int, name: str) -> str:
             raise NotebookError(f"{rel} is a symbolic link: puffergpt reads insights only inside the notebook, "
                                 "never through a link. Replace the link with the file itself") from None
         raise unavailable(notebook, e, f"read {notebook / rel}", writing=False) from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotebookError(f"{rel} is not a regular file: move it out of the notebook's {INSIGHTS} folder")
-        data = f.read(MAX_FILE_BYTES + 1)
+    try:  # closed on every path: a descriptor kept per refused file took the server down (issue 31)
+        data = _regular_file(fd, rel)
+    finally:
+        os.close(fd)
     if len(data) > MAX_FILE_BYTES:
         raise NotebookError(f"{rel} has more than {MAX_FILE_BYTES} bytes, more than a save writes: "
                             f"move it out of the notebook's {INSIGHTS} folder")
@@ -108,17 +115,54 @@ def read(notebook: Path, folder: int, name: str) -> str:
         ) from None
 
 
+def _regular_file(fd: int, rel: str) -> bytes:
+    """At most MAX_FILE_BYTES + 1 bytes of an open file, if it is a regular file; the
+    caller closes ``fd`` (fstat first: fdopen of a directory raises, and leaked it)."""
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISDIR(mode):
+        raise NotebookError(f"{rel} is a directory, not an insight file: move it out of the notebook's "
+                            f"{INSIGHTS} folder")
+    if not stat.S_ISREG(mode):
+        raise NotebookError(f"{rel} is not a regular file: move it out of the notebook's {INSIGHTS} folder")
+    with os.fdopen(fd, "rb", closefd=False) as f:
+        return f.read(MAX_FILE_BYTES + 1)
+
+
 def write_new(folder: int, insight_id: str, text: str) -> bool:
     """Write ``text`` to a temporary file and link it as ``<id>.md``; False if that
     name is taken (the link fails: no overwrite)."""
     tmp = f".{insight_id}.tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=folder)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8", newline="\n", closefd=False) as f:
+                f.write(text)
+        finally:
+            os.close(fd)
         os.link(tmp, f"{insight_id}.md", src_dir_fd=folder, dst_dir_fd=folder, follow_symlinks=False)
         return True
     except FileExistsError:
         return False
     finally:
-        os.unlink(tmp, dir_fd=folder)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=folder)
+
+
+def remove_stale(notebook: Path) -> list[str]:
+    """Remove the temporary files of saves whose process died between writing and linking
+    (a kill -9): ``.<id>.tmp`` files in the insights folder older than STALE_TMP_S, which
+    no save still writing can be. Returns their names; a failure is a warning only."""
+    removed: list[str] = []
+    try:
+        with insights_folder(notebook) as folder:
+            for name in [] if folder is None else os.listdir(folder):
+                if not (name.startswith(".") and name.endswith(".tmp") and ID_RE.fullmatch(name[1:-4])):
+                    continue
+                st = os.stat(name, dir_fd=folder, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and time.time() - st.st_mtime > STALE_TMP_S:
+                    os.unlink(name, dir_fd=folder)
+                    removed.append(name)
+                    log.info("removed %s: a save that did not finish left it", notebook / INSIGHTS / name)
+    except (NotebookError, OSError) as e:  # a read-only notebook still reads
+        log.warning("could not remove the temporary files of unfinished saves in %s: %s", notebook / INSIGHTS, e)
+    return removed

@@ -44,6 +44,7 @@ class Notebook:
         self.git_binary = git
         self.lock = threading.Lock()  # one save or push at a time: git's index is one file
         self._open(create)
+        files.remove_stale(self.path)
 
     def _open(self, create: bool) -> None:
         p = self.path
