@@ -10,12 +10,14 @@ import sys
 from pathlib import Path
 
 import anyio
+import httpx
 import numpy as np
+import pytest
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
+from puffergpt import mcp_server, tokenizer
 from puffergpt import notebook as nb
-from puffergpt import tokenizer
 from puffergpt.loading import open_engine
 from puffergpt.reference import Reference
 from puffergpt.server import ServerConfig, create_app
@@ -135,3 +137,69 @@ def test_mcp_refuses_server_with_a_model_of_its_own():
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
     assert r.returncode != 0 and r.stdout == "" and "leave out --model" in r.stderr
     assert "Traceback" not in r.stderr  # one clear line
+
+
+# --- text ids checked and escaped before any URL is built (issue 31) ---
+
+BAD_TEXT_IDS = {  # id -> what the error names
+    "../insights?q=x#": "'../insights?q=x#'",
+    "\x00": "'\\x00'",
+    "a" * 100_000: "(100,000 characters)",
+    "0123456789AB": "'0123456789AB'",  # upper case: not what generate makes
+    "": "''",
+}
+
+
+def remote_with(handler) -> mcp_server.Remote:
+    """A Remote whose HTTP goes to ``handler`` (httpx's mock transport), not a socket."""
+    r = mcp_server.Remote("http://127.0.0.1:8000")
+    r.http.close()
+    r.http = httpx.Client(base_url=r.url, transport=httpx.MockTransport(handler))
+    return r
+
+
+def test_remote_checks_a_text_id_before_building_a_url():
+    seen = []
+    remote = remote_with(lambda request: seen.append(request) or httpx.Response(200, json={"insights": []}))
+    for bad, named in BAD_TEXT_IDS.items():
+        with pytest.raises(ValueError, match="no open text") as e:
+            remote.inspect(bad, 1, 5)
+        assert named in str(e.value) and len(str(e.value)) < 300, str(e.value)[:300]
+    assert seen == []  # no request went out: no other route answered for an inspection
+
+
+def test_remote_escapes_each_path_segment():
+    """An id the server hands back goes into the next URL as one segment, whatever it holds."""
+    paths = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.raw_path.decode())
+        if request.url.path == "/api/texts":
+            return httpx.Response(200, json={"id": "../insights?q=x#", "tokens": [{"token_id": 464}]})
+        return httpx.Response(200, text="event: done\ndata: {}\n\n")
+
+    remote_with(handler).generate("The", 1, mcp_server.Sampling(0.0, 1), 1)
+    assert paths == ["/api/texts", "/api/texts/..%2Finsights%3Fq%3Dx%23/generate"]
+
+
+def test_bad_text_ids_are_tool_errors_through_a_running_server(tmp_path, tiny, loaded):
+    """The probe's case: ``inspect`` with ``../insights?q=x#`` answered the notebook's list
+    as a successful inspection; ``\\x00`` and 100,000 characters a bare "Error executing tool"."""
+    store, key = loaded(tiny)
+    book = nb.Notebook(tmp_path / "notebook")
+    book.save("Listed", "", [])
+    engine = open_engine(store, tiny.name, key)
+
+    async def script(client):
+        out = {}
+        for bad in BAD_TEXT_IDS:
+            r = await client.call_tool("inspect", {"text_id": bad, "position": 1})
+            out[bad] = (r.is_error, " ".join(c.text for c in r.content), r.structured_content)
+        return out
+
+    with serving(create_app(engine, ServerConfig(), notebook=book)) as base:
+        got = mcp_session(["--server", base], script)
+    for bad, named in BAD_TEXT_IDS.items():
+        is_error, text, structured = got[bad]
+        assert is_error and "no open text" in text and named in text, (bad[:50], text[:300], structured)
+        assert "Listed" not in text  # the notebook's list never answers an inspection

@@ -221,3 +221,15 @@ def test_the_link_parser_skips_code_and_finds_reference_links():
     assert links(text) == ["docs/a.md#x", "docs/d.md"]
     assert anchors("# How a `matrix` multiply becomes a search\n## Tests\n## Tests\n") == {
         "how-a-matrix-multiply-becomes-a-search", "tests", "tests-1"}
+
+
+def test_the_notebook_is_a_package_of_modules_under_400_lines():
+    """The notebook split along its own parts (issue 36): a package, no module over 400 lines."""
+    import puffergpt.notebook
+
+    folder = PACKAGE / "notebook"
+    assert hasattr(puffergpt.notebook, "__path__") and (folder / "__init__.py").is_file(), "notebook is not a package"
+    assert not (PACKAGE / "notebook.py").exists(), "src/puffergpt/notebook.py would shadow the package"
+    sizes = {p.name: len(p.read_text().splitlines()) for p in sorted(folder.glob("*.py"))}
+    assert len(sizes) >= 4, sizes  # its parts, not one module renamed
+    assert not {n: k for n, k in sizes.items() if k > 400}, f"notebook modules over 400 lines: {sizes}"

@@ -23,14 +23,17 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Annotated, Any, Protocol
+from urllib.parse import quote
 
 from pydantic import Field
 
 from puffergpt import inspector, tokenizer
 from puffergpt import notebook as nb
+from puffergpt.mcp_stdio import shown
 from puffergpt.sampling import Sampling
 from puffergpt.server.bodies import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_VIEW_K
 from puffergpt.text import TextError, Texts, check_generation
@@ -40,6 +43,21 @@ log = logging.getLogger("puffergpt.mcp")
 MAX_CANDIDATES_SHOWN = 20  # a step's candidates a tool returns (a text keeps 100; a model reads these)
 OPEN_TEXTS = 16  # generated texts kept open for ``inspect``: the oldest closes when a new one opens
 HTTP_TIMEOUT_S = 300  # a generation of MAX_NEW_TOKENS on a slow store
+TEXT_ID = re.compile(r"[0-9a-f]{12}")  # a text's id as text.Text makes it: uuid4().hex[:12]
+
+
+def check_text_id(text_id) -> str:
+    """A text id as generate returns it, or a ValueError naming the bad one. Checked
+    before any URL is built: ``../insights?q=x#`` must never reach another route."""
+    if isinstance(text_id, str) and TEXT_ID.fullmatch(text_id):
+        return text_id
+    raise ValueError(f"no open text {shown(text_id)}: a text id is the 12 lowercase hex digits that generate "
+                     "returned as text_id")
+
+
+def segment(v: str | int) -> str:
+    """One URL path segment, escaped: a '/', '?', '#' or '..' in it stays inside it."""
+    return quote(str(v), safe="")
 
 
 # --- what the tools return, from the server's JSON of a step and an inspection --------------
@@ -152,6 +170,8 @@ class Remote:
 
         try:
             r = self.http.request(method, path, **kw)
+        except httpx.InvalidURL as e:  # not an HTTPError; the ids in it are checked, so this is a bug to report
+            raise RemoteError(f"could not build the request to {self.url}: {e}") from None
         except httpx.HTTPError as e:
             raise RemoteError(f"could not reach puffergpt serve at {self.url} ({e}): is it running? "
                               "Start it with `puffergpt serve`, or give this server --data/--model instead") from None
@@ -162,7 +182,7 @@ class Remote:
     def generate(self, prompt: str, max_tokens: int, s: Sampling, k: int) -> dict:
         text = self.call("POST", "/api/texts", json={"prompt": prompt})
         body = {"max_tokens": max_tokens, "temperature": s.temperature, "top_k": s.top_k, "seed": s.seed}
-        steps = list(self.events(f"/api/texts/{text['id']}/generate", body))
+        steps = list(self.events(f"/api/texts/{segment(text['id'])}/generate", body))
         return generation_json(text["id"], [t["token_id"] for t in text["tokens"]], steps, k)
 
     def events(self, path: str, body: dict) -> Iterator[dict]:
@@ -186,8 +206,8 @@ class Remote:
             raise RemoteError(f"the connection to {self.url} failed during the generation ({e})") from None
 
     def inspect(self, text_id: str, position: int, lens_k: int) -> dict:
-        return inspection_json(self.call("GET", f"/api/texts/{text_id}/steps/{position}/inspect",
-                                         params={"lens_k": lens_k}))
+        path = f"/api/texts/{segment(check_text_id(text_id))}/steps/{segment(int(position))}/inspect"
+        return inspection_json(self.call("GET", path, params={"lens_k": lens_k}))
 
     def save_insight(self, title: str, body: str, tags: list[str], evidence: dict | None) -> dict:
         sent = {"title": title, "body": body, "tags": tags} | ({} if evidence is None else {"evidence": evidence})
@@ -198,7 +218,7 @@ class Remote:
         return self.call("GET", "/api/insights", params=params)["insights"]
 
     def replay_insight(self, insight_id: str) -> dict:
-        return self.call("POST", f"/api/insights/{nb.check_id(insight_id)}/replay")
+        return self.call("POST", f"/api/insights/{segment(nb.check_id(insight_id))}/replay")
 
     def close(self) -> None:
         self.http.close()
@@ -267,13 +287,14 @@ def make_server(backend: Backend, name: str = "puffergpt"):
             return backend.generate(prompt, max_tokens, Sampling(temperature, top_k, seed), candidates)
 
     @server.tool()
-    def inspect(text_id: str, position: Annotated[int, Field(ge=1)],
+    def inspect(text_id: Annotated[str, Field(description="the text_id generate returned")],
+                position: Annotated[int, Field(ge=1)],
                 lens_k: Annotated[int, Field(ge=1, le=MAX_VIEW_K)] = 5) -> dict[str, Any]:
         """Look inside the model at a generated text's position p (one of generate's
         inspect_positions): the attention of every layer and head over the tokens 0..p-1, the
         logit lens (each layer's best guesses for token p) and the attribution of the final logit."""
         with tool_errors():
-            return backend.inspect(text_id, position, lens_k)
+            return backend.inspect(check_text_id(text_id), position, lens_k)
 
     @server.tool()
     def save_insight(title: Title, body: Body = "", tags: Tags | None = None,

@@ -35,7 +35,9 @@ from puffergpt.cli.options import (
 @notebook_option
 def mcp(server_url, model, backend, dsn, data_dir, notebook_path) -> None:
     """Serve the tools generate, inspect, save_insight, list_insights and replay_insight over MCP (stdio)."""
-    from puffergpt import mcp_server
+    import anyio
+
+    from puffergpt import mcp_server, mcp_stdio
 
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="puffergpt mcp: %(message)s")
     if server_url is not None:
@@ -50,8 +52,8 @@ def mcp(server_url, model, backend, dsn, data_dir, notebook_path) -> None:
         backend_ = mcp_server.Remote(server_url)
     else:
         backend_ = open_local(model, backend, dsn, data_dir, notebook_path)
-    try:
-        mcp_server.make_server(backend_).run("stdio")
+    try:  # the SDK's stdio transport, with a screen that answers every malformed line (mcp_stdio)
+        anyio.run(mcp_stdio.serve, mcp_server.make_server(backend_))
     finally:
         backend_.close()
 

@@ -1,6 +1,6 @@
 // "Save as insight": a short form (title, your words, tags) with the evidence of what
 // you were looking at attached and shown before saving. The evidence has exactly the
-// shape the notebook checks (puffergpt/notebook.py, check_evidence), so that the
+// shape the notebook checks (puffergpt/notebook/checks.py, check_evidence), so that the
 // notebook can replay it: the candidates are the model's scores for the token at
 // `position` having read prompt_ids[:position].
 import { api } from "./api.js";

@@ -1,0 +1,111 @@
+"""The insight notebook: what clicked for the learner, in their words, with the evidence.
+
+A notebook is a git repository on the user's disk. Each insight is one Markdown file,
+``insights/<id>.md``, written and committed in one step:
+
+    ---                         front matter (YAML): version, id, title, date, model, kind, tags
+    ...
+    ---
+    the learner's words         (the body, as they wrote it)
+
+    ## Evidence                 readable: prompt, token, candidates, sampling, requests
+
+    ### Evidence data (format 1)
+    ```json                     machine-readable: the evidence dict, exactly as saved
+    {...}
+    ```
+
+An insight from a conversation (an assistant over MCP, a custom GPT's action) has no
+evidence: its file is format 2, the front matter and the learner's words only (``model``
+and ``kind`` null), and ``replay`` says there is nothing to replay. A file with evidence is
+written as format 1 still, so an older puffergpt reads every insight that has evidence.
+
+The evidence is what the learner was looking at, so that the insight can be replayed
+(``replay``) and its scores re-checked. Its keys (checked by ``check_evidence``):
+
+    kind        "token" | "candidates" | "attention" | "lens" | "analogy"
+    model       the model's name ("demo", "gpt2", a checkpoint path)
+    prompt_ids  the text's token ids (at least ``position`` of them)
+    position    p >= 1: the candidates are the model's scores for the token at p,
+                having read prompt_ids[:p] (the playground's step at p)
+    token_id    the token at p (prompt_ids[p] when the text goes on past p)
+    sampling    {"temperature": >= 0, "top_k": >= 1, "seed": int or null}
+    candidates  [{"token_id", "logit"}, ...] best first, as the engine returned them
+    requests    optional: the requests that produced them, [{"kind", "rows", "ms", ...}, ...]
+    data        optional, kind-specific: attention {"layer", "head", "weights"},
+                lens {"layer", "ids", "logits"}, analogy {"terms", "ids", "scores"}
+
+git runs as the ``git`` binary with argument lists (never a shell). A failed commit
+leaves the file on disk and the next save commits it too; a failed push keeps the commit.
+
+The package, one module a part, each importing only those above it:
+
+    insight.py     the shared names: versions, bounds, errors, ``Insight``
+    checks.py      what comes from outside, checked: title, body, tags, id, evidence
+    fileformat.py  an Insight as Markdown (``render``) and back (``parse``)
+    files.py       the insight files read and written as untrusted, never through a link
+    repository.py  the git-backed ``Notebook``: save, get, list, push
+    replaying.py   ``replay``: the stored candidates recomputed and compared
+
+Callers import from ``puffergpt.notebook``; the names below are the package's surface.
+"""
+
+from __future__ import annotations
+
+from puffergpt.notebook.checks import (
+    check_body,
+    check_evidence,
+    check_id,
+    check_tags,
+    check_title,
+    slug,
+)
+from puffergpt.notebook.fileformat import JSON_HEADING, _shown, evidence_json, parse, render, render_evidence
+from puffergpt.notebook.insight import (
+    DEFAULT_EMAIL,
+    DEFAULT_NAME,
+    EVIDENCE_FORMAT,
+    EVIDENCE_KEYS,
+    FORMAT_VERSION,
+    FORMATS,
+    GIT_TIMEOUT_S,
+    ID_RE,
+    INSIGHTS,
+    KINDS,
+    MAX_BODY_CHARS,
+    MAX_CANDIDATES,
+    MAX_EVIDENCE_BYTES,
+    MAX_FILE_BYTES,
+    MAX_MODEL_CHARS,
+    MAX_QUERY_CHARS,
+    MAX_TAG_CHARS,
+    MAX_TAGS,
+    MAX_TITLE_CHARS,
+    NO_EVIDENCE,
+    NOTHING_TO_REPLAY,
+    OPTIONAL_KEYS,
+    PUSH_TIMEOUT_S,
+    SLUG_CHARS,
+    TAG_RE,
+    TOLERANCE,
+    CandidatesAt,
+    GitError,
+    Insight,
+    InsightNotFound,
+    InvalidInsight,
+    NotebookError,
+    NotebookUnavailable,
+)
+from puffergpt.notebook.replaying import candidates_from_products, replay
+from puffergpt.notebook.repository import Notebook
+
+__all__ = [
+    "DEFAULT_EMAIL", "DEFAULT_NAME", "EVIDENCE_FORMAT", "EVIDENCE_KEYS", "FORMATS", "FORMAT_VERSION",
+    "GIT_TIMEOUT_S", "ID_RE", "INSIGHTS", "JSON_HEADING", "KINDS", "MAX_BODY_CHARS", "MAX_CANDIDATES",
+    "MAX_EVIDENCE_BYTES", "MAX_FILE_BYTES", "MAX_MODEL_CHARS", "MAX_QUERY_CHARS", "MAX_TAGS", "MAX_TAG_CHARS",
+    "MAX_TITLE_CHARS", "NOTHING_TO_REPLAY", "NO_EVIDENCE", "OPTIONAL_KEYS", "PUSH_TIMEOUT_S", "SLUG_CHARS",
+    "TAG_RE", "TOLERANCE", "CandidatesAt", "GitError", "Insight", "InsightNotFound", "InvalidInsight",
+    "Notebook", "NotebookError", "NotebookUnavailable", "_shown", "candidates_from_products", "check_body",
+    "check_evidence", "check_id", "check_tags", "check_title", "evidence_json", "parse", "render",
+    "render_evidence", "replay", "slug",
+]
