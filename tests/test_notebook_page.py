@@ -24,7 +24,8 @@ from puffergpt.loading import open_engine
 from puffergpt.notebook import Notebook
 from puffergpt.reference import NumpyProducts
 from puffergpt.server import create_app
-from test_playground import ARTIFACTS, TIMEOUT_MS, Watched, browser, generate, generated, open_page, serve_app, shot  # noqa: F401  (browser: a fixture)
+from puffergpt.server.app import serving
+from test_playground import ARTIFACTS, TIMEOUT_MS, Watched, browser, generate, generated, open_page, shot  # noqa: F401  (browser: a fixture)
 
 # ../ to climb out of the notebook, HTML that would run if parsed, emoji, quotes, YAML's own syntax.
 HOSTILE = '../../../etc/passwd <img src=x onerror="alert(1)"> <b>bold</b> 🦀✨ ..\\..\\x: "q" #tag'
@@ -37,7 +38,7 @@ def served(loaded, demo, tmp_path_factory):
     store, key = loaded(demo)
     book = tmp_path_factory.mktemp("notebook")
     app = create_app(open_engine(store, demo.name, key), reference=lambda: NumpyProducts(demo), notebook=Notebook(book))
-    with serve_app(app) as url:
+    with serving(app) as url:
         yield url, book, demo
 
 

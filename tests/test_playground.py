@@ -8,22 +8,18 @@ Screenshots go to artifacts/ at the repository root."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
-import socket
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from playwright.sync_api import Page, expect, sync_playwright
 
 from puffergpt.loading import open_engine
 from puffergpt.reference import NumpyProducts
 from puffergpt.server import create_app
+from puffergpt.server.app import serving
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -31,38 +27,13 @@ TIMEOUT_MS = 20_000
 expect.set_options(timeout=TIMEOUT_MS)  # a loaded 2-core machine: the first token can take seconds
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(loaded, demo):
     """The app over the demo model in an embedded store, served on a free port."""
     store, key = loaded(demo)
     app = create_app(open_engine(store, demo.name, key), reference=lambda: NumpyProducts(demo))
-    with serve_app(app) as url:
+    with serving(app) as url:
         yield url
-
-
-@contextlib.contextmanager
-def serve_app(app):
-    """The app served by uvicorn on a free loopback port, in a thread: its URL."""
-    port = free_port()
-    srv = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not srv.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the playground server did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        srv.should_exit = True
-        thread.join(timeout=10)
 
 
 @pytest.fixture(scope="module")

@@ -69,3 +69,19 @@ def test_building_blocks():
 def test_context_limit(tiny):
     with pytest.raises(ValueError, match="past the model's context of 128"):
         Reference(tiny).logits([1] * 129)
+
+
+def test_a_trace_names_what_it_holds_as_gpt2_does(tiny):
+    """A forward pass's trace is keyed by GPT-2's names, as the request kinds are: each layer's
+    residual, attention scores and weights, heads, c_proj outputs and neurons, then ln_f's
+    input; each of the last token's shape."""
+    from puffergpt.reference import Cache, NumpyProducts, Trace, forward
+
+    c, trace = tiny.config, Trace()
+    forward(NumpyProducts(tiny), np.array([1, 2, 3]), 0, Cache(), trace)
+    want = {f"h.{l}.{kind}" for l in range(c.n_layer) for kind in Trace.KINDS} | {"ln_f.resid"}
+    assert set(trace.values) == want, sorted(set(trace.values) ^ want)
+    assert trace["h.1.attn.weights"].shape == (c.n_head, 3) and trace["h.1.mlp.gelu"].shape == (4 * c.n_embd,)
+    assert trace["h.0.attn.heads"].shape == (c.n_head, c.head_dim) and trace["ln_f.resid"].shape == (c.n_embd,)
+    np.testing.assert_allclose(trace["h.1.attn.weights"].sum(axis=1), 1, rtol=1e-5)  # softmax rows
+    assert len(trace.residual) == c.n_layer + 1 and trace.n_layer == c.n_layer

@@ -233,3 +233,51 @@ def test_the_notebook_is_a_package_of_modules_under_400_lines():
     sizes = {p.name: len(p.read_text().splitlines()) for p in sorted(folder.glob("*.py"))}
     assert len(sizes) >= 4, sizes  # its parts, not one module renamed
     assert not {n: k for n, k in sizes.items() if k > 400}, f"notebook modules over 400 lines: {sizes}"
+
+
+# --- the seams say what they carry (issue 36) --------------------------------------------
+
+def imports_of(module: str) -> set[str]:
+    known = modules()
+    return {e.target for e in imported(module, known[module], known)}
+
+
+def test_the_engine_names_documents_through_the_document_scheme_not_the_loader():
+    """engine.py asks documents.py where rows live; it never imports the loader (which
+    imports it: ``loading.open_engine`` hands it a checked manifest)."""
+    assert "puffergpt.loading" not in imports_of("puffergpt.engine")
+    assert "puffergpt.documents" in imports_of("puffergpt.engine")
+
+
+def test_a_text_knows_nothing_of_inspection():
+    """Inspection is a layer over a text (inspector.py): text.py imports neither its views."""
+    got = imports_of("puffergpt.text") & {"puffergpt.inside", "puffergpt.attribution", "puffergpt.inspector"}
+    assert not got, f"text.py imports {sorted(got)}: inspection belongs in inspector.py"
+
+
+def test_no_caller_probes_a_products_object_for_what_it_has():
+    """Products declares everything its callers use (reference.Weights, reference.Extras):
+    no getattr/hasattr on a products object anywhere in src/."""
+    probes = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            probe = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr",
+                                                                                                        "hasattr")
+            if probe and node.args and "products" in ast.unparse(node.args[0]):
+                probes.append(f"{p.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+    assert not probes, "probing products instead of declaring it in reference.py:\n" + "\n".join(probes)
+
+
+def test_nothing_rewires_an_engine_after_it_is_built():
+    """The engine is built complete (its scheduler passed to the constructor): no module
+    assigns ``engine.scheduler`` or ``batcher.replicas`` from outside engine.py."""
+    found = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        if p.name == "engine.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            for t in node.targets if isinstance(node, ast.Assign) else []:
+                if (isinstance(t, ast.Attribute) and t.attr in ("scheduler", "replicas", "batcher")
+                        and ast.unparse(t.value) != "self"):  # an object setting its own is building itself
+                    found.append(f"{p.relative_to(ROOT)}:{node.lineno} {ast.unparse(t)} = ...")
+    assert not found, "\n".join(found)

@@ -17,9 +17,6 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect
 
-from puffergpt.loading import open_engine
-from puffergpt.reference import NumpyProducts
-from puffergpt.server import create_app
 from test_playground import (  # noqa: F401  (browser: a fixture)
     TIMEOUT_MS,
     Watched,
@@ -29,19 +26,11 @@ from test_playground import (  # noqa: F401  (browser: a fixture)
     generated,
     open_inside,
     open_page,
-    serve_app,
+    server,
     text_id,
 )
 
 SHOTS = Path("/tmp/shots")
-
-
-@pytest.fixture(scope="module")
-def server(loaded, demo):
-    store, key = loaded(demo)
-    app = create_app(open_engine(store, demo.name, key), reference=lambda: NumpyProducts(demo))
-    with serve_app(app) as url:
-        yield url
 
 
 @pytest.fixture
