@@ -40,7 +40,8 @@ from puffergpt.text import Texts, log
 
 __all__ = ["MAX_BODY", "ServerConfig", "create_app", "run", "server"]
 
-GRACE_S = 2  # on shutdown, responses still streaming after this are cancelled (each is ended at once: none is)
+GRACE_S = 2  # on shutdown, a response still open after this is cancelled (each is ended at once: only a
+# client that stopped reading keeps one open)
 
 
 @contextlib.asynccontextmanager

@@ -14,6 +14,10 @@
 - GPT-2 is not a chat model: ``/v1/chat/completions`` writes the messages as a plain-text
   transcript (``openai_bodies.chat_prompt``) and lets the model continue the assistant's turn,
   stopping at the next turn's prefix.
+- A request's work is counted before anything runs (``check_work``: tokens read, scored
+  and written over its choices, at most ``--max-request-tokens``); a completion still
+  running after ``--max-request-seconds``, or at shutdown, is ended (``streaming.py``):
+  an error, and ``[DONE]`` when streamed. Whole answers stop when the client goes, too.
 - Every error on ``/v1`` has OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``
   (``errors.py``); the bodies and the error are ``openai_bodies.py``.
 """
