@@ -13,6 +13,13 @@ What it sends:
 - whole bodies that are not JSON: not UTF-8, a byte order mark, 3,000 open brackets, a list;
 - GETs of odd paths: unknown texts and steps, static and docs-asset names of 5,000
   characters, a NUL, '..';
+- what a page on another site can send (issue 31): each state-changing or costly route
+  with an Origin of its own, Sec-Fetch-Site cross-site or same-site, and bodies that are
+  not JSON (text/plain, a form, none, application/vnd.evil+json, charset latin-1): each
+  must be refused (403, 415) with nothing run (texts and the notebook's commits counted),
+  printed as a matrix of route x kind -> status;
+- the work budget: 64 prompts of 120 ids echoed with logprobs (15,360 tokens of work) must
+  be a 400 naming --max-request-tokens before anything runs;
 - notebook attacks: an insight file that is not UTF-8, a YAML alias bomb, a FIFO, a file
   over the size bound, a symbolic link to a file outside, the insights folder a symbolic
   link to a folder outside, and a read-only notebook (a 503 with the reason is its right
@@ -77,6 +84,27 @@ GETS = ["/api/texts/nope", "/api/texts/{id}/steps/0/inspect", "/api/texts/{id}/s
         "/static/%2e%2e", "/docs-assets/%2e%2e", f"/api/insights/{LONG}", "/api/insights/..%2F.git%2Fconfig"]
 
 
+# What a page on another site can send without asking first: kind -> (headers, the status it must get)
+JSON_TYPE = {"content-type": "application/json"}
+CROSS_SITE = {
+    "Origin evil": ({**JSON_TYPE, "origin": "https://evil.example"}, 403),
+    "Origin null": ({**JSON_TYPE, "origin": "null"}, 403),
+    "another port": ({**JSON_TYPE, "origin": "http://127.0.0.1:9", "sec-fetch-site": "same-site"}, 403),
+    "Sec-Fetch-Site cross-site": ({**JSON_TYPE, "sec-fetch-site": "cross-site"}, 403),
+    "text/plain": ({"content-type": "text/plain;charset=UTF-8"}, 415),
+    "form": ({"content-type": "application/x-www-form-urlencoded"}, 415),
+    "no type": ({}, 415),
+    "vnd.evil+json": ({"content-type": "application/vnd.evil+json"}, 415),
+    "charset latin-1": ({"content-type": "application/json; charset=latin-1"}, 415),
+}
+# Beside FIELDS' routes: those with no body, the notebook's writes, the tokenizer
+CROSS_SITE_MORE = {"/api/texts/{id}/stop": {}, "/api/texts/{id}/step_forward": {"position": 1},
+                   "/api/insights/push": {}, "/api/insights/{insight}/replay": {}, "/tokenize": {"prompt": "hi"},
+                   "/detokenize": {"tokens": [31373]}}
+# The issue's costly body, in the tiny model's context: 64 prompts x 120 ids, echoed and scored
+BUDGET_BODY = {"prompt": [[5] * 120] * 64, "max_tokens": 0, "echo": True, "logprobs": 5}
+
+
 def dumps(body) -> bytes:
     return json.dumps(body, allow_nan=True).replace("Infinity", "1e400").encode()  # 1e400 parses as inf: not JSON's
 
@@ -111,11 +139,13 @@ class Probe:
         self.counts = {"4xx": 0, "5xx": 0, "2xx": 0, "hang": 0, "expected": 0}
         self.wrong: list[tuple] = []
 
-    def send(self, method: str, path: str, body=None, raw: bytes | None = None, expect: set[int] | None = None):
+    def send(self, method: str, path: str, body=None, raw: bytes | None = None, expect: set[int] | None = None,
+             headers: dict | None = None):
         path = path.replace("{id}", self.tid)
         content = raw if raw is not None else (None if body is None else dumps(body))
         try:
-            r = self.c.request(method, path, content=content, headers={"content-type": "application/json"})
+            r = self.c.request(method, path, content=content,
+                               headers={"content-type": "application/json"} if headers is None else headers)
         except httpx.TimeoutException:
             self.counts["hang"] += 1
             self.wrong.append((method, path[:80], str(body)[:80], "hang"))
@@ -217,6 +247,46 @@ def notebook_attacks(p: Probe, book: nb.Notebook, good: dict, outside: Path) -> 
     return notes
 
 
+def git_commits(folder: Path) -> int:
+    r = subprocess.run(["git", "-C", str(folder), "rev-list", "--all", "--count"], capture_output=True, text=True)
+    return int(r.stdout or 0)
+
+
+def cross_site(p: Probe, app, book: nb.Notebook, fields: dict) -> dict[str, dict[str, int]]:
+    """Each route sent each kind of request a page elsewhere can send: route -> kind -> status.
+    Each must get its refusal, and nothing may run (texts, their tokens, the notebook's commits)."""
+    iid = book.save("kept", "for replay", [], fields["/api/insights"]["evidence"]).id
+
+    def state():
+        return (sorted((i, tuple(t.tokens)) for i, t in list(app.state.texts._texts.items()) if t),
+                git_commits(book.path))
+
+    matrix, before = {}, state()
+    for path, good in {**fields, **CROSS_SITE_MORE, "DELETE /api/texts/{id}": {}}.items():
+        method, _, route = path.rpartition(" ")
+        for kind, (headers, status) in CROSS_SITE.items():
+            r = p.send(method or "POST", route.replace("{insight}", iid), good, headers=headers, expect={status})
+            matrix.setdefault(path, {})[kind] = r.status_code if r is not None else "hang"
+    if state() != before:
+        p.wrong.append(("cross-site", "*", "", "a refused request ran (texts or notebook changed)"))
+    return matrix
+
+
+def budget(p: Probe) -> None:
+    """The costly echo body: refused up front naming the limit."""
+    r = p.send("POST", "/v1/completions", BUDGET_BODY, expect={400})
+    if r is None or r.status_code != 400 or "--max-request-tokens" not in r.text:
+        p.wrong.append(("POST", "/v1/completions", "64 x 120 echo logprobs", "not refused naming the limit"))
+
+
+def print_matrix(matrix: dict[str, dict[str, int]]) -> None:
+    kinds = list(CROSS_SITE)
+    print("cross-site matrix (route x kind -> status):")
+    print("  " + " | ".join(["route".ljust(32), *kinds]))
+    for path, row in matrix.items():
+        print("  " + " | ".join([path.ljust(32), *(str(row[k]).ljust(len(k)) for k in kinds)]))
+
+
 def serve(app):
     """A uvicorn server on a free port of 127.0.0.1, in a thread: (server, thread, port)."""
     s = server(app, "127.0.0.1", 0)
@@ -262,6 +332,8 @@ def main() -> None:
             p.send("POST", path, [good])  # not an object
         for path in GETS:
             p.send("GET", path)
+        matrix = cross_site(p, app, book, fields)
+        budget(p)
         notes += notebook_attacks(p, book, fields["/api/insights"], tmp / "outside")
         before = len(app.state.texts)
     srv.should_exit = True
@@ -271,13 +343,15 @@ def main() -> None:
     print(
         f"{t}: {sum(counts.values())} inputs: {counts['4xx']} refused (4xx), {counts['5xx']} 5xx, "
         f"{counts['hang']} hangs, {counts['expected']} answered with their expected status (a saved insight, the "
-        f"notebook's list, the read-only notebook's 503), {counts.get('2xx', 0)} accepted (values that are valid for "
+        f"notebook's list, the read-only notebook's 503, the cross-site refusals, the work budget's 400), "
+        f"{counts.get('2xx', 0)} accepted (values that are valid for "
         f"their field, e.g. 0 tokens, a seed of 0, token ids as a prompt: listed below); {before} texts open at the end"
     )
     for w in p.wrong:
         print("  accepted:" if w[-2] in (200, 201) else "  WRONG:", w)
     for n in notes:
         print("  note:", n)
+    print_matrix(matrix)
     store.close()
 
 

@@ -266,6 +266,34 @@ def test_stop_lets_the_generation_say_done(served):
         assert c.delete(f"/api/texts/{tid}").status_code == 200
 
 
+@pytest.mark.parametrize("method, path, raw, headers, status", [
+    ("POST", "/tokenize", b"not json", {}, 400),
+    ("POST", "/tokenize", b'{"prompt": "\\ud800"}', {}, 400),
+    ("POST", "/tokenize", b'{"prompt": 5}', {}, 400),
+    ("POST", "/tokenize", b'{"prompt": "' + b"a" * 70_000 + b'"}', {}, 413),
+    ("POST", "/tokenize", b'{"prompt": "hi"}', {"Content-Type": "text/plain"}, 415),
+    ("POST", "/tokenize", b'{"prompt": "hi"}', {"Origin": "https://evil.example"}, 403),
+    ("GET", "/tokenize", b"", {}, 405),
+    ("POST", "/detokenize", b'{"tokens": [-1]}', {}, 400),
+    ("POST", "/detokenize", b"[", {}, 400),
+    ("GET", "/detokenize", b"", {}, 405),
+    ("POST", "/tokenizer_info", b"{}", {}, 405),
+])
+def test_the_tokenizer_routes_answer_every_error_in_openais_shape(served, method, path, raw, headers, status):
+    """Issue 31 (6): /tokenize answered some errors as {"detail": ...} (the body's bound, a
+    body that is not JSON, a wrong method) and others in OpenAI's shape: now all in OpenAI's."""
+    s = served.send(method, path, raw=raw, headers=headers)
+    with s:
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert int(head.split()[1]) == status, data[:300]
+    err = json.loads(body)
+    assert set(err) == {"error"} and set(err["error"]) == {"message", "type", "param", "code"}, err
+    assert err["error"]["message"] and err["error"]["type"] == "invalid_request_error", err
+
+
 # --- store damage: each kind is named, repaired by the command it names, refused until then ---
 # (an altered vector and an altered attribute: tests/test_loading.py; a load killed with
 # SIGKILL and resumed: tests/stores/test_embedded.py and tests/stores/test_pgvector.py)

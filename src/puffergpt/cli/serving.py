@@ -39,8 +39,17 @@ from puffergpt.cli.options import (
 @click.option("--idle-minutes", type=click.FloatRange(0.1, 10080), default=30.0, show_default=True,
               help="an idle text is closed after this long")
 @replicas_option
+@click.option("--cors-origin", "cors_origins", multiple=True, callback=lambda ctx, param, v: origins(v),
+              metavar="ORIGIN", help="a page elsewhere allowed to drive the API, as scheme://host[:port] (repeat for "
+                                     "more); none by default: only the server's own page and clients that send no "
+                                     "Origin (curl, SDKs). Never the notebook's routes")
+@click.option("--max-request-seconds", type=click.FloatRange(1, 86400), default=600, show_default=True,
+              help="a generation or completion running longer is ended with an error naming this limit")
+@click.option("--max-request-tokens", type=click.IntRange(1, 10**7), default=8192, show_default=True,
+              help="tokens a /v1 request may compute over its choices (prompt tokens read, scored, new); "
+                   "more is refused up front")
 def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, max_running, idle_minutes,
-          replicas) -> None:
+          replicas, cors_origins, max_request_seconds, max_request_tokens) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
     from puffergpt.reference import NumpyProducts
     from puffergpt.server import ServerConfig, create_app
@@ -56,7 +65,8 @@ def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, m
     loopback = host in ("127.0.0.1", "localhost", "::1")
     trusted = ("127.0.0.1", "localhost", "[::1]") if loopback else None  # no DNS rebinding onto a local server
     config = ServerConfig(max_open_texts=max_texts, idle_s=idle_minutes * 60,
-                          trusted_hosts=trusted, fallback=fallback)
+                          trusted_hosts=trusted, fallback=fallback, cors_origins=cors_origins,
+                          max_request_s=max_request_seconds, max_request_tokens=max_request_tokens)
     app = create_app(opened.engine, config, reference=reference, notebook=notebook)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
     url = f"http://{shown}:{port}/"
@@ -71,6 +81,16 @@ def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, m
                    f"Open {url}")
         with announced(serving, {"url": url, "pid": os.getpid(), "model": model}):
             run_server(app, host, port)  # its shutdown stops running generations first
+
+
+def origins(values: tuple[str, ...]) -> tuple[str, ...]:
+    """--cors-origin's values, each checked and normalised (``cross_site.check_origin``)."""
+    from puffergpt.server.cross_site import check_origin
+
+    try:
+        return tuple(check_origin(v) for v in values)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--cors-origin") from None
 
 
 @contextmanager

@@ -9,7 +9,9 @@ router per resource. Thin: each route parses, calls the application layer, and r
 - ``tokenize_routes.py``: /tokenize, /detokenize and /tokenizer_info, as vLLM has them;
 - ``notebook.py``: the notebook of insights, when the server has one;
 - ``static_routes.py``: the page, its files and the API's docs;
-- ``errors.py``: how errors become responses; ``body_limit.py``: the bound on a body.
+- ``errors.py``: how errors become responses; ``body_limit.py``: the bound on a body;
+  ``cross_site.py``: only this server's page and the origins it allows drive it;
+- ``streaming.py``: generations in worker threads, streamed or whole, and how they end.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from puffergpt import tokenizer
@@ -29,13 +32,15 @@ from puffergpt.engine import Engine
 from puffergpt.reference import Products
 from puffergpt.server import errors, model_routes, openai, static_routes, texts_routes, tokenize_routes, views_routes
 from puffergpt.server.body_limit import MAX_BODY, BoundedBody
+from puffergpt.server.cross_site import CrossSite
 from puffergpt.server.state import Served, ServerConfig
-from puffergpt.server.streaming import Generations
+from puffergpt.server.streaming import SHUTDOWN, Generations
 from puffergpt.text import Texts, log
 
 __all__ = ["MAX_BODY", "ServerConfig", "create_app", "run", "server"]
 
-GRACE_S = 2  # on shutdown, responses still streaming after this are cancelled
+GRACE_S = 2  # on shutdown, a response still open after this is cancelled (each is ended at once: only a
+# client that stopped reading keeps one open)
 
 
 @contextlib.asynccontextmanager
@@ -72,9 +77,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
                   servers=[{"url": "/", "description": "the server that serves this document"}])
     app.state.served = served
     app.state.texts, app.state.generations = served.texts, served.generations  # for tests and shutdown
-    app.add_middleware(BoundedBody, read_timeout_s=config.read_timeout_s)
-    if config.trusted_hosts:  # a page elsewhere can't drive this API by DNS rebinding
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(config.trusted_hosts))
+    add_middleware(app, config)
     errors.add_handlers(app)
     for router in (static_routes.router, model_routes.router, texts_routes.router, views_routes.router,
                    tokenize_routes.router, openai.router):
@@ -87,15 +90,30 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
     return app
 
 
+def add_middleware(app: FastAPI, config: ServerConfig) -> None:
+    """Before any route, outermost first: the Host (no DNS rebinding onto a local server),
+    CORS for the ``--cors-origin`` origins only, no request forged by another site and no
+    body but JSON (``cross_site.py``), then the body's bound."""
+    app.add_middleware(BoundedBody, read_timeout_s=config.read_timeout_s)
+    app.add_middleware(CrossSite, allowed=config.cors_origins)
+    if config.cors_origins:  # none: every preflight unanswered, a page elsewhere sends only what CrossSite refuses
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
+                           allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"], max_age=600)
+    if config.trusted_hosts:  # a page elsewhere can't drive this API by DNS rebinding
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(config.trusted_hosts))
+
+
 def server(app: FastAPI, host: str, port: int):
-    """A uvicorn server for the app whose shutdown first stops every running generation
-    (each ends within a token and closes its text; uvicorn alone would wait for them all
-    to finish), then cancels any response still streaming after GRACE_S."""
+    """A uvicorn server for the app whose shutdown first ends every running generation
+    (uvicorn alone would wait for them all to finish): each stream's last event says the
+    server is shutting down (an ``error``; on /v1 an error and ``[DONE]``), each whole
+    answer is a 503 saying so, and each worker ends within a token and closes its text.
+    A response still open after GRACE_S (a client that stopped reading) is cancelled."""
     import uvicorn
 
     class Server(uvicorn.Server):
         async def shutdown(self, sockets=None):
-            app.state.generations.stop_all(wait_s=None)
+            app.state.generations.end_all(SHUTDOWN)
             await super().shutdown(sockets)
 
     return Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_S))

@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi.responses import JSONResponse
-
 from puffergpt.server.bodies import BodyError, parse_json
-from puffergpt.server.openai_bodies import OpenAIError
+from puffergpt.server.errors import refuse
 
 MAX_BODY = 64 * 1024  # bytes of a request body
 
@@ -17,7 +15,7 @@ class BoundedBody:
     """Refuse a request body over MAX_BODY bytes, counted as it arrives (chunked bodies
     too), and one that is not JSON Python holds as sent (``bodies.parse_json``: the one
     parser, for every route): the body is read here, bounded, checked, and handed on
-    whole. Refusals on /v1 are in OpenAI's error shape."""
+    whole. Refusals on /v1 and the tokenizer routes are in OpenAI's error shape."""
 
     def __init__(self, app, read_timeout_s: float = 10.0):
         self.app = app
@@ -28,13 +26,13 @@ class BoundedBody:
             return await self.app(scope, receive, send)
         n = dict(scope["headers"]).get(b"content-length")
         if n is not None and (not n.isdigit() or int(n) > MAX_BODY):
-            return await self._refuse(scope, send, 413, f"request body over {MAX_BODY} bytes")
+            return await refuse(scope, send, 413, f"request body over {MAX_BODY} bytes")
         body, more = b"", True
         while more:
             try:  # a client that declares more than it sends must not hold the connection
                 message = await asyncio.wait_for(receive(), self.read_timeout_s)
             except TimeoutError:
-                return await self._refuse(scope, send, 408,
+                return await refuse(scope, send, 408,
                                           f"the request body stopped arriving for {self.read_timeout_s:g} s",
                                           headers={"Connection": "close"})
             if message["type"] != "http.request":  # the client went away
@@ -42,12 +40,12 @@ class BoundedBody:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > MAX_BODY:
-                return await self._refuse(scope, send, 413, f"request body over {MAX_BODY} bytes")
+                return await refuse(scope, send, 413, f"request body over {MAX_BODY} bytes")
         if body:
             try:  # the routes parse it again (the standard json, which then holds it as sent)
                 parse_json(body)
             except BodyError as e:
-                return await self._refuse(scope, send, 400, e.message, e.param)
+                return await refuse(scope, send, 400, e.message, e.param)
         replayed = False
 
         async def replay():
@@ -58,9 +56,3 @@ class BoundedBody:
             return await receive()  # after the body: disconnects, for streaming responses
 
         await self.app(scope, replay, send)
-
-    @staticmethod
-    async def _refuse(scope, send, status: int, message: str, param: str | None = None, headers: dict | None = None):
-        v1 = scope["path"] == "/v1" or scope["path"].startswith("/v1/")
-        content = OpenAIError(status, message, param).body() if v1 else {"detail": message}
-        await JSONResponse(content, status_code=status, headers=headers)(scope, None, send)

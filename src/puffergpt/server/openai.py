@@ -14,12 +14,17 @@
 - GPT-2 is not a chat model: ``/v1/chat/completions`` writes the messages as a plain-text
   transcript (``openai_bodies.chat_prompt``) and lets the model continue the assistant's turn,
   stopping at the next turn's prefix.
+- A request's work is counted before anything runs (``check_work``: tokens read, scored
+  and written over its choices, at most ``--max-request-tokens``); a completion still
+  running after ``--max-request-seconds``, or at shutdown, is ended (``streaming.py``):
+  an error, and ``[DONE]`` when streamed. Whole answers stop when the client goes, too.
 - Every error on ``/v1`` has OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``
   (``errors.py``); the bodies and the error are ``openai_bodies.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -32,7 +37,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ValidationError
-from starlette.concurrency import run_in_threadpool
 
 from puffergpt import tokenizer
 from puffergpt.completion import Piece, Usage, choice_pieces
@@ -56,7 +60,7 @@ from puffergpt.server.openai_bodies import (
     without_no_ops,
 )
 from puffergpt.server.state import ConfigDep, EngineDep, GenerationsDep, ServerConfig
-from puffergpt.server.streaming import Generations, stream
+from puffergpt.server.streaming import Ending, Generations, finished, stream
 from puffergpt.stores.base import StoreError
 from puffergpt.text import Step, TextError, check_generation, check_token_ids
 
@@ -105,6 +109,21 @@ def check_prompt(engine: Engine, config: ServerConfig, ids: list[int], body: Com
     check_generation(engine.config, body.sampling(engine.config.n_vocab), len(ids), max_tokens, config.max_new_tokens)
 
 
+def check_work(config: ServerConfig, lengths: list[int], choices: int, max_tokens: int, scored: bool) -> None:
+    """The request's bound on work, before anything runs: the tokens its choices compute (each
+    prompt token read, again each scored over the whole vocabulary with echo and logprobs,
+    each new one), at most ``config.max_request_tokens``."""
+    work = choices * sum(n * (2 if scored else 1) + max_tokens for n in lengths)
+    if work > config.max_request_tokens:
+        how = " read and scored over the whole vocabulary (echo with logprobs)" if scored else " read"
+        raise OpenAIError(400, f"this request would compute {work:,} tokens ({len(lengths)} prompt(s) of "
+                               f"{sum(lengths):,} tokens in all{how}, {max_tokens} new tokens a choice, "
+                               f"{choices} choice(s) a prompt); this server computes at most "
+                               f"{config.max_request_tokens:,} a request (puffergpt serve --max-request-tokens): "
+                               "send fewer or shorter prompts a request (lm-eval: a smaller --batch_size), "
+                               "or fewer choices or new tokens", "prompt", "request_too_large")
+
+
 # --- one request's choices, written and rendered ---
 
 @dataclass
@@ -120,12 +139,19 @@ class Choices:
     echo: bool
     k: int | None  # log-probabilities' alternatives a token; None: none asked for
 
-    def pieces(self, ids: list[int], j: int, should_stop: Callable[[], bool] | None = None) -> Iterator[Piece]:
-        """Choice j (its seed offset) of the prompt ``ids``."""
-        return choice_pieces(self.open_products, ids, self.max_tokens, self.body.sampling(self.n_vocab, j), self.stops,
-                             self.full, self.echo, self.k, should_stop)
+    def pieces(self, ids: list[int], j: int, should_stop: Callable[[], bool]) -> Iterator[Piece]:
+        """Choice j (its seed offset) of the prompt ``ids``, until ``should_stop()`` (checked
+        before each piece: each echoed token is one)."""
+        pieces = choice_pieces(self.open_products, ids, self.max_tokens, self.body.sampling(self.n_vocab, j),
+                               self.stops, self.full, self.echo, self.k, should_stop)
+        with contextlib.closing(pieces):  # closed here, in the thread that drove it
+            while not should_stop():
+                pc = next(pieces, None)
+                if pc is None:
+                    return
+                yield pc
 
-    def assistant(self, ids: list[int], j: int, should_stop: Callable[[], bool] | None = None) -> Iterator[Piece]:
+    def assistant(self, ids: list[int], j: int, should_stop: Callable[[], bool]) -> Iterator[Piece]:
         """A chat's choice: the assistant's text without the space after its prefix."""
         started = False
         for pc in self.pieces(ids, j, should_stop):
@@ -152,16 +178,27 @@ class Reply:
                 "choices": choices, **extra}
 
 
-def streamed(generations: Generations, produce: Callable[[threading.Event], Iterator[str]]) -> StreamingResponse:
+DONE = "data: [DONE]\n\n"
+
+
+def farewell(why: Ending) -> str:
+    """The last events of a stream the server ends (its time limit, its shutdown)."""
+    return _sse(OpenAIError(why.status, why.message, code=why.code, kind=why.kind).body()) + DONE
+
+
+def streamed(generations: Generations, produce: Callable[[threading.Event], Iterator[str]],
+             limit_s: float | None) -> StreamingResponse:
     """Server-sent events in OpenAI's shape, ending with ``[DONE]``; an error mid-stream is
-    an error event (the status went out with the first byte)."""
+    an error event (the status went out with the first byte), then ``[DONE]``."""
     def safe(stop: threading.Event) -> Iterator[str]:
         try:
             yield from produce(stop)
-            yield "data: [DONE]\n\n"
+            yield DONE
         except (TextError, StoreError) as e:
-            yield _sse(OpenAIError(400 if isinstance(e, TextError) else 503, str(e)).body())
-    return stream(generations, safe)
+            yield _sse(OpenAIError(400 if isinstance(e, TextError) else 503, str(e),
+                                   kind="invalid_request_error" if isinstance(e, TextError) else "server_error").body())
+            yield DONE
+    return stream(generations, safe, farewell=farewell, limit_s=limit_s)
 
 
 # --- rendering ---
@@ -224,13 +261,14 @@ def completion_events(how: Choices, reply: Reply, prompts: list[list[int]], n: i
         yield _sse(reply.chunk([], **_usage(sum(map(len, prompts)), steps)))
 
 
-def whole_completion(how: Choices, reply: Reply, prompts: list[list[int]], n: int, best_of: int) -> dict:
+def whole_completion(how: Choices, reply: Reply, prompts: list[list[int]], n: int, best_of: int,
+                     stop: threading.Event) -> dict:
     """/v1/completions at once: best_of choices a prompt written, the n most likely returned."""
     choices, steps = [], []
     for pi, ids in enumerate(prompts):
         got = []
         for j in range(best_of):
-            ps = list(how.pieces(ids, j))
+            ps = list(how.pieces(ids, j, stop.is_set)) or [Piece("", finish="length")]  # none: stopped
             steps += [st for p in ps for st in p.steps]
             tokens = [e for p in ps for e in p.tokens]
             score = sum(st.logprob for p in ps for st in p.steps if st.phase != "prompt" and st.logprob is not None)
@@ -260,10 +298,10 @@ def chat_events(how: Choices, reply: Reply, ids: list[int], n: int, stop: thread
         yield _sse(reply.chunk([], **_usage(len(ids), steps)))
 
 
-def whole_chat(how: Choices, reply: Reply, ids: list[int], n: int) -> dict:
+def whole_chat(how: Choices, reply: Reply, ids: list[int], n: int, stop: threading.Event) -> dict:
     choices, steps = [], []
     for j in range(n):
-        ps = list(how.assistant(ids, j))
+        ps = list(how.assistant(ids, j, stop.is_set)) or [Piece("", finish="length")]  # none: stopped
         steps += [st for p in ps for st in p.steps]
         choices.append({"index": j, "message": {"role": "assistant", "content": "".join(p.text for p in ps)},
                         "logprobs": None if how.k is None else _chat_logprobs([e for p in ps for e in p.tokens]),
@@ -292,7 +330,7 @@ async def model(model_id: str, engine: EngineDep):
 @router.post("/v1/completions", operation_id="createCompletion", openapi_extra=body_schema(CompletionBody),
              responses={200: {"model": CompletionResponse}, **ERROR_RESPONSES})
 async def completions(body: Annotated[CompletionBody, Depends(body_of(CompletionBody))], engine: EngineDep,
-                      config: ConfigDep, generations: GenerationsDep):
+                      config: ConfigDep, generations: GenerationsDep, request: Request):
     n, best_of = body.choices()
     prompts = body.prompt_ids()
     if len(prompts) * best_of > MAX_CHOICES:
@@ -300,26 +338,30 @@ async def completions(body: Annotated[CompletionBody, Depends(body_of(Completion
                                f"fewer prompts a request (lm-eval: --batch_size {MAX_CHOICES} or less)", "prompt")
     for ids in prompts:
         check_prompt(engine, config, ids, body, body.new_tokens())
+    check_work(config, list(map(len, prompts)), best_of, body.new_tokens(), body.echo and body.logprobs is not None)
     how = Choices(engine.open, engine.config.n_vocab, body, body.new_tokens(), body.stop,
                   body.needs_full() or best_of > n, body.echo, body.logprobs)
     reply = Reply(f"cmpl-{uuid.uuid4().hex[:24]}", "text_completion", model_name(engine.model))
     if body.stream:
-        return streamed(generations, partial(completion_events, how, reply, prompts, n))
-    return await run_in_threadpool(whole_completion, how, reply, prompts, n, best_of)
+        return streamed(generations, partial(completion_events, how, reply, prompts, n), config.max_request_s)
+    return await finished(generations, partial(whole_completion, how, reply, prompts, n, best_of),
+                          config.max_request_s, request.receive)
 
 
 @router.post("/v1/chat/completions", operation_id="createChatCompletion", openapi_extra=body_schema(ChatBody),
              responses={200: {"model": ChatResponse}, **ERROR_RESPONSES})
 async def chat(body: Annotated[ChatBody, Depends(body_of(ChatBody))], engine: EngineDep, config: ConfigDep,
-               generations: GenerationsDep):
+               generations: GenerationsDep, request: Request):
     ids = tokenizer.encode(chat_prompt(body.messages))
     check_prompt(engine, config, ids, body, body.new_tokens())
+    check_work(config, [len(ids)], body.n or 1, body.new_tokens(), False)
     how = Choices(engine.open, engine.config.n_vocab, body, body.new_tokens(), body.stop + TURN_STOPS,
                   body.needs_full(), False, body.top_logprobs_k())
     reply = Reply(f"chatcmpl-{uuid.uuid4().hex[:24]}", "chat.completion.chunk", model_name(engine.model))
     if body.stream:
-        return streamed(generations, partial(chat_events, how, reply, ids, body.n or 1))
-    return await run_in_threadpool(whole_chat, how, reply, ids, body.n or 1)
+        return streamed(generations, partial(chat_events, how, reply, ids, body.n or 1), config.max_request_s)
+    return await finished(generations, partial(whole_chat, how, reply, ids, body.n or 1), config.max_request_s,
+                          request.receive)
 
 
 @router.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], include_in_schema=False)

@@ -181,8 +181,11 @@ class ChatResponse(Shape):
 
 # The error responses each /v1 (and tokenizer) operation declares: what the server answers, never 422
 ERROR_RESPONSES = {400: {"model": ErrorBody, "description": "a value out of bounds, unknown or unsupported "
-                                                          "(param names the field)"},
-                   404: {"model": ErrorBody, "description": "no such model on this server"}}
+                                                          "(param names the field), or more work than allowed"},
+                   403: {"model": ErrorBody, "description": "sent by a page on an origin not allowed "
+                                                          "(serve --cors-origin)"},
+                   404: {"model": ErrorBody, "description": "no such model on this server"},
+                   415: {"model": ErrorBody, "description": "a body that is not Content-Type: application/json"}}
 
 
 def body_schema(kind: type[BaseModel]) -> dict:

@@ -13,8 +13,15 @@ from fastapi import Depends, HTTPException, Request
 from puffergpt.engine import Engine
 from puffergpt.reference import Products
 from puffergpt.server.bodies import MAX_NEW_TOKENS
+from puffergpt.server.cross_site import check_origin
 from puffergpt.server.streaming import Generations
 from puffergpt.text import Text, Texts
+
+MAX_REQUEST_S = 600.0  # a generation's seconds (serve --max-request-seconds): 512 GPT-2 tokens take ~1.5 min embedded
+# Tokens a /v1 request computes (serve --max-request-tokens), summed over its choices: each prompt token
+# read, each scored over the whole vocabulary (echo with logprobs), each new one. 8,192: 8 chat choices
+# of a full context, or lm-eval's --batch_size 4 of whole-context log-likelihoods.
+MAX_REQUEST_TOKENS = 8192
 
 
 @dataclass(frozen=True)
@@ -25,8 +32,16 @@ class ServerConfig:
     trusted_hosts: tuple[str, ...] | None = None  # Host headers accepted; None accepts any
     fallback: str | None = None  # why the model is the demo one, when GPT-2 small could not be had
     read_timeout_s: float = 10.0  # a request body must keep arriving: each piece within this
+    cors_origins: tuple[str, ...] = ()  # pages elsewhere allowed to drive the API (serve --cors-origin)
+    max_request_s: float | None = MAX_REQUEST_S  # a generation's wall-clock bound; None: none
+    max_request_tokens: int = MAX_REQUEST_TOKENS  # tokens a /v1 request computes, over its choices
 
     def __post_init__(self):
+        object.__setattr__(self, "cors_origins", tuple(check_origin(o) for o in self.cors_origins))
+        if self.max_request_s is not None and not self.max_request_s > 0:
+            raise ValueError(f"max_request_s must be above 0 (or None), got {self.max_request_s}")
+        if not 1 <= self.max_request_tokens <= 10**7:
+            raise ValueError(f"max_request_tokens must be in 1..{10**7}, got {self.max_request_tokens}")
         if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
             raise ValueError(f"max_new_tokens must be in 1..{MAX_NEW_TOKENS}, got {self.max_new_tokens}")
 

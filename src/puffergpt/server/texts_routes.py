@@ -109,14 +109,16 @@ def generation_events(t: Text, n: int, s: Sampling, inspect: int, stop: threadin
 
 @router.post("/{text_id}/generate")
 def generate(body: SamplingBodyInspect, t: TextDep, config: ConfigDep, generations: GenerationsDep):
-    """Server-sent events: ``token`` for each new token, then ``done`` (or ``error``).
-    With ``inspect``, each token also carries its attention and lens."""
+    """Server-sent events: ``token`` for each new token, then ``done`` (or ``error``: also
+    when the server ends it, past ``--max-request-seconds`` or at shutdown). With
+    ``inspect``, each token also carries its attention and lens."""
     s = check_generation(t.config, Sampling(body.temperature, body.top_k, body.seed), t.length, body.max_tokens,
                          config.max_new_tokens)  # errors before the stream are plain 4xx
     stop_event = t.begin()  # 409 if it is generating already
     inspect = body.lens_k if body.inspect else 0
     return stream(generations, lambda stop: generation_events(t, body.max_tokens, s, inspect, stop),
-                  stop=stop_event, on_end=t.end)
+                  stop=stop_event, on_end=t.end, farewell=lambda why: sse("error", {"detail": why.message}),
+                  limit_s=config.max_request_s)
 
 
 # --- inside the transformer: each view is searches, counted ---
