@@ -1,5 +1,6 @@
 """How an error becomes a response, in one place: a ``TextError`` is the request's fault
-(400; 409 while the text generates), a ``StoreError`` or an unreadable reference
+(400; 409 while the text generates), a text this server does not hold a 404 with the code
+``text_not_found`` (the page reopens it), a ``StoreError`` or an unreadable reference
 checkpoint the server's (503). Under ``/v1`` every error has OpenAI's shape
 (``{"error": {"message", "type", "param", "code"}}``), elsewhere ``{"detail": ...}``."""
 
@@ -12,7 +13,7 @@ from fastapi.responses import JSONResponse
 from puffergpt.checkpoints import CheckpointError
 from puffergpt.server.openai_bodies import OpenAIError
 from puffergpt.stores.base import StoreError
-from puffergpt.text import TextBusy, TextError
+from puffergpt.text import TextBusy, TextError, TextNotFound
 
 
 def is_v1(path: str) -> bool:
@@ -31,6 +32,11 @@ async def openai_error(_, e: OpenAIError) -> JSONResponse:
 
 async def text_error(request: Request, e: TextError) -> JSONResponse:
     return refusal(request, 409 if isinstance(e, TextBusy) else 400, str(e))
+
+
+async def text_not_found(_, e: TextNotFound) -> JSONResponse:
+    # the code tells a page to reopen the text from its ids on whichever server answers
+    return JSONResponse({"detail": str(e), "code": "text_not_found"}, status_code=404)
 
 
 async def store_error(request: Request, e: StoreError) -> JSONResponse:
@@ -53,7 +59,7 @@ async def not_unicode(_, e: UnicodeEncodeError) -> JSONResponse:
                                    "send text without lone surrogates"}, status_code=400)
 
 
-HANDLERS = {OpenAIError: openai_error, TextError: text_error, StoreError: store_error,
+HANDLERS = {OpenAIError: openai_error, TextError: text_error, TextNotFound: text_not_found, StoreError: store_error,
             CheckpointError: checkpoint_error,
             RequestValidationError: invalid, UnicodeEncodeError: not_unicode}
 
