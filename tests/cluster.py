@@ -85,6 +85,8 @@ class Cluster:
         log.close()
         if wait:
             self.wait_up(name)
+            if self.haproxy is not None:
+                self.wait_balanced()
 
     def wait_up(self, name: str) -> None:
         deadline, p = time.monotonic() + START_S, self.procs[name]
@@ -102,6 +104,20 @@ class Cluster:
     def log(self, name: str) -> str:
         return (self.workdir / f"{name}.log").read_text(errors="replace")[-3000:]
 
+    def wait_balanced(self, within_s: float = 30.0) -> None:
+        """Until the balancer answers (its health check has found a server up)."""
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            if self.haproxy.poll() is not None:
+                raise RuntimeError(f"haproxy exited: {(self.workdir / 'haproxy.log').read_text()[-2000:]}")
+            try:
+                if httpx.get(self.url + "/api/status", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"haproxy did not answer within {within_s:.0f} s")
+
     def start_haproxy(self) -> None:
         cfg = self.workdir / "haproxy.cfg"
         cfg.write_text(haproxy_config(self.lb_port, self.ports))
@@ -113,17 +129,7 @@ class Cluster:
         self.haproxy = subprocess.Popen([binary, "-db", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL)
         log.close()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.haproxy.poll() is not None:
-                raise RuntimeError(f"haproxy exited: {(self.workdir / 'haproxy.log').read_text()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/api/status", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError("haproxy did not answer within 30 s")
+        self.wait_balanced()
 
     def kill(self, name: str) -> None:
         """kill -9: nothing of the server runs after it, nothing is closed."""
