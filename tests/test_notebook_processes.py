@@ -1,6 +1,7 @@
-"""Several processes saving into one notebook at once (issue 32, item 3: several servers over
+"""Several processes opening and saving into one notebook at once (issue 32, item 3: several servers over
 one notebook directory): every insight is written and committed, none lost, no save refused
-for git's index.lock. Each save holds an flock on .git/puffergpt.lock (``Notebook._exclusive``);
+for git's index.lock, none refused for a repository another is making. Each save holds an flock on
+.git/puffergpt.lock (``Notebook._exclusive``), an opening one on the notebook's directory;
 tests/stores/test_pg_servers.py does it through two real servers."""
 
 from __future__ import annotations
@@ -13,17 +14,18 @@ from puffergpt.notebook import Notebook
 SAVER = """
 import sys
 from puffergpt.notebook import Notebook
-book = Notebook(sys.argv[1])
 print("ready", flush=True)
-sys.stdin.readline()  # all savers start together
+sys.stdin.readline()  # all savers start together, each opening the notebook (made by the first)
+book = Notebook(sys.argv[1])
 for i in range(int(sys.argv[3])):
     book.save(f"{sys.argv[2]} insight {i}", "words", ["proc"])
 print("saved", flush=True)
 """
 
 
-def test_two_processes_saving_at_once_lose_nothing(tmp_path):
-    Notebook(tmp_path / "nb")  # made once, as the first server would
+def test_processes_making_and_saving_into_one_notebook_at_once_lose_nothing(tmp_path):
+    """Three servers started on one new notebook directory: one makes the repository, the others
+    find it made; then they all save at once."""
     n, names = 12, ("first", "second", "third")
     procs = [subprocess.Popen([sys.executable, "-c", SAVER, str(tmp_path / "nb"), name, str(n)],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -52,6 +52,19 @@ class Notebook:
         p = self.path
         if p.exists() and not p.is_dir():
             raise NotebookError(f"{p} is a file, not a notebook directory: pick a directory")
+        if not p.exists() and not create:
+            raise NotebookError(f"there is no notebook at {p} yet: save an insight first (or give --notebook DIR)")
+        p.mkdir(parents=True, exist_ok=True)
+        # Several servers starting on one new notebook: one makes the repository, the others find it made.
+        fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._open_locked(create)
+        finally:
+            os.close(fd)
+
+    def _open_locked(self, create: bool) -> None:
+        p = self.path
         if (p / ".git").exists():
             top = self._git("rev-parse", "--show-toplevel", what="read the notebook repository").strip()
             if Path(top).resolve() != p.resolve():
@@ -64,7 +77,6 @@ class Notebook:
                                 "for the notebook, or an existing notebook repository")
         if not create:
             raise NotebookError(f"there is no notebook at {p} yet: save an insight first (or give --notebook DIR)")
-        p.mkdir(parents=True, exist_ok=True)
         self._git("init", "-q", "-b", "main", what="initialise the notebook repository")
 
     @contextlib.contextmanager
