@@ -86,6 +86,7 @@ def reopen_run(c: Cluster, ckpt, n: int) -> dict:
     solo = Reference(ckpt).greedy(prompt, n)
     return {"killed": dead, "reopened_tokens": again["reopened"]["read"], "reopen_s": round(took, 3),
             "reopen_server_ms": again["reopened"]["ms"], "reopen_requests": again["reopened"]["requests"],
+            "reopen_round_trips": again["reopened"]["round_trips"],
             "tokens_equal_solo": tokens[len(prompt):] == solo}
 
 

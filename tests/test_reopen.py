@@ -53,7 +53,7 @@ def test_a_reopened_text_continues_as_the_original_and_as_numpy(engine, demo):
         assert [w["phase"] for w in r.writes] == ["prefill"] and r.writes[0]["end"] == len(ids)
         kinds = [q.kind for q in requests]
         assert kinds.count("wte.top_k") == 1 and kinds.count("embed") == 1, kinds
-        assert len(requests) - 1 == engine.config.n_layer * 6 + 2 - 1  # a token's requests, its top-k the one above
+        assert len(requests) == 2 + 6 * engine.config.n_layer  # a token's requests: the read, then the one top-k
         assert sorted(r.steps) == sorted(generated) == list(range(n0, n0 + 6))
         for p, step in r.steps.items():  # the candidates recomputed are the ones generated
             old = t.steps[p]
@@ -171,6 +171,7 @@ def test_a_text_reopened_over_http_continues_as_the_original(clients, demo):
     try:
         assert got["id"] != t["id"] and [x["token_id"] for x in got["tokens"]] == ids
         assert got["reopened"]["read"] == len(ids) and got["reopened"]["requests"] == 2 + 6 * demo.config.n_layer
+        assert got["reopened"]["round_trips"] == got["reopened"]["requests"]  # a prefill writes its keys first
         assert {p: s["phase"] for p, s in got["steps"].items()} == {p: "reopened" for p in t["steps"]}
         top = lambda step: [c["token_id"] for c in step["candidates"]][:40]  # noqa: E731
         assert all(top(s) == top(t["steps"][p]) for p, s in got["steps"].items())

@@ -19,6 +19,9 @@ the same code, and only the products differ. No weight matrix is held here:
 - ``top_k``: the final vector searches the token vectors, the k best come back;
   ``top_k_many`` does several at once (the logit lens), ``logits`` scores all of them.
 
+A text's namespace also holds its expiry, moved on while the text is used, so that any server
+on a shared store can drop the keys of a text nobody uses (``sweeper.py``, ``touch``).
+
 Layer-norm parameters are fetched once, when the products are opened for a text.
 Every request is logged with its kind, rows scored, bytes and latency; a decode
 step makes 2 + 5 x n_layer sequential requests (62 for GPT-2 small) and

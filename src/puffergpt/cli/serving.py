@@ -76,7 +76,7 @@ def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, m
             run_server(app, host, port)  # its shutdown stops running generations first
 
 
-SHARED = (". Several servers can't share one embedded store: give each `--backend pgvector --dsn postgresql://...` "
+SHARED = (". Several servers can't share one data directory: give each `--backend pgvector --dsn postgresql://...` "
           "(one database) or `--backend turbopuffer` (docs/deploy.md)")
 
 
