@@ -25,7 +25,7 @@ from cluster import Cluster
 from puffergpt import loading, tokenizer
 from puffergpt.reference import Reference
 from puffergpt.stores.pgvector import PgvectorStore
-from test_playground import browser, generated, open_page, wait_idle  # noqa: F401  (browser: a fixture)
+from test_playground import browser, generated, open_page, shot, wait_idle  # noqa: F401  (browser: a fixture)
 
 TTL_S = 8  # --text-ttl: short, so that the sweep comes within the test; a text in use renews every 2 s
 PROMPT = "A young man"  # one of bench_clients' prompts: no <|endoftext|> in its first 24 greedy tokens
@@ -186,6 +186,7 @@ def test_the_page_carries_on_after_its_server_is_killed(cluster, browser, demo):
         assert p.locator("#tree .note").inner_text() == forks
         generated(p).first.click()
         expect(p.locator("#candidates tbody tr")).to_have_count(40)  # the candidates as they came
+        shot(p, "playground-reopened-after-a-kill")
         assert not w.errors, w.errors
     finally:
         ctx.close()
