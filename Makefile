@@ -32,10 +32,11 @@ install-serve: $(SERVE_STAMP)
 install: $(TEST_STAMP)
 
 # Debian's packages the tests drive: Chromium for the browser tests (never a downloaded
-# browser build); qemu-user to run the zvec backend on an emulated CPU without AVX-512.
-SYSTEM_PKGS := chromium:chromium qemu-x86_64:qemu-user
+# browser build); qemu-user to run the zvec backend on an emulated CPU without AVX-512;
+# HAProxy, the load balancer in front of several servers (tests/stores/test_pg_servers.py).
+SYSTEM_PKGS := chromium:chromium qemu-x86_64:qemu-user haproxy:haproxy
 system:
-	@missing=""; for p in $(SYSTEM_PKGS); do command -v $${p%%:*} >/dev/null 2>&1 || missing="$$missing $${p#*:}"; done; \
+	@missing=""; for p in $(SYSTEM_PKGS); do PATH="$$PATH:/usr/sbin:/sbin" command -v $${p%%:*} >/dev/null 2>&1 || missing="$$missing $${p#*:}"; done; \
 	[ -z "$$missing" ] || { if [ "$$(id -u)" = 0 ]; then apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	  else echo "The tests need Debian's$$missing: sudo apt-get install$$missing"; exit 1; fi; }

@@ -93,10 +93,10 @@ def test_errors_are_reported_not_hidden(loaded, demo, monkeypatch):
 def test_a_text_that_could_not_be_closed_is_reported(served, monkeypatch):
     real = bc.call
 
-    def no_close(conn, server, method, path, body=None):
+    def no_close(conn, server, method, path, body=None, jar=None):
         if method == "DELETE":
             raise bc.Refused(f"{method} {path}", 503, b'{"detail": "the store failed"}')
-        return real(conn, server, method, path, body)
+        return real(conn, server, method, path, body, jar)
 
     monkeypatch.setattr(bc, "call", no_close)
     plan = bc.Plan(clients=1, tokens=2)

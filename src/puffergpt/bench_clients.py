@@ -139,21 +139,43 @@ class Server:
         return kind(self.host, self.port, timeout=timeout_s)
 
 
-def call(conn: http.client.HTTPConnection, server: Server, method: str, path: str, body: dict | None = None) -> dict:
-    """One JSON request: its JSON answer, or Refused."""
+def headers(jar: dict | None) -> dict:
+    """A request's headers, with the cookies the server set (a load balancer's stickiness)."""
+    h = {"Content-Type": "application/json"}
+    if jar:
+        h["Cookie"] = "; ".join(f"{k}={v}" for k, v in jar.items())
+    return h
+
+
+def keep_cookies(r: http.client.HTTPResponse, jar: dict | None) -> None:
+    """The cookies an answer sets, kept in ``jar`` as a browser keeps them (name=value only)."""
+    if jar is None:
+        return
+    for line in r.headers.get_all("Set-Cookie") or []:
+        name, _, rest = line.partition("=")
+        if name.strip():
+            jar[name.strip()] = rest.split(";", 1)[0].strip()
+
+
+def call(conn: http.client.HTTPConnection, server: Server, method: str, path: str, body: dict | None = None,
+         jar: dict | None = None) -> dict:
+    """One JSON request: its JSON answer, or Refused. ``jar``: the learner's cookies, sent and kept."""
     payload = json.dumps(body).encode() if body is not None else None
-    conn.request(method, server.prefix + path, payload, {"Content-Type": "application/json"})
+    conn.request(method, server.prefix + path, payload, headers(jar))
     r = conn.getresponse()
+    keep_cookies(r, jar)
     data = r.read()
     if not 200 <= r.status < 300:
         raise Refused(f"{method} {path}", r.status, data)
     return json.loads(data)
 
 
-def events(conn: http.client.HTTPConnection, server: Server, path: str, body: dict) -> Iterator[tuple[str, dict]]:
+def events(conn: http.client.HTTPConnection, server: Server, path: str, body: dict,
+           jar: dict | None = None) -> Iterator[tuple[str, dict]]:
     """A server-sent event stream, an event at a time as each one completes: (name, data)."""
-    conn.request("POST", server.prefix + path, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    conn.request("POST", server.prefix + path, json.dumps(body).encode(), headers(jar))
     r = conn.getresponse()
+    keep_cookies(r, jar)
     if not 200 <= r.status < 300:
         raise Refused(f"POST {path}", r.status, r.read())
     name, data = None, None
@@ -205,29 +227,31 @@ class Run:
 def learn(server: Server, plan: Plan, i: int, on_token: Callable[[], None] = lambda: None,
           tokens: int | None = None) -> Run:
     """Learner i: open a text on its prompt, generate it to the end, close it. Never raises:
-    what went wrong is the run's ``error``."""
-    run, conn, text_id = Run(i, plan.prompt(i)), server.connect(plan.timeout_s), None
+    what went wrong is the run's ``error``. It keeps the cookies the server sets, as a browser
+    does: behind a load balancer with stickiness, its requests stay on one server."""
+    run, conn, text_id, jar = Run(i, plan.prompt(i)), server.connect(plan.timeout_s), None, {}
     try:
         run.opened = time.perf_counter()
-        text_id = call(conn, server, "POST", "/api/texts", {"prompt": run.prompt})["id"]
-        run.error = generate(conn, server, f"/api/texts/{text_id}/generate", plan.body(i, tokens), run, on_token)
+        text_id = call(conn, server, "POST", "/api/texts", {"prompt": run.prompt}, jar)["id"]
+        run.error = generate(conn, server, f"/api/texts/{text_id}/generate", plan.body(i, tokens), run, on_token, jar)
     except Exception as e:  # refused, unreachable, timed out, not JSON: the run says so
         run.error = f"{type(e).__name__}: {e}" if not isinstance(e, Refused) else str(e)
     finally:
         run.finished = run.finished or time.perf_counter()
         if text_id is not None:  # the text's namespace goes now, not when the server sweeps it
             try:
-                call(conn, server, "DELETE", f"/api/texts/{text_id}")
+                call(conn, server, "DELETE", f"/api/texts/{text_id}", jar=jar)
             except Exception as e:
                 run.close_error = f"closing the text: {e}" if isinstance(e, Refused) else f"closing the text: {e!r}"
         conn.close()
     return run
 
 
-def generate(conn, server: Server, path: str, body: dict, run: Run, on_token: Callable[[], None]) -> str | None:
+def generate(conn, server: Server, path: str, body: dict, run: Run, on_token: Callable[[], None],
+             jar: dict | None = None) -> str | None:
     """The generate stream into ``run``: None, or what went wrong."""
     run.generate_sent, error, done = time.perf_counter(), None, None
-    for name, data in events(conn, server, path, body):
+    for name, data in events(conn, server, path, body, jar):
         if name == "token":
             run.first_token = run.first_token or time.perf_counter()
             run.token_ids.append(int(data["token_id"]))

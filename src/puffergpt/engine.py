@@ -19,6 +19,9 @@ the same code, and only the products differ. No weight matrix is held here:
 - ``top_k``: the final vector searches the token vectors, the k best come back;
   ``top_k_many`` does several at once (the logit lens), ``logits`` scores all of them.
 
+A text's namespace also holds its expiry, moved on while the text is used, so that any server
+on a shared store can drop the keys of a text nobody uses (``sweeper.py``, ``touch``).
+
 Layer-norm parameters are fetched once, when the products are opened for a text.
 Every request is logged with its kind, rows scored, bytes and latency; a decode
 step makes 2 + 5 x n_layer sequential requests (62 for GPT-2 small) and
@@ -31,13 +34,13 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
 
-from puffergpt import costs, documents, untrained
+from puffergpt import costs, documents, sweeper, untrained
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.documents import Encoding
 from puffergpt.scheduler import Batcher, Scheduler
@@ -96,9 +99,12 @@ class Engine:
     """A model loaded into a store. ``open()`` gives the products for one text."""
 
     def __init__(self, store: Store, manifest: dict, model: str, key: str, key_metric: str | None = None,
-                 scheduler: Scheduler | None = None):
+                 scheduler: Scheduler | None = None, text_ttl_s: float = sweeper.DEFAULT_TTL_S,
+                 clock: Callable[[], float] = time.time):
         """``manifest``: the model's, read and checked by the caller (``loading.open_engine``);
-        ``scheduler``: the bound on texts generating at once (a server's own; default 16)."""
+        ``scheduler``: the bound on texts generating at once (a server's own; default 16);
+        ``text_ttl_s``: a text unused this long may have its keys dropped by any server
+        (``sweeper.py``), read on ``clock`` (unix seconds)."""
         self.store = store
         self.batcher = Batcher(store)  # the same product of several texts, one request (scheduler.py)
         self.scheduler = scheduler or Scheduler()
@@ -114,6 +120,9 @@ class Engine:
             raise StoreError(f"the {store.name} store has no {self.key_metric!r} search")
         self.key_schema = KEY_SCHEMA if self.key_metric == "inner_product" else KEY_SCHEMA | {"norm2": "float"}
         self._replicas = None  # read replicas of the weights while ``replicated`` runs
+        if not text_ttl_s > 0:
+            raise ValueError(f"the text TTL must be a positive number of seconds, got {text_ttl_s!r}")
+        self.text_ttl_s, self.clock = float(text_ttl_s), clock
 
     def status(self) -> dict:
         """How busy the engine is: texts generating and waiting (``Scheduler.status``), how many
@@ -176,7 +185,8 @@ class SearchProducts:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="puffergpt-keys")
         self._pending: dict[int, Future] = {}  # layer -> its latest key write
         self._closed = threading.Event()
-        self.keys_ns = f"text-{uuid.uuid4().hex[:16]}" if keys else None
+        self.keys_ns = f"text-{uuid.uuid4().hex[:16]}" if keys else None  # 60 random bits: no two texts share one
+        self.lease = None  # the namespace's expiry, where every server sees it (sweeper.py)
         if keys:
             self.store.create_namespace(self.keys_ns, c.head_dim, engine.key_schema, engine.key_metric, ephemeral=True)
         # Layer norms: the only parameters the server keeps, 2 x C numbers each.
@@ -184,6 +194,9 @@ class SearchProducts:
         ns = documents.namespace(self.key, c.n_embd)
         t = time.perf_counter()
         try:
+            if keys:
+                self.lease = sweeper.Lease(self.store, self.keys_ns, engine.key_schema, c.head_dim,
+                                           engine.text_ttl_s, engine.clock)
             v = self.store.fetch(ns, [documents.doc_id(n, r) for n in names for r in (0, 1)])[:, : c.n_embd]
         except BaseException:
             if keys:
@@ -235,6 +248,11 @@ class SearchProducts:
             if self.keys_ns is not None:
                 self.store.drop_namespace(self.keys_ns)
                 self.engine.batcher.forget(self.keys_ns)
+
+    def touch(self) -> bool:
+        """The text is in use: its namespace's expiry moved on (``sweeper.Lease``); False when
+        it is past, and another server may have dropped the keys."""
+        return self.lease is None or self.lease.renew()
 
     def slot(self, should_stop=None):
         """A generation's turn on the engine (``Scheduler.slot``): the text generates inside it."""

@@ -100,6 +100,10 @@ class Extras(Protocol):
     def key_counts(self) -> list[int] | None:
         """Keys stored per layer (the KV cache view); None where there is no store to count."""
 
+    def touch(self) -> bool:
+        """The text is in use: its keys kept from other servers' sweeps (``sweeper.py``). False
+        when they may be gone already (unused past their TTL): the text must be reopened."""
+
     def close(self) -> None:
         """Let go of what the products hold (a text's namespace of keys)."""
 
@@ -284,6 +288,9 @@ class NumpyProducts:
 
     def key_counts(self):
         return None
+
+    def touch(self) -> bool:
+        return True
 
     def close(self) -> None:
         pass

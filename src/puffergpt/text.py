@@ -20,7 +20,8 @@ Reading is batched: all unread tokens go through each matrix in one request (pre
 
 Texts are opened two ways: ``Texts``, the open texts of one engine (the server's: a bound
 on how many, expiry when idle, closing drops their keys), and ``opened``, a text of its
-own closed on any exit (a completion's, a test's).
+own closed on any exit (a completion's, a test's). A text another server held (one that went
+away) is reopened from what the page kept, its token ids (``Text.restore``): one prefill.
 """
 
 from __future__ import annotations
@@ -54,6 +55,14 @@ class TextError(ValueError):
 
 class TextBusy(TextError):
     """The text is generating; it takes no other generation or edit until that ends."""
+
+
+class TextNotFound(KeyError):
+    """This server holds no such text (closed, expired, never opened here, or held by a server
+    that went away): reopen it from its token ids (``Texts.reopen``)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
 
 
 def check_token_ids(ids, n_vocab: int) -> None:
@@ -234,6 +243,49 @@ class Text:
         self.check_tokens([token_id], at=p)
         self._set(p, int(token_id))
 
+    @edit
+    def restore(self, ids: list[int], length: int, generated: dict[int, float]) -> list:
+        """Make this new, empty text the one another server held, from what the page kept of it:
+        its known tokens ``ids`` (the first ``length`` are the text, the rest stepped back from),
+        all read in one prefill, and the candidates of each generated position (``generated``:
+        position -> the temperature it was sampled at) recomputed in one top-k search from the
+        hidden states the prefill leaves. -> the requests it cost"""
+        if self.tokens:
+            raise TextError("reopen: only a new, empty text can be reopened")
+        self.check_tokens(ids)
+        n = len(ids)
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 1 <= length <= n:
+            raise TextError(f"reopen: length {length!r} is outside 1..{n} (the token ids given)")
+        for p, temperature in generated.items():
+            if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 1 <= p < n:
+                raise TextError(f"reopen: generated position {p!r} is outside 1..{n - 1}")
+            if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+                raise TextError(f"reopen: the temperature at position {p} must be a number >= 0, got {temperature!r}")
+        self._replace_from(0, list(map(int, ids)))
+        with self.products.recording() as requests:
+            self._read()
+            self._recompute(generated)
+        self.length = int(length)
+        return requests
+
+    def _recompute(self, generated: dict[int, float]) -> None:
+        """Steps for positions another server generated: their candidates from one top-k search,
+        a query a position (the lock held, the tokens read)."""
+        ps = sorted(generated)
+        if not ps:
+            return
+        x = np.stack([self.hidden[p - 1] for p in ps])  # (n, C): the hidden state that predicts each
+        got = self.products.top_k_many(x, KEEP_CANDIDATES, kind="wte.top_k")
+        for p, (ids, logits) in zip(ps, got, strict=True):
+            self.steps[p] = Step(p, self.tokens[p], np.asarray(ids), np.asarray(logits, np.float64),
+                                 float(generated[p]), phase="reopened")
+
+    def used(self) -> bool:
+        """The text is in use now: its idle clock starts again and its keys are kept from other
+        servers' sweeps. False when they may be gone already (``Products.touch``)."""
+        self.last_used = time.monotonic()
+        return self.products.touch()
+
     def begin(self) -> threading.Event:
         """Claim the text for one generation (the server does, before it streams); no edit
         or other generation until ``end``. -> the event a Stop sets (``stop``), cleared:
@@ -378,7 +430,7 @@ class Text:
             if observe is not None:
                 observe(step, trace if read else None)
         step.ms = (time.perf_counter() - t0) * 1e3
-        self.last_used = time.monotonic()
+        self.used()
         return step
 
     def _choose(self, p: int, s: Sampling, rng: np.random.Generator, full: bool, trace: Trace | None,
@@ -402,6 +454,11 @@ class Text:
 
 # --- the open texts of one engine: open, find, close ---------------------------------
 
+def not_found(text_id: str) -> str:
+    return (f"no open text {text_id!r} on this server (closed, expired, never opened, or held by a server that "
+            "went away): reopen it from its token ids")
+
+
 class Texts:
     """The open texts of one engine: a bound on how many, and expiry when idle."""
 
@@ -413,6 +470,18 @@ class Texts:
         self._lock = threading.Lock()
 
     def create(self, ids: list[int]) -> Text:
+        text = self._open()
+        self._fill(text, lambda: text.append(ids))
+        return text
+
+    def reopen(self, ids: list[int], length: int, generated: dict[int, float]) -> tuple[Text, list]:
+        """A text another server held, opened here from what the page kept (``Text.restore``):
+        -> (the text, the requests reopening it cost)"""
+        text = self._open()
+        return text, self._fill(text, lambda: text.restore(ids, length, generated))
+
+    def _open(self) -> Text:
+        """A new, empty text, counted among the open ones (at most ``max_open``)."""
         self.expire()
         with self._lock:
             if len(self._texts) >= self.max_open:
@@ -425,26 +494,39 @@ class Texts:
                 self._texts.pop(placeholder, None)
         with self._lock:
             self._texts[text.id] = text
-        try:
-            text.append(ids)
-        except TextError:
-            self.close(text.id)
-            raise
         return text
 
+    def _fill(self, text: Text, fill: Callable[[], object]):
+        """fill()'s value; on any failure the half-made text is closed (its keys dropped) first."""
+        try:
+            return fill()
+        except BaseException:
+            try:
+                self.close(text.id)
+            except Exception as e:
+                log.warning("could not close text %s that failed to open: %s", text.id, e)
+            raise
+
     def get(self, text_id: str) -> Text:
+        """The open text, used now; TextNotFound if this server holds none by that id, or if its
+        keys were unused past their TTL (then it is closed, and gone on every server alike)."""
         with self._lock:
             text = self._texts.get(text_id) if not text_id.startswith("opening-") else None
         if text is None:
-            raise KeyError(f"no open text {text_id!r} (closed, expired, or never opened)")
-        text.last_used = time.monotonic()
+            raise TextNotFound(not_found(text_id))
+        if not text.used():
+            try:
+                self.close(text_id)
+            except KeyError:
+                pass  # closed meanwhile
+            raise TextNotFound(f"text {text_id!r} was unused past its TTL and is closed: reopen it from its token ids")
         return text
 
     def close(self, text_id: str) -> None:
         with self._lock:
             text = self._texts.get(text_id)
         if text is None:
-            raise KeyError(f"no open text {text_id!r} (closed, expired, or never opened)")
+            raise TextNotFound(not_found(text_id))
         with text.lock:
             text.close()  # if dropping its namespace fails, the text stays listed, to close again
         with self._lock:

@@ -77,15 +77,16 @@ def notebook_dir(notebook_path: Path | None, data_dir: Path | None) -> Path:
 # --- errors -------------------------------------------------------------------------------
 
 @contextmanager
-def clear_errors() -> Iterator[None]:
-    """Known failures become one clear line and a non-zero exit, not a traceback."""
+def clear_errors(held: str = "") -> Iterator[None]:
+    """Known failures become one clear line and a non-zero exit, not a traceback. ``held``: what
+    to add when the data directory is another process's (serve: how several servers share)."""
     from puffergpt.notebook import NotebookError
     from puffergpt.stores.base import StoreError, StoreHeld
 
     try:
         yield
     except StoreHeld as e:
-        fail(f"{e}{serving_hint(e)}")
+        fail(f"{e}{serving_hint(e)}{held}")
     except (checkpoints.CheckpointError, StoreError, NotebookError, ValueError, OSError) as e:
         fail(str(e))
 
@@ -148,10 +149,11 @@ class Opened:
 
 
 def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn: str | None,
-               max_running: int | None = None) -> Opened:
+               max_running: int | None = None, text_ttl_s: float | None = None) -> Opened:
     """The one way a command opens a model: ``engine`` "reference" is the numpy GPT-2 on the
     checkpoint; "search" the engine on the store, verified, the model loaded on first use, with
-    at most ``max_running`` texts generating at once (a server's bound; default the scheduler's)."""
+    at most ``max_running`` texts generating at once (a server's bound; default the scheduler's)
+    and its texts' keys dropped by any server once unused for ``text_ttl_s`` (default 30 minutes)."""
     if engine == "reference":
         from puffergpt.reference import NumpyProducts
 
@@ -160,7 +162,7 @@ def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn
     checkpoints.check_model(model)  # a bad name or path says so before the store is opened
     store = open_store(backend, data_dir, dsn)
     try:
-        e = search_engine(store, model, max_running)
+        e = search_engine(store, model, max_running, text_ttl_s)
     except BaseException:
         store.close()
         raise
@@ -168,12 +170,12 @@ def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn
 
 
 def open_served(model: str, backend: str, data_dir: Path | None, dsn: str | None, notebook_path: Path | None,
-                max_running: int | None = None):
+                max_running: int | None = None, text_ttl_s: float | None = None):
     """(Opened, Notebook): what serve and mcp hold, the model on its store (loaded on first use)
     and the notebook; a notebook that can't be opened closes the store and says which option."""
     from puffergpt import notebook as nb
 
-    opened = open_model("search", model, backend, data_dir, dsn, max_running)
+    opened = open_model("search", model, backend, data_dir, dsn, max_running, text_ttl_s)
     try:
         return opened, nb.Notebook(notebook_dir(notebook_path, data_dir))
     except nb.NotebookError as e:
@@ -181,14 +183,16 @@ def open_served(model: str, backend: str, data_dir: Path | None, dsn: str | None
         fail(f"{e} (choose another with --notebook DIR)")
 
 
-def search_engine(store, model: str, max_running: int | None = None) -> Engine:
+def search_engine(store, model: str, max_running: int | None = None, text_ttl_s: float | None = None) -> Engine:
     """The model's engine on a store, loading it into the store on first use."""
     from puffergpt import loading
     from puffergpt.scheduler import Scheduler
 
+    ttl = {} if text_ttl_s is None else {"text_ttl_s": text_ttl_s}
+
     def engine() -> Engine:  # verified: never serve a damaged store
         return loading.open_engine(store, model, verify=True, progress=True,
-                                   scheduler=Scheduler(max_running) if max_running else None)
+                                   scheduler=Scheduler(max_running) if max_running else None, **ttl)
 
     try:
         return engine()

@@ -38,6 +38,9 @@ from puffergpt.cli.options import (
               help="texts generating at once (their searches are merged); the others wait their turn")
 @click.option("--idle-minutes", type=click.FloatRange(0.1, 10080), default=30.0, show_default=True,
               help="an idle text is closed after this long")
+@click.option("--text-ttl", "text_ttl", type=click.FloatRange(1, 7 * 86400), default=1800.0, show_default=True,
+              metavar="SECONDS", help="the keys of a text nobody used for this long are dropped by any server on "
+                                      "the same store, a killed server's too (docs/deploy.md)")
 @replicas_option
 @click.option("--cors-origin", "cors_origins", multiple=True, callback=lambda ctx, param, v: origins(v),
               metavar="ORIGIN", help="a page elsewhere allowed to drive the API, as scheme://host[:port] (repeat for "
@@ -49,15 +52,15 @@ from puffergpt.cli.options import (
               help="tokens a /v1 request may compute over its choices (prompt tokens read, scored, new); "
                    "more is refused up front")
 def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, max_running, idle_minutes,
-          replicas, cors_origins, max_request_seconds, max_request_tokens) -> None:
+          text_ttl, replicas, cors_origins, max_request_seconds, max_request_tokens) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
     from puffergpt.reference import NumpyProducts
     from puffergpt.server import ServerConfig, create_app
     from puffergpt.server.app import run as run_server
 
     model, fallback = resolve_model(model)
-    with clear_errors():
-        opened, notebook = open_served(model, backend, data_dir, dsn, notebook_path, max_running)
+    with clear_errors(held=SHARED):
+        opened, notebook = open_served(model, backend, data_dir, dsn, notebook_path, max_running, text_ttl)
 
     def reference():  # Compare reads the checkpoint only while it compares
         return NumpyProducts(checkpoints.load(model))
@@ -91,6 +94,10 @@ def origins(values: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(check_origin(v) for v in values)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--cors-origin") from None
+
+
+SHARED = (". Several servers can't share one data directory: give each `--backend pgvector --dsn postgresql://...` "
+          "(one database) or `--backend turbopuffer` (docs/deploy.md)")
 
 
 @contextmanager

@@ -4,7 +4,9 @@ pushed. git runs as the ``git`` binary with argument lists (never a shell)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import logging
 import os
 import secrets
@@ -42,7 +44,7 @@ class Notebook:
     def __init__(self, path: str | Path, create: bool = True, git: str = "git"):
         self.path = Path(path).expanduser().absolute()
         self.git_binary = git
-        self.lock = threading.Lock()  # one save or push at a time: git's index is one file
+        self.lock = threading.Lock()  # one save or push at a time in this process (``_exclusive``)
         self._open(create)
         files.remove_stale(self.path)
 
@@ -50,6 +52,19 @@ class Notebook:
         p = self.path
         if p.exists() and not p.is_dir():
             raise NotebookError(f"{p} is a file, not a notebook directory: pick a directory")
+        if not p.exists() and not create:
+            raise NotebookError(f"there is no notebook at {p} yet: save an insight first (or give --notebook DIR)")
+        p.mkdir(parents=True, exist_ok=True)
+        # Several servers starting on one new notebook: one makes the repository, the others find it made.
+        fd = os.open(p, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self._open_locked(create)
+        finally:
+            os.close(fd)
+
+    def _open_locked(self, create: bool) -> None:
+        p = self.path
         if (p / ".git").exists():
             top = self._git("rev-parse", "--show-toplevel", what="read the notebook repository").strip()
             if Path(top).resolve() != p.resolve():
@@ -62,8 +77,25 @@ class Notebook:
                                 "for the notebook, or an existing notebook repository")
         if not create:
             raise NotebookError(f"there is no notebook at {p} yet: save an insight first (or give --notebook DIR)")
-        p.mkdir(parents=True, exist_ok=True)
         self._git("init", "-q", "-b", "main", what="initialise the notebook repository")
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One save or push at a time, in this process and across processes (several servers may
+        share one notebook): git's index is one file, and a second ``git add`` would fail on its
+        index.lock. An flock on .git/puffergpt.lock, released when the file closes (a process that
+        dies lets go of it)."""
+        with self.lock:
+            lock = self.path / ".git" / "puffergpt.lock"
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+            except OSError as e:
+                raise files.unavailable(self.path, e, f"lock the notebook for a save ({lock})") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)
 
     # --- git ---
 
@@ -130,7 +162,7 @@ class Notebook:
         ins = Insight(id="", path="", title=check_title(title), body=check_body(body), tags=check_tags(tags),
                       date=dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
                       model=ev["model"] if ev else None, evidence=ev)
-        with self.lock:
+        with self._exclusive():
             self._write(ins)
             earlier = [f for f in self._pending_or_empty() if f != ins.path]
             message = self._message(ins, earlier)
@@ -234,7 +266,7 @@ class Notebook:
     def push(self) -> dict:
         """Commit what an earlier save left uncommitted, then push to the remote with the
         user's own git setup. A failed push is a GitError; the commits stay."""
-        with self.lock:
+        with self._exclusive():
             remotes = self._git("remote", what="read the notebook's remotes").split()
             if not remotes:
                 raise NotebookError(f"the notebook at {self.path} has no remote: add one with "

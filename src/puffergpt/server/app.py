@@ -27,7 +27,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from puffergpt import tokenizer
+from puffergpt import sweeper, tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import Products
 from puffergpt.server import errors, model_routes, openai, static_routes, texts_routes, tokenize_routes, views_routes
@@ -45,8 +45,9 @@ GRACE_S = 2  # on shutdown, a response still open after this is cancelled (each 
 
 @contextlib.asynccontextmanager
 async def lifespan(app: FastAPI):
-    """Idle texts swept while the server runs; on shutdown every generation stopped and
-    every text closed (closing a text drops its namespace of keys)."""
+    """Idle texts swept while the server runs, and the key namespaces of any server's texts
+    unused past their TTL (``sweeper.py``); on shutdown every generation stopped and every
+    text closed (closing a text drops its namespace of keys)."""
     served: Served = app.state.served
 
     async def sweep():  # idle texts go, with their namespaces, even when no one opens another
@@ -57,9 +58,11 @@ async def lifespan(app: FastAPI):
             except Exception as e:  # the sweep goes on
                 log.warning("sweeping idle texts failed: %s", e)
 
-    task = asyncio.create_task(sweep())
+    keys = sweeper.Sweeper(served.engine.store, served.engine.text_ttl_s, served.engine.clock)
+    tasks = [asyncio.create_task(sweep()), asyncio.create_task(sweeper.sweeping(keys))]  # any server's texts
     yield
-    task.cancel()
+    for task in tasks:
+        task.cancel()
     served.generations.stop_all()  # each ends within a token and closes what it holds
     served.texts.close_all()
 

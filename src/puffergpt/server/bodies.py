@@ -135,15 +135,32 @@ class SamplingBody(Strict):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
 
 
+class GeneratedAt(Strict):
+    position: int
+    temperature: float = Field(..., ge=0, le=100)
+
+
+class ReopenBody(Strict):
+    """What rebuilds a text another server held: of the token ids, the first ``length`` are the
+    text (the rest stepped back from), and the positions the model generated, with the
+    temperature each was sampled at (their candidates are recomputed)."""
+    length: int
+    generated: list[GeneratedAt] = Field(default_factory=list, max_length=MAX_PROMPT_IDS)
+
+
 class CreateBody(Strict):
-    """A text from a prompt, or from exact token ids (to reopen a text as it was)."""
+    """A text from a prompt, or from exact token ids (to reopen a text as it was); with
+    ``reopen``, a text another server held, as the page kept it."""
     prompt: str | None = Field(None, min_length=1, max_length=MAX_PROMPT_CHARS)
     prompt_ids: list[int] | None = Field(None, min_length=1, max_length=MAX_PROMPT_IDS)
+    reopen: ReopenBody | None = None
 
     @model_validator(mode="after")
     def one_of(self):
         if (self.prompt is None) == (self.prompt_ids is None):
             raise ValueError("give either prompt (text) or prompt_ids (token ids), not both or neither")
+        if self.reopen is not None and self.prompt_ids is None:
+            raise ValueError("reopen rebuilds a text from its token ids: give prompt_ids, not prompt")
         return self
 
 

@@ -1,5 +1,6 @@
 """How an error becomes a response, in one place: a ``TextError`` is the request's fault
-(400; 409 while the text generates), a ``StoreError`` or an unreadable reference
+(400; 409 while the text generates), a text this server does not hold a 404 with the code
+``text_not_found`` (the page reopens it), a ``StoreError`` or an unreadable reference
 checkpoint the server's (503), a request the server ended (``streaming.Ended``: its limit,
 its shutdown) says why. On the OpenAI-compatible paths (``/v1`` and vLLM's tokenizer
 routes: ``openai_shaped``) every error has OpenAI's shape
@@ -17,7 +18,7 @@ from puffergpt.checkpoints import CheckpointError
 from puffergpt.server.openai_bodies import OpenAIError
 from puffergpt.server.streaming import Ended
 from puffergpt.stores.base import StoreError
-from puffergpt.text import TextBusy, TextError
+from puffergpt.text import TextBusy, TextError, TextNotFound
 
 OPENAI_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's, beside /v1: OpenAI's error shape too
 
@@ -53,6 +54,11 @@ async def openai_error(_, e: OpenAIError) -> JSONResponse:
 
 async def text_error(request: Request, e: TextError) -> JSONResponse:
     return refusal(request, 409 if isinstance(e, TextBusy) else 400, str(e))
+
+
+async def text_not_found(_, e: TextNotFound) -> JSONResponse:
+    # the code tells a page to reopen the text from its ids on whichever server answers
+    return JSONResponse({"detail": str(e), "code": "text_not_found"}, status_code=404)
 
 
 async def store_error(request: Request, e: StoreError) -> JSONResponse:
@@ -91,7 +97,7 @@ async def not_unicode(request: Request, e: UnicodeEncodeError) -> JSONResponse:
                                  "send text without lone surrogates")
 
 
-HANDLERS = {OpenAIError: openai_error, TextError: text_error, StoreError: store_error,
+HANDLERS = {OpenAIError: openai_error, TextError: text_error, TextNotFound: text_not_found, StoreError: store_error,
             CheckpointError: checkpoint_error, Ended: ended, HTTPException: http_error,
             RequestValidationError: invalid, UnicodeEncodeError: not_unicode}
 

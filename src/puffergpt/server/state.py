@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, Request
 
 from puffergpt.engine import Engine
 from puffergpt.reference import Products
@@ -87,11 +87,9 @@ GenerationsDep = Annotated[Generations, Depends(generations)]
 
 
 def open_text(text_id: str, texts: TextsDep) -> Text:
-    """The open text of the path's ``text_id``, or a 404."""
-    try:
-        return texts.get(text_id)
-    except KeyError as e:
-        raise HTTPException(404, str(e.args[0])) from None
+    """The open text of the path's ``text_id``, or TextNotFound: a 404 whose code is
+    ``text_not_found`` (``errors.py``)."""
+    return texts.get(text_id)
 
 
 TextDep = Annotated[Text, Depends(open_text)]

@@ -9,7 +9,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter
 
 from puffergpt import inspector, tokenizer, views
 from puffergpt.sampling import Sampling
@@ -26,8 +26,18 @@ router = APIRouter(prefix="/api/texts")
 
 @router.post("", status_code=201, response_model=responses.TextView)
 def create(body: CreateBody, texts: TextsDep) -> dict:
+    """A new text; with ``reopen``, the one another server held (``Texts.reopen``): one prefill
+    and one top-k search, counted in ``reopened``."""
     ids = tokenizer.encode(body.prompt) if body.prompt is not None else body.prompt_ids  # ids: checked by the text
-    return text_json(texts.create(ids))
+    if body.reopen is None:
+        return text_json(texts.create(ids))
+    t0 = time.perf_counter()
+    generated = {g.position: g.temperature for g in body.reopen.generated}
+    text, requests = texts.reopen(ids, body.reopen.length, generated)
+    with text.lock:
+        return text_json(text) | {"reopened": {
+            "read": text.read_upto, "requests": len(requests), "round_trips": sum(r.round_trips for r in requests),
+            "ms": round((time.perf_counter() - t0) * 1e3, 1)}}
 
 
 @router.get("/{text_id}", response_model=responses.TextView)
@@ -38,10 +48,7 @@ def show(t: TextDep) -> dict:
 
 @router.delete("/{text_id}", response_model=responses.Closed)
 def close(text_id: str, texts: TextsDep) -> dict:
-    try:
-        texts.close(text_id)
-    except KeyError as e:
-        raise HTTPException(404, str(e.args[0])) from None
+    texts.close(text_id)  # TextNotFound: a 404 (errors.py)
     return {"closed": text_id}
 
 

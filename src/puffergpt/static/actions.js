@@ -1,9 +1,11 @@
 // What the buttons do: open a text, generate (streamed), stop, and the edits
 // (step back, forward, cut, branch, go to a recorded branch). Each edit is one or
-// more calls; the text JSON the server answers is taken whole.
+// more calls; the text JSON the server answers is taken whole. Every call about the
+// text goes through withText: where the server does not hold it, it is reopened there.
 import { api, stream, textPath } from "./api.js";
-import { $, clearError, setStatus, showError } from "./dom.js";
+import { $, clearError, setNotice, setStatus, showError } from "./dom.js";
 import { int, ms } from "./format.js";
+import { withText } from "./reopen.js";
 import { S, applyStep, applyText, keyAt, render, renderAll, resetText, select, temperature } from "./state.js";
 
 function readNumber(id, lo, hi, name, fallback) {
@@ -41,6 +43,7 @@ export async function openPrompt(prompt, ids = null) {
   $("prompt").value = prompt;
   const old = S.textId;
   resetText();
+  setNotice("");
   renderAll();
   if (old) api("DELETE", textPath(old)).catch(() => {});
   const t = await api("POST", "/api/texts", ids ? { prompt_ids: ids } : { prompt });
@@ -66,6 +69,34 @@ function onToken(data, got, live, body) {
   setStatus(`generating… ${got} token${got === 1 ? "" : "s"}`);
 }
 
+// One generation's stream on whichever server holds the text (reopened where none does):
+// its `done` summary, or null when the stream ended without one.
+async function streamed(body, seen) {
+  let done = null;
+  await withText(() => stream(textPath(S.textId, "/generate"), body, (event, data) => {
+    if (event === "token") onToken(data, ++seen.got, !!body.inspect, body);
+    else if (event === "done") {
+      done = data;
+      applyText(data.text);
+    } else if (event === "error") throw new Error(data.detail);
+  }));
+  return done;
+}
+
+// The generation, carried on where its server went away mid-stream: the text as a server has it
+// now (reopened from the tokens that came, where none holds it), then the tokens still to come.
+async function generation(body, first, seen) {
+  try {
+    return await streamed(body, seen);
+  } catch (e) {
+    if (!e.lost || S.stopping) throw e;
+    setStatus(`the server went away after ${seen.got} token${seen.got === 1 ? "" : "s"}: carrying on…`);
+    await withText(async () => applyText(await api("GET", textPath(S.textId))));
+    const left = body.max_tokens - (S.length - first);
+    return left > 0 ? streamed({ ...body, max_tokens: left }, seen) : null;
+  }
+}
+
 export async function generate(opts = {}) {
   if (S.generating) return;
   clearError();
@@ -76,23 +107,18 @@ export async function generate(opts = {}) {
   render("controls");
   setStatus("generating…");
   let first = null;
-  let got = 0;
+  const seen = { got: 0 };
   try {
     if (!opts.keepText) await ensureText();
     first = S.length;
     renderAll();
-    let done = false;
-    await stream(textPath(S.textId, "/generate"), body, (event, data) => {
-      if (event === "token") onToken(data, ++got, !!body.inspect, body);
-      else if (event === "done") {
-        done = true;
-        applyText(data.text);
-        setStatus(`${data.tokens} token${data.tokens === 1 ? "" : "s"} · ${int(data.requests)} requests · ${ms(data.ms)}${data.stopped ? " · stopped" : ""}`);
-      } else if (event === "error") throw new Error(data.detail);
-    });
-    if (!done) { // the stream ended with no summary (stopped): take the text as the server has it
-      applyText(await api("GET", textPath(S.textId)));
-      setStatus(`${got} token${got === 1 ? "" : "s"} · ${S.stopping ? "stopped" : "the stream ended early"}`);
+    const done = await generation(body, first, seen);
+    const got = S.length - first;
+    if (done) {
+      setStatus(`${got} token${got === 1 ? "" : "s"} · ${int(done.requests)} requests · ${ms(done.ms)}${done.stopped ? " · stopped" : ""}`);
+    } else { // the stream ended with no summary (stopped): take the text as the server has it
+      await withText(async () => applyText(await api("GET", textPath(S.textId))));
+      setStatus(`${seen.got} token${seen.got === 1 ? "" : "s"} · ${S.stopping ? "stopped" : "the stream ended early"}`);
     }
   } catch (e) {
     showError(e);
@@ -109,7 +135,11 @@ export async function stop() {
   if (!S.textId || !S.generating) return;
   S.stopping = true;
   setStatus("stopping…"); // before the request: the stream's `done` may come back first
-  try { await api("POST", textPath(S.textId, "/stop")); } catch (e) { showError(e); }
+  try {
+    await api("POST", textPath(S.textId, "/stop"));
+  } catch (e) {
+    if (e.code !== "text_not_found") showError(e); // a server without the text runs nothing to stop
+  }
 }
 
 // An edit: one or more calls, then the text as the server has it.
@@ -130,7 +160,9 @@ async function edit(fn) {
     renderAll();
   }
 }
-const call = async (op, body) => applyText(await api("POST", textPath(S.textId, "/" + op), body));
+// One edit of the text, on whichever server holds it; body() is read when the call is made.
+const call = (op, body) => withText(async () =>
+  applyText(await api("POST", textPath(S.textId, "/" + op), typeof body === "function" ? body() : body)));
 
 export const stepBack = () => edit(() => call("step_back", { position: S.length - 1 }));
 export const stepForward = () => edit(() => call("step_forward", { position: S.length + 1 }));
@@ -150,7 +182,7 @@ export async function branchTo(p, { rank, token_id }) {
   const ok = await edit(async () => {
     if (p > S.length) await call("step_forward", { position: p });
     // By rank where the server holds the step; by token id where only this page does.
-    await call("branch", S.serverSteps.has(p) && rank !== undefined ? { position: p, rank } : { position: p, token_id });
+    await call("branch", () => (S.serverSteps.has(p) && rank !== undefined ? { position: p, rank } : { position: p, token_id }));
     S.chosen.set(key, token_id);
     S.selected = p;
   });

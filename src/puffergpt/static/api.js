@@ -1,5 +1,7 @@
 // This server's API: JSON calls and the server-sent events of a generation.
-// An error becomes an Error whose message is the server's own `detail`.
+// An error becomes an Error whose message is the server's own `detail`, with the answer's
+// `status` and `code` (a text this server does not hold: "text_not_found"), and `lost` set
+// when the server could not be reached or went away mid-answer.
 
 function detailOf(data, res) {
   const d = data && data.detail;
@@ -13,11 +15,24 @@ function detailOf(data, res) {
   return `the server answered ${res.status} ${res.statusText}`;
 }
 
+function failure(data, res) {
+  const e = new Error(detailOf(data, res));
+  e.status = res.status;
+  e.code = data && typeof data.code === "string" ? data.code : null;
+  return e;
+}
+
+function lost(message) {
+  const e = new Error(message);
+  e.lost = true;
+  return e;
+}
+
 async function send(path, opts) {
   try {
     return await fetch(path, opts);
   } catch (e) {
-    throw new Error("the server could not be reached: " + e.message);
+    throw lost("the server could not be reached: " + e.message);
   }
 }
 
@@ -30,7 +45,7 @@ export async function api(method, path, body) {
   const res = await send(path, opts);
   let data = null;
   try { data = await res.json(); } catch (_) { data = null; }
-  if (!res.ok) throw new Error(detailOf(data, res));
+  if (!res.ok) throw failure(data, res);
   return data;
 }
 
@@ -53,13 +68,15 @@ export async function stream(path, body, onEvent) {
   if (!res.ok) {
     let data = null;
     try { data = await res.json(); } catch (_) { data = null; }
-    throw new Error(detailOf(data, res));
+    throw failure(data, res);
   }
   const reader = res.body.getReader();
   const decoder = new TextDecoder();
   let buf = "";
   for (;;) {
-    const { value, done } = await reader.read();
+    let got;
+    try { got = await reader.read(); } catch (e) { throw lost("the connection to the server was lost mid-answer: " + e.message); }
+    const { value, done } = got;
     if (done) break;
     buf += decoder.decode(value, { stream: true }).replace(/\r\n/g, "\n");
     let i;

@@ -135,3 +135,10 @@ export function clearError() {
   el.classList.remove("shown");
 }
 export function setStatus(s) { $("status").textContent = s || ""; }
+// One line about the text itself (it was reopened on another server), as text.
+export function setNotice(s) {
+  const el = $("notice");
+  if (!el) return;
+  el.textContent = s || "";
+  el.classList.toggle("shown", !!s);
+}

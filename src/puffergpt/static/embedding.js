@@ -5,6 +5,7 @@ import { api } from "./api.js";
 import { $, h, labelled, placeholder, svg, visibleToken } from "./dom.js";
 import { int, plural } from "./format.js";
 import { saveButton, tokenEvidence, withData } from "./insight.js";
+import { withText } from "./reopen.js";
 import { S } from "./state.js";
 
 // A failed lookup is shown in its own panel: the server's message names the
@@ -156,7 +157,8 @@ async function drawMap() {
   const position = $("map-path").checked ? pathPosition() : null;
   box.replaceChildren(placeholder("projecting…"));
   try {
-    const r = await api("POST", "/api/map", { words, text_id: position === null ? null : S.textId, position });
+    const r = position === null ? await api("POST", "/api/map", { words, text_id: null, position })
+      : await withText(() => api("POST", "/api/map", { words, text_id: S.textId, position }));
     const ev = (r.explained || []).map((v) => (v * 100).toFixed(0) + "%").join(" and ");
     const map = mapSvg(r);
     const hidden = map.querySelectorAll('.map-point[data-labelled="false"]').length;

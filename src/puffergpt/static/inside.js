@@ -8,6 +8,7 @@ import { renderAttention } from "./attention.js";
 import { renderAttribution } from "./attribution.js";
 import { renderLens } from "./lens.js";
 import { renderNeurons } from "./neurons.js";
+import { withText } from "./reopen.js";
 import { S, insideKey, keepInside, nLayer, render, view } from "./state.js";
 
 const LENS_K = 10;
@@ -18,7 +19,7 @@ async function lookInside(p) {
   loading = key;
   render("inside");
   try {
-    const v = await api("GET", textPath(S.textId, `/steps/${p}/inspect?lens_k=${LENS_K}`));
+    const v = await withText(() => api("GET", textPath(S.textId, `/steps/${p}/inspect?lens_k=${LENS_K}`)));
     keepInside(p, v);
   } catch (e) {
     showError(e);

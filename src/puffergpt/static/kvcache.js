@@ -4,6 +4,7 @@
 import { api, textPath } from "./api.js";
 import { $, h, labelled, placeholder, streamToken } from "./dom.js";
 import { int, plural } from "./format.js";
+import { withText } from "./reopen.js";
 import { S, stepAt, view } from "./state.js";
 
 let shownFor = null; // the text state the panel shows
@@ -89,7 +90,7 @@ async function refresh() {
   const want = stamp();
   pending = true;
   try {
-    show(await api("GET", textPath(S.textId, "/kv")));
+    show(await withText(() => api("GET", textPath(S.textId, "/kv"))));
     shownFor = want;
   } catch (e) {
     $("kv").replaceChildren(h("p", { class: "emb-error", text: "The KV cache could not be read: " + e.message }));

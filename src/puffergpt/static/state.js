@@ -55,10 +55,26 @@ export function applyText(t) {
   S.serverSteps = new Set();
   for (const [p, step] of Object.entries(t.steps || {})) {
     const pos = Number(p);
+    const old = S.memo.get(keyAt(pos));
+    // A step recomputed when the text was reopened on another server: the page's own, as it
+    // came with its requests, stays (and branches there go by token id, not by the new ranks).
+    if (step.phase === "reopened" && old) continue;
     S.serverSteps.add(pos);
-    S.memo.set(keyAt(pos), { ...S.memo.get(keyAt(pos)), ...step });
+    S.memo.set(keyAt(pos), { ...old, ...step });
   }
   recordPath();
+}
+
+// What rebuilds the text on any server (POST /api/texts with `reopen`): every known token id,
+// how many of them are the text (the rest stepped back from), and each position the model
+// generated with its temperature (the server recomputes their candidates in one search).
+export function rebuildBody() {
+  const generated = [];
+  for (let p = 1; p < S.tokens.length; p++) {
+    const step = stepAt(p);
+    if (step) generated.push({ position: p, temperature: Number(step.temperature ?? 1) });
+  }
+  return { prompt_ids: S.tokens.map((t) => t.id), reopen: { length: S.length, generated } };
 }
 
 // A token streamed in: the same bookkeeping the server does.
