@@ -19,10 +19,11 @@ rewriting any matrix that does not match. Only then does it write the manifest. 
 check covers everything a search returns and the engine uses: ids, vectors and
 attributes.
 
-A store whose files this process can identify (the embedded one: ``Store.stamp``) is
-read in full when it is opened to serve (``check_on_open``), unless its files are
-byte for byte those last found to match the manifest (the stamp under
-``verified:KEY``). The full read runs where the database may abort
+A store whose files this process can read (the embedded one: ``Store.stamp``) is read
+back through the database when it is opened to serve (``check_on_open``), unless its
+files hash, read in full at every start (mtimes are not trusted: bit rot leaves them
+alone), to the digests last found to match the manifest (the stamp under
+``verified:KEY``). The read-back runs where the database may abort
 (``Store.read_isolated``): Qdrant aborts the process on some damaged files.
 """
 
@@ -184,8 +185,8 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
         state = {"ident": ident, "done": {}}
         store.put_meta(progress_key, state)
     store.put_meta(f"manifest:{key}", {"complete": False, **ident})  # the engine refuses it until the end
-    for n_in in sorted({n for _, n in matrices(c)}):
-        store.create_namespace(namespace(key, n_in), enc.dim(n_in), SCHEMA, metric)
+    for n_in in sorted({n for _, n in matrices(c)}):  # every search of the weights names its matrix
+        store.create_namespace(namespace(key, n_in), enc.dim(n_in), SCHEMA, metric, partition="matrix")
 
     items = list(plan(ckpt, enc, key))
     total = sum(len(i) for _, _, _, i in items)
@@ -441,12 +442,7 @@ def _unchanged_since_verified(store: Store, key: str, m: dict) -> bool:
         return False
     if not isinstance(known, dict) or known.get("manifest") != _digest(m) or not isinstance(known.get("files"), dict):
         return False
-    now = store.stamp(list(m["namespaces"]), known["files"])
-
-    def content(files):  # size and digest: Qdrant rewrites some files (same bytes) at every open
-        return {p: (v[0], v[2]) for p, v in files.items()} if isinstance(files, dict) else None
-
-    return now is not None and content(now) == content(known["files"])
+    return store.stamp(list(m["namespaces"])) == known["files"]
 
 
 def record_verified(store: Store, key: str, m: dict) -> None:

@@ -1,14 +1,15 @@
-"""The embedded backend: Qdrant Edge (``qdrant-edge-py``), in-process, under the data directory.
+"""Qdrant Edge (``qdrant-edge-py``), in-process, under the data directory: the embedded store's
+database for a text's keys (written every token), and for everything where zvec can't run
+(``embedded.py``).
 
 Chosen by measurement (benchmarks/embedded_dbs.py): one exact product of 3,072 rows
-under a filter runs several times faster than in DuckDB, the previous embedded store.
+under a filter runs several times faster than in DuckDB, the embedded store before it.
 
-Layout of the data directory (one process at a time, held by ``puffergpt.lock``):
+Its files in the data directory (the lock and meta.json are the ``datadir.Home``'s):
 
-    edge/<namespace>/shard/           one Qdrant Edge shard per namespace (WAL on)
-    edge/<namespace>/namespace.json   its vector length, attributes and metrics
-    meta.json                         put_meta / get_meta, replaced atomically
-    tmp/                              ephemeral namespaces (a text's keys, WAL off), wiped at open
+    qdrant/<namespace>/shard/           one Qdrant Edge shard per persisted namespace (WAL on)
+    qdrant/<namespace>/namespace.json   its vector length, attributes and metrics
+    tmp/<namespace>/                    ephemeral namespaces (a text's keys, WAL off), wiped at open
 
 Every metric is a named vector of the shard, searched exactly (``SearchParams(exact=True)``,
 HNSW never built): ``inner_product`` is Qdrant's Dot; ``euclidean_squared`` is its Euclid
@@ -58,15 +59,14 @@ _DISTANCES = {
 _EXACT = qe.SearchParams(exact=True)
 # indexing_threshold 0: never build HNSW; prevent_unoptimized False: a written point is searchable at once.
 _OPTIMIZERS = qe.EdgeOptimizersConfig(indexing_threshold=0, prevent_unoptimized=False)
-OLD_DB_FILE = "puffergpt.duckdb"
-LOCK_FILE = "puffergpt.lock"
+KEPT = "qdrant"  # the directory of persisted namespaces, under the data directory
 SCROLL = 10_000
 SPARE = 32  # emptied ephemeral shards kept for reuse (~200 KB each): as many as a server's open texts
 REUSE = 32  # namespaces one ephemeral shard may hold, one after another
 
 
 def _error(what: str, e: Exception) -> StoreError:
-    return StoreError(f"the embedded store failed to {what}: {e}")
+    return StoreError(f"the embedded store (Qdrant Edge) failed to {what}: {e}")
 
 
 @dataclass
@@ -97,6 +97,7 @@ class _Namespace(datadir.Columns):
     def spec(self) -> Layout:
         return Layout(self.dim, self.schema, self.metrics)
 
+
 @dataclass
 class _Spare:
     """The emptied shard of a dropped ephemeral namespace (a text's keys), kept for the next."""
@@ -107,50 +108,35 @@ class _Spare:
     uses: int
 
 
-class EmbeddedStore(Store):
-    name = "embedded"
+class QdrantEdgeStore(Store):
+    name = "qdrant-edge"
     metrics = ("inner_product", "cosine_distance", "euclidean_squared")
     max_queries = 16384  # 12 heads x 1,024 positions: a whole prefill's attention in one request
     thread_safe = True  # it holds its own locks
     keeps_spares = SPARE  # a text's shard, emptied, for the next text (_keep_spare)
 
-    def __init__(self, data_dir: Path, borrowed: bool = False):
-        """``borrowed``: opened by a reader child (``read_isolated``) while its parent holds the
-        directory's lock and waits: no lock of its own, and the parent's leftovers are kept."""
-        if data_dir is None:
-            raise StoreError("the embedded store needs a data directory: give --data DIR")
-        self.root = Path(data_dir)
-        self.borrowed = borrowed
-        self.path = self.root  # what the CLI names and measures
-        if (self.root / OLD_DB_FILE).exists():
-            old = self.root / OLD_DB_FILE
-            raise StoreError(
-                f"{self.root} holds a store of the old DuckDB format ({old}), which this puffergpt no longer reads. "
-                f"Move it away (`mv {old} {old}.old`) and rebuild the store with "
-                f"`puffergpt load --model MODEL --data {self.root}` for each model it held (e.g. --model gpt2)")
-        try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            self._lock_file = open(os.devnull) if borrowed else datadir.hold(self.root / LOCK_FILE, self.root)
-            for d in ("edge", "tmp"):
-                (self.root / d).mkdir(exist_ok=True)
-            # Leftovers of a process that died: half-made namespaces, dropped ones, ephemeral shards.
-            for p in [] if borrowed else [*(self.root / "edge").glob(".*"), *(self.root / "tmp").iterdir()]:
-                shutil.rmtree(p, ignore_errors=True)
-        except OSError as e:
-            raise StoreError(
-                f"can't open the data directory {data_dir}: {e}. Choose another with --data DIR."
-            ) from None
-        self.lock = threading.RLock()  # the catalog and the metadata file
+    def __init__(self, home: datadir.Home):
+        """Its files under ``home``'s directory (see above); leftovers of a process that died
+        (half-made namespaces, dropped ones, ephemeral shards) removed, unless borrowed."""
+        self.home = home
+        self.root = home.root
+        self.kept, self.tmp = self.root / KEPT, self.root / "tmp"  # kept/: made with its first namespace
+        self.tmp.mkdir(exist_ok=True)
+        for p in [] if home.borrowed else [*self.kept.glob(".*"), *self.tmp.iterdir()]:
+            shutil.rmtree(p, ignore_errors=True)
+        self.lock = threading.RLock()  # the catalog
         self._ns: dict[str, _Namespace] = {}
         self._ephemeral: dict[str, Path] = {}  # ephemeral namespace -> its directory under tmp/
         self._spare: list[_Spare] = []  # emptied shards of dropped ephemeral namespaces, to reuse
-        self._meta = self._read_meta()
+
+    def ephemeral(self, ns: str) -> bool:
+        return ns in self._ephemeral
 
     # --- namespaces ---
     def _dir(self, ns: str) -> Path:
         if ns in self._ephemeral:
             return self._ephemeral[ns]
-        return self.root / "edge" / check_name(ns)
+        return self.kept / check_name(ns)
 
     def _get(self, ns: str) -> _Namespace:
         n = self._ns.get(ns)
@@ -214,7 +200,7 @@ class EmbeddedStore(Store):
                 n.uses = spare.uses + 1
             else:
                 if ephemeral:
-                    self._ephemeral[ns] = self.root / "tmp" / check_name(ns)
+                    self._ephemeral[ns] = self.tmp / check_name(ns)
                 try:
                     n.shard = self._make_shard(ns, n, ephemeral)
                 except Exception as e:
@@ -254,7 +240,8 @@ class EmbeddedStore(Store):
         final = self._dir(ns)
         # Made under a hidden name and renamed into place: a process killed half-way leaves
         # no half-made namespace, only a leftover that the next open removes.
-        tmp = final if ephemeral else self.root / "edge" / f".new-{uuid.uuid4().hex}"
+        tmp = final if ephemeral else self.kept / f".new-{uuid.uuid4().hex}"
+        tmp.parent.mkdir(exist_ok=True)
         tmp.mkdir()
         shard = qe.EdgeShard.create(str(tmp / "shard"), cfg)
         for a, t in n.schema.items():
@@ -284,14 +271,14 @@ class EmbeddedStore(Store):
 
     def _namespaces(self, prefix):
         with self.lock:
-            stored = [p.name for p in (self.root / "edge").iterdir() if not p.name.startswith(".")]
+            stored = [p.name for p in self.kept.iterdir() if not p.name.startswith(".")] if self.kept.is_dir() else []
             return {ns: self._stored_layout(ns) for ns in {*stored, *self._ephemeral} if ns.startswith(prefix)}
 
     def _stored_layout(self, ns: str) -> Layout:
         """The layout from memory, or from namespace.json (listing opens no shard)."""
         if (n := self._ns.get(ns)) is not None:
             return n.spec
-        return datadir.read_layout(self._dir(ns) / "namespace.json", ns, "the embedded store")
+        return datadir.read_layout(self._dir(ns) / "namespace.json", ns, "the embedded store (Qdrant Edge)")
 
     # --- documents ---
     def _upsert(self, ns, layout, ids, v, cols):
@@ -419,21 +406,14 @@ class EmbeddedStore(Store):
         dist = score if metric == "inner_product" else score ** 2 if metric == "euclidean_squared" else 1.0 - score
         return Hits(np.repeat(np.arange(len(results)), lens), dist, {a: n.cols[a][slots] for a in include})
 
-    # --- metadata ---
-    def _read_meta(self) -> dict:
-        return datadir.read_meta(self.root / "meta.json")
-
+    # --- metadata: the data directory's (one file for every database in it) ---
     def _put_meta(self, key, value):
         with self.lock:
             self._flush()  # documents before the metadata that vouches for them
-            meta = {**self._meta, key: value}
-            datadir.write_json(self.root / "meta.json", meta)
-            self._meta = meta
+            self.home.put_meta(key, value)
 
     def _get_meta(self, key):
-        with self.lock:
-            v = self._meta.get(key)
-            return json.loads(json.dumps(v)) if v is not None else None  # a copy, as a database returns
+        return self.home.get_meta(key)
 
     def _flush(self) -> None:
         for ns, n in list(self._ns.items()):
@@ -441,11 +421,11 @@ class EmbeddedStore(Store):
                 n.shard.flush()
                 n.dirty = False
 
-    # --- checks the database may abort on ---
-    def stamp(self, namespaces, known=None):
-        """{file: [size, mtime_ns, sha256]} of every file of these namespaces (Qdrant rewrites
-        some files, same bytes, new mtime, each time it opens a shard: ``datadir.fingerprint``)."""
-        return datadir.fingerprint([self.root / "edge" / check_name(ns) for ns in namespaces], self.root, known)
+    # --- what loading checks ---
+    def stamp(self, namespaces):
+        """{file: [size, sha256]} of every file of these namespaces, read in full
+        (``datadir.fingerprint``). Qdrant rewrites some files at every open, with the same bytes."""
+        return datadir.fingerprint([self._dir(ns) for ns in namespaces], self.root)
 
     def release(self, namespaces) -> None:
         """Write out and close these namespaces' shards (reopened on next use): a reader
@@ -465,42 +445,24 @@ class EmbeddedStore(Store):
 
         if not 1 <= n <= MAX_REPLICAS:
             raise StoreError(f"replicas: between 1 and {MAX_REPLICAS}, got {n}")
-        roots = [self.root / "tmp" / f"replica-{i}-{uuid.uuid4().hex[:8]}" for i in range(n)]
+        roots = [self.tmp / f"replica-{i}-{uuid.uuid4().hex[:8]}" for i in range(n)]
         try:
             with self.lock:
                 self.release(namespaces)
                 for root in roots:
                     for ns in namespaces:
-                        shutil.copytree(self._dir(ns), root / "edge" / check_name(ns))
+                        shutil.copytree(self._dir(ns), root / KEPT / check_name(ns))
         except OSError as e:
             for root in roots:
                 shutil.rmtree(root, ignore_errors=True)
-            raise StoreError(f"can't copy the weights for {n} replicas under {self.root / 'tmp'}: {e}. "
+            raise StoreError(f"can't copy the weights for {n} replicas under {self.tmp}: {e}. "
                              "Free some disk, or start the server with --replicas 0") from None
-        return Replicas(self, roots, "puffergpt.stores.embedded:EmbeddedStore", namespaces)
-
-    def read_isolated(self, target, payload, namespaces=()):
-        """Run ``target`` on this store in a child process: Qdrant aborts the process on some
-        damaged files (an allocation of 100 GB from a flipped id map), which no try can catch.
-        Yields the target's lines as they come; ReaderDied if the child died before the end."""
-        self.release(namespaces)
-        yield from datadir.read_in_child(self.root, target, payload, "puffergpt.stores.embedded:_child",
-                                         "the embedded store's reader")
-
-    def disk_bytes(self) -> int:
-        """Bytes of this store's files (shards, metadata), not those of others sharing --data
-        (pgvector's local server, zvec)."""
-        own = [self.root / "edge", self.root / "tmp", self.root / "meta.json"]
-        return sum(p.stat().st_size for d in own for p in ([d] if d.is_file() else d.rglob("*")) if p.is_file())
-
-    def cli_args(self):
-        return f"--backend embedded --data {self.root}"
+        return Replicas(self, roots, "puffergpt.stores.embedded:replica", namespaces)
 
     def close(self):
+        """Every shard closed, the ephemeral ones removed (the data directory is the Home's)."""
         with self.lock:
-            if self._lock_file is None:
-                return
-            if not self.borrowed:
+            if not self.home.borrowed:
                 self._flush()
             for ns in list(self._ephemeral):
                 self.drop_namespace(ns)
@@ -512,10 +474,3 @@ class EmbeddedStore(Store):
                 if n.shard is not None:
                     n.shard.close()
             self._ns.clear()
-            self._lock_file.close()  # releases the lock
-            self._lock_file = None
-
-
-def _child() -> None:
-    """A reader child (``read_isolated``): the store borrowed from its waiting parent."""
-    datadir.child_main(lambda root: EmbeddedStore(root, borrowed=True))
