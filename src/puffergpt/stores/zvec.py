@@ -240,13 +240,17 @@ class ZvecStore(Store):
         n.grow(0)
         for p in [] if self.home.borrowed else d.glob(".*"):  # a collection half-made when its process died
             shutil.rmtree(p, ignore_errors=True)
-        try:
-            for p in sorted(d.glob("p*"), key=lambda p: int(p.name[1:])):
-                n.parts[int(p.name[1:])] = part = _Part(p)
-                self._reopen(part, read_only=True)
-                self._rebuild(n, int(p.name[1:]), part)
-            for part in n.parts.values():
-                part.to_slot = _internal_slots(part.col, n)
+        n.parts = {int(p.name[1:]): _Part(p) for p in sorted(d.glob("p*"), key=lambda p: int(p.name[1:]))}
+        try:  # each collection opened and read on a thread of its own (zvec lets go of Python's lock)
+            read = self._threads().map(lambda kp: self._reopen(kp[1], read_only=True) or _read(n, *kp), n.parts.items())
+            for slots, ids, vals in list(read):
+                n.slots.update(zip(ids, slots.tolist(), strict=True))
+                n.next = max(n.next, int(slots.max()) + 1 if len(slots) else 0)
+                n.grow(n.next)
+                n.record(slots, ids, vals)
+            for part, to_slot in zip(n.parts.values(), self._threads().map(lambda p: _internal_slots(p.col, n),
+                                                                             n.parts.values()), strict=True):
+                part.to_slot = to_slot
         except Exception as e:
             self._close(n)
             raise self._damaged(ns, d, e) from None
@@ -257,25 +261,6 @@ class ZvecStore(Store):
     def _damaged(ns: str, d: Path, e: Exception) -> StoreError:
         return StoreError(f"the embedded store (zvec) can't read namespace {ns!r} ({d}): {e}. "
                           f"Drop it and load again (`puffergpt load --repair`), or restore the data directory")
-
-    @staticmethod
-    def _rebuild(n: _Namespace, key: int, part: _Part) -> None:
-        """One collection's ids and attributes into the columns (its partition value is its key's)."""
-        read = [a for a in n.schema if a != n.partition]
-        with part.col.iter_docs(output_fields=["id", *(f"a_{a}" for a in read)], include_vector=False) as docs:
-            got = [(d.id, d.fields) for d in docs]
-        slots = np.fromiter((int(k) for k, _ in got), np.int64, len(got))
-        ids = [f["id"] for _, f in got]
-        vals = {a: [f[f"a_{a}"] for _, f in got] for a in read}
-        if n.partition is not None:
-            vals[n.partition] = [n.codes[n.partition][key]] * len(got)
-        for a in read:
-            if n.schema[a] == "str":
-                vals[a] = [n.codes[a][c] for c in vals[a]]
-        n.slots.update(zip(ids, slots.tolist(), strict=True))
-        n.next = max(n.next, int(slots.max()) + 1 if len(slots) else 0)
-        n.grow(n.next)
-        n.record(slots, ids, vals)
 
     def _mode(self, n: _Namespace, part: _Part, read_only: bool) -> None:
         """(Re)open a collection read-only (to search it) or writable (to write it)."""
@@ -622,6 +607,22 @@ class _Ask:
     vector: np.ndarray
     filter: str  # zvec's filter ("" for none)
     top_k: int
+
+
+def _read(n: _Namespace, key: int, part: _Part) -> tuple[np.ndarray, list[str], dict[str, list]]:
+    """One collection's (slots, ids, attributes), to go into the columns (its partition value
+    is its key's, so zvec is not asked for it)."""
+    read = [a for a in n.schema if a != n.partition]
+    with part.col.iter_docs(output_fields=["id", *(f"a_{a}" for a in read)], include_vector=False) as docs:
+        got = [(d.id, d.fields) for d in docs]
+    slots = np.fromiter((int(k) for k, _ in got), np.int64, len(got))
+    vals = {a: [f[f"a_{a}"] for _, f in got] for a in read}
+    for a in read:
+        if n.schema[a] == "str":
+            vals[a] = [n.codes[a][c] for c in vals[a]]
+    if n.partition is not None:
+        vals[n.partition] = [n.codes[n.partition][key]] * len(got)
+    return slots, [f["id"] for _, f in got], vals
 
 
 def _doc(n: _Namespace, slot: int, id: str, vector: np.ndarray, codes: dict[str, list], i: int):
