@@ -32,7 +32,7 @@ install-serve: $(SERVE_STAMP)
 install: $(TEST_STAMP)
 
 # Debian's packages the tests drive: Chromium for the browser tests (never a downloaded
-# browser build); qemu-user to run the zvec backend on an emulated CPU without AVX-512.
+# browser build); qemu-user to run the embedded store on emulated CPUs without AVX-512 or AVX2.
 SYSTEM_PKGS := chromium:chromium qemu-x86_64:qemu-user
 system:
 	@missing=""; for p in $(SYSTEM_PKGS); do command -v $${p%%:*} >/dev/null 2>&1 || missing="$$missing $${p#*:}"; done; \

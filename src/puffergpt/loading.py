@@ -298,16 +298,21 @@ def verify_attributes(store: Store, ns: str, name: str, doc_ids: list[str], norm
     queries = [Query(probe, f) for f in whole_matrix(store, name, len(doc_ids))]
     hits = store.search(ns, queries, metric, include=("id", "row", "norm2"))  # split at max_queries by the store
     a = hits.attrs
-    got = dict(zip(a["id"].tolist(), zip(a["row"].tolist(), a["norm2"].tolist(), strict=True), strict=True))
-    for r, i in enumerate(doc_ids):
-        if i not in got:
-            return f"document {i} is missing from the search results"
-        row, n2 = got[i]
-        if int(row) != r:
-            return f"document {i} says it is row {row} (an altered attribute)"
-        if not np.isclose(n2, norm2[r], rtol=1e-4, atol=1e-6):
-            return f"document {i} carries norm2 {n2:.6g}, its row's is {norm2[r]:.6g} (an altered attribute)"
-    return None
+    at = {i: k for k, i in enumerate(a["id"].tolist())}
+    k = np.array([at.get(i, -1) for i in doc_ids], np.int64)  # each document's hit (-1: none)
+    if not at:
+        return f"document {doc_ids[0]} is missing from the search results"
+    row, n2 = a["row"][k].astype(np.int64), a["norm2"][k].astype(np.float64)
+    bad = (k < 0) | (row != np.arange(len(doc_ids))) | ~np.isclose(n2, norm2, rtol=1e-4, atol=1e-6)
+    if not bad.any():
+        return None
+    r = int(np.argmax(bad))  # the first, in row order
+    i = doc_ids[r]
+    if k[r] < 0:
+        return f"document {i} is missing from the search results"
+    if row[r] != r:
+        return f"document {i} says it is row {row[r]} (an altered attribute)"
+    return f"document {i} carries norm2 {n2[r]:.6g}, its row's is {norm2[r]:.6g} (an altered attribute)"
 
 
 def _rows(c: GPT2Config, name: str) -> int:

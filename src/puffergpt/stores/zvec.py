@@ -460,7 +460,9 @@ class ZvecStore(Store):
 
     def _threads(self) -> ThreadPoolExecutor:
         with self.lock:
-            if self._pool is None:
+            if self._pool is None or self._pool._max_workers != self.threads:  # made anew if threads changed
+                if self._pool is not None:
+                    self._pool.shutdown(wait=False)
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="zvec")
             return self._pool
 
