@@ -241,21 +241,28 @@ class ZvecStore(Store):
         for p in [] if self.home.borrowed else d.glob(".*"):  # a collection half-made when its process died
             shutil.rmtree(p, ignore_errors=True)
         n.parts = {int(p.name[1:]): _Part(p) for p in sorted(d.glob("p*"), key=lambda p: int(p.name[1:]))}
-        try:  # each collection opened and read on a thread of its own (zvec lets go of Python's lock)
-            read = self._threads().map(lambda kp: self._reopen(kp[1], read_only=True) or _read(n, *kp), n.parts.items())
-            for slots, ids, vals in list(read):
+        try:  # the collections opened and read on the store's threads (zvec lets go of Python's lock)
+            for slots, ids, vals in self._each(lambda kp: self._reopen(kp[1], read_only=True) or _read(n, *kp),
+                                               n.parts.items()):
                 n.slots.update(zip(ids, slots.tolist(), strict=True))
                 n.next = max(n.next, int(slots.max()) + 1 if len(slots) else 0)
                 n.grow(n.next)
                 n.record(slots, ids, vals)
-            for part, to_slot in zip(n.parts.values(), self._threads().map(lambda p: _internal_slots(p.col, n),
-                                                                             n.parts.values()), strict=True):
+            parts = list(n.parts.values())
+            for part, to_slot in zip(parts, self._each(lambda p: _internal_slots(p.col, n), parts), strict=True):
                 part.to_slot = to_slot
         except Exception as e:
             self._close(n)
             raise self._damaged(ns, d, e) from None
         self._ns[ns] = n
         return n
+
+    def _each(self, f, items) -> list:
+        """f of each item on the store's threads, every one finished; the first error raised."""
+        done = [fut.exception() or fut.result() for fut in [self._threads().submit(f, x) for x in items]]
+        if bad := next((x for x in done if isinstance(x, BaseException)), None):
+            raise bad
+        return done
 
     @staticmethod
     def _damaged(ns: str, d: Path, e: Exception) -> StoreError:
