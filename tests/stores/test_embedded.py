@@ -1,20 +1,26 @@
 """The embedded store beyond the contract: the weights on zvec and a text's keys on Qdrant Edge
 under one data directory (and everything on Qdrant Edge in its fallback mode), persistence, one
 process per data directory, the data directory's format (an earlier release's, the other mode's),
-leftovers of a killed process, its disk, and a text's shard reused."""
+leftovers of a killed process, SIGKILL during a load, during writes and while serving, its
+disk, and a text's shard reused."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
+import signal
 import subprocess
 import sys
+import textwrap
+import time
 
 import numpy as np
 import pytest
 
 from helpers import held_by_another_process
+from puffergpt import loading
 from puffergpt.stores import Query, StoreError, open_store
 from puffergpt.stores.embedded import EmbeddedStore
 
@@ -197,6 +203,107 @@ def test_disk_bytes_counts_only_this_stores_files(tmp_path):
         assert store.disk_bytes() == own
     finally:
         store.close()
+
+
+@pytest.fixture(scope="module")
+def clean_load(tmp_path_factory, tiny_dir, tiny) -> dict:
+    """The manifest of a clean load of the tiny model (the same in both modes)."""
+    s = open_store("embedded", tmp_path_factory.mktemp("clean"))
+    want = loading.load(s, tiny, loading.model_key(str(tiny_dir)), progress=False)
+    s.close()
+    return want
+
+
+def made(data, fallback: bool):
+    """A data directory of this mode (a command then opens it in that mode)."""
+    EmbeddedStore(data, fallback=fallback).close()
+    return data
+
+
+@pytest.mark.parametrize("fallback", MODES, ids=["zvec", "fallback"])
+def test_load_killed_mid_way_then_rerun(tmp_path, tiny_dir, clean_load, fallback):
+    """SIGKILL during `puffergpt load`: the store opens, says the model is not loaded, and
+    `generate` loads the rest: the manifest of a clean load and every document once."""
+    key, want = loading.model_key(str(tiny_dir)), clean_load
+    data = made(tmp_path / "killed", fallback)
+    p = subprocess.Popen(cli("load", "--model", str(tiny_dir), "--data", str(data)), stderr=subprocess.PIPE, text=True)
+    seen, deadline = "", time.monotonic() + 300
+    while time.monotonic() < deadline:  # tqdm's bar on stderr: kill at 30% of the documents
+        seen += p.stderr.read(64) or ""
+        pct = [int(x) for x in re.findall(r"(\d+)%", seen)]
+        if pct and pct[-1] >= 30 or p.poll() is not None:
+            break
+    assert p.poll() is None, f"the load ended before it could be killed: {seen[-500:]}"
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    s = open_store("embedded", data)
+    m = s.get_meta(f"manifest:{key}")
+    assert m is not None and not m["complete"]
+    written = sum(s.count(ns) for ns in s.namespaces(f"{key}."))
+    assert 0 < written < want["documents"], written
+    s.close()
+    r = subprocess.run(cli("generate", "hi", "--model", str(tiny_dir), "--data", str(data), "--temperature", "0",
+                           "-n", "2"), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]  # generate loads what is missing first
+    s = open_store("embedded", data)
+    got = s.get_meta(f"manifest:{key}")
+    assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
+    assert {ns: s.count(ns) for ns in s.namespaces(f"{key}.")} == want["namespaces"]
+    assert loading.verify(s, got) == {}
+    s.close()
+
+
+def test_killed_while_serving_after_a_load(tmp_path, tiny_dir, tiny):
+    """SIGKILL while `generate` reads a loaded store (a text's keys being written): the store
+    opens, its manifest is complete and every document matches it."""
+    key = loading.model_key(str(tiny_dir))
+    s = open_store("embedded", tmp_path)
+    want = loading.load(s, tiny, key, progress=False)
+    s.close()
+    p = subprocess.Popen(cli("generate", "hi", "--model", str(tiny_dir), "--data", str(tmp_path),
+                             "--temperature", "0", "-n", "120", "--json"), stdout=subprocess.PIPE, text=True)
+    assert '"token_id"' in p.stdout.readline()  # serving: killed between tokens or inside one
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    s = open_store("embedded", tmp_path)
+    assert s.get_meta(f"manifest:{key}") == want and loading.verify(s, want) == {}
+    assert s.namespaces() == sorted(want["namespaces"])  # the text's keys went with the process
+    s.close()
+
+
+WRITER = textwrap.dedent("""
+    import sys, numpy as np
+    from puffergpt.stores import open_store
+    s = open_store("embedded", sys.argv[1])
+    s.create_namespace("w", 8, {"row": "int"})
+    s.upsert("w", [str(i) for i in range(100)], np.ones((100, 8), np.float32), {"row": np.arange(100)})
+    s.put_meta("vouched", {"rows": 100})  # the documents are written out before this
+    print("vouched", flush=True)
+    i = 100
+    while True:  # unflushed writes, killed at any point
+        s.upsert("w", [str(i)], np.ones((1, 8), np.float32), {"row": [i]})
+        i += 1
+""")
+
+
+@pytest.mark.parametrize("fallback", MODES, ids=["zvec", "fallback"])
+def test_killed_while_writing_keeps_what_was_vouched_for(tmp_path, fallback):
+    made(tmp_path, fallback)
+    p = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, text=True)
+    assert p.stdout.readline().strip() == "vouched"
+    time.sleep(1.0)
+    os.kill(p.pid, signal.SIGKILL)
+    p.wait()
+    assert fallback or not (tmp_path / "zvec" / "w" / "p0" / "closed").exists()  # so the next open replays zvec's log
+    s = EmbeddedStore(tmp_path, fallback=fallback)
+    assert s.get_meta("vouched") == {"rows": 100}
+    n = s.count("w")
+    print(f"{n - 100} unflushed documents were kept")
+    assert n >= 100 and s.count("w", (("row", "<", 100),)) == 100
+    hits = s.search("w", [Query(np.ones(8, np.float32))], "inner_product", include=("row",))
+    assert len(hits.query) == n and np.allclose(hits.distance, 8.0)
+    s.close()
 
 
 KEYS = {"layer": "int", "head": "int", "pos": "int"}

@@ -1,14 +1,14 @@
 """The embedded store's weights on zvec, beyond the contract: the read-only path against numpy
-(one thread and several), writes after searches, filters it can't express, damage, SIGKILL during
-a load, during writes and while serving, the digest of its files (what zvec rewrites at every
-close left out, and shown harmless), and the CPUs it needs: every search path on an emulated CPU
-without AVX-512, and the fallback to Qdrant Edge on one without AVX2 (qemu-user)."""
+(one thread and several), writes after searches, filters it can't express, damage, the digest
+of its files (what zvec rewrites at every close left out, and shown harmless), and the CPUs it
+needs: every search path on an emulated CPU without AVX-512, and the fallback to Qdrant Edge on
+one without AVX2 (qemu-user). SIGKILL during a load, during writes and while serving:
+tests/stores/test_embedded.py, in both modes."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import struct
@@ -20,16 +20,12 @@ import time
 import numpy as np
 import pytest
 
-from puffergpt import checkpoints, loading
-from puffergpt.stores import Query, StoreError, open_store
+from puffergpt import loading
+from puffergpt.stores import Query, StoreError
 from puffergpt.stores import zvec as zv
 from puffergpt.stores.embedded import EmbeddedStore
 
 SCHEMA = {"matrix": "str", "row": "int", "norm2": "float"}
-
-
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-c", "from puffergpt.cli import main; main()", *args]
 
 
 def weights(store, rng, dim=769, rows=3072, other=1000):
@@ -104,91 +100,6 @@ def test_a_damaged_namespace_names_the_repair(tmp_path):
     s = EmbeddedStore(tmp_path)
     with pytest.raises(StoreError, match=r"can't read namespace 'w'.*puffergpt load --repair"):
         s.count("w")
-    s.close()
-
-
-def test_load_killed_mid_way_then_rerun(tmp_path, tiny_dir):
-    """SIGKILL during `puffergpt load`: the store opens, says the model is not loaded, and
-    `generate` loads the rest: the manifest of a clean load and every document once."""
-    key = loading.model_key(str(tiny_dir))
-    clean = open_store("embedded", tmp_path / "clean")
-    want = loading.load(clean, checkpoints.load(str(tiny_dir)), key, progress=False)
-    clean.close()
-    data = tmp_path / "killed"
-    p = subprocess.Popen(cli("load", "--model", str(tiny_dir), "--data", str(data)), stderr=subprocess.PIPE, text=True)
-    seen, deadline = "", time.monotonic() + 300
-    while time.monotonic() < deadline:  # tqdm's bar on stderr: kill at 30% of the documents
-        seen += p.stderr.read(64) or ""
-        pct = [int(x) for x in re.findall(r"(\d+)%", seen)]
-        if pct and pct[-1] >= 30 or p.poll() is not None:
-            break
-    assert p.poll() is None, f"the load ended before it could be killed: {seen[-500:]}"
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
-    s = open_store("embedded", data)
-    m = s.get_meta(f"manifest:{key}")
-    assert m is not None and not m["complete"]
-    written = sum(s.count(ns) for ns in s.namespaces(f"{key}."))
-    assert 0 < written < want["documents"], written
-    s.close()
-    r = subprocess.run(cli("generate", "hi", "--model", str(tiny_dir), "--data", str(data), "--temperature", "0",
-                           "-n", "2"), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]  # generate loads what is missing first
-    s = open_store("embedded", data)
-    got = s.get_meta(f"manifest:{key}")
-    assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
-    assert {ns: s.count(ns) for ns in s.namespaces(f"{key}.")} == want["namespaces"]
-    assert loading.verify(s, got) == {}
-    s.close()
-
-
-def test_killed_while_serving_after_a_load(tmp_path, tiny_dir):
-    """SIGKILL while `generate` reads a loaded store (a text's keys being written): the store
-    opens, its manifest is complete and every document matches it."""
-    key = loading.model_key(str(tiny_dir))
-    s = open_store("embedded", tmp_path)
-    want = loading.load(s, checkpoints.load(str(tiny_dir)), key, progress=False)
-    s.close()
-    p = subprocess.Popen(cli("generate", "hi", "--model", str(tiny_dir), "--data", str(tmp_path),
-                             "--temperature", "0", "-n", "120", "--json"), stdout=subprocess.PIPE, text=True)
-    assert '"token_id"' in p.stdout.readline()  # serving: killed between tokens or inside one
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
-    s = open_store("embedded", tmp_path)
-    assert s.get_meta(f"manifest:{key}") == want and loading.verify(s, want) == {}
-    assert s.namespaces() == sorted(want["namespaces"])  # the text's keys went with the process
-    s.close()
-
-
-WRITER = textwrap.dedent("""
-    import sys, numpy as np
-    from puffergpt.stores import open_store
-    s = open_store("embedded", sys.argv[1])
-    s.create_namespace("w", 8, {"row": "int"})
-    s.upsert("w", [str(i) for i in range(100)], np.ones((100, 8), np.float32), {"row": np.arange(100)})
-    s.put_meta("vouched", {"rows": 100})  # the documents are written out before this
-    print("vouched", flush=True)
-    i = 100
-    while True:  # unflushed writes, killed at any point
-        s.upsert("w", [str(i)], np.ones((1, 8), np.float32), {"row": [i]})
-        i += 1
-""")
-
-
-def test_killed_while_writing_keeps_what_was_vouched_for(tmp_path):
-    p = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)], stdout=subprocess.PIPE, text=True)
-    assert p.stdout.readline().strip() == "vouched"
-    time.sleep(1.0)
-    os.kill(p.pid, signal.SIGKILL)
-    p.wait()
-    assert not (tmp_path / "zvec" / "w" / "p0" / "closed").exists()  # so the next open replays zvec's log
-    s = open_store("embedded", tmp_path)
-    assert s.get_meta("vouched") == {"rows": 100}
-    n = s.count("w")
-    print(f"{n - 100} unflushed documents were kept")
-    assert n >= 100 and s.count("w", (("row", "<", 100),)) == 100
-    hits = s.search("w", [Query(np.ones(8, np.float32))], "inner_product", include=("row",))
-    assert len(hits.query) == n and np.allclose(hits.distance, 8.0)
     s.close()
 
 
