@@ -155,6 +155,10 @@ class _Namespace(datadir.Columns):
         return Layout(self.dim, self.schema, self.metrics, self.partition)
 
     @property
+    def fetch_vector(self) -> str:
+        return next(m for m in self.metrics if m != "cosine_distance")  # COSINE ones are normalised
+
+    @property
     def read_only(self) -> bool:
         return all(p.read_only for p in self.parts.values())
 
@@ -303,7 +307,10 @@ class ZvecStore(Store):
             if (old := self._layout(ns)) is not None:
                 return old
             codes = {a: [] for a, t in layout.schema.items() if t == "str"}
-            n = _Namespace(layout.dim, dict(layout.schema), layout.metrics, self._dir(ns), layout.partition, codes)
+            # zvec keeps COSINE vectors normalised (they come back off by a rounding): a namespace
+            # created for cosine also keeps them as given, for fetch, as inner-product vectors.
+            metrics = layout.metrics + ("inner_product",) if layout.metrics == ("cosine_distance",) else layout.metrics
+            n = _Namespace(layout.dim, dict(layout.schema), metrics, self._dir(ns), layout.partition, codes)
             n.grow(0)
             try:  # made under a hidden name and renamed into place: a kill leaves a leftover, not half a namespace
                 tmp = self.kept / f".new-{uuid.uuid4().hex}"
@@ -424,7 +431,7 @@ class ZvecStore(Store):
                 if len(docs) != len(set(want)):
                     raise StoreError(f"namespace {ns!r} lost documents its ids list; the store is damaged: "
                                      "run `puffergpt load --repair`")
-                got |= {n.cols["id"][int(k)]: np.asarray(d.vector(n.metrics[0]), np.float32) for k, d in docs.items()}
+                got |= {n.cols["id"][int(k)]: np.asarray(d.vector(n.fetch_vector), np.float32) for k, d in docs.items()}
         return got
 
     def _delete(self, ns, layout, filter):
