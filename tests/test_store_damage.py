@@ -157,6 +157,10 @@ def error(r: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.parametrize("mode,kind", list(DAMAGE), ids=[f"{m}-{k}" for m, k in DAMAGE])
 def test_damage_is_named_refused_and_repaired(tmp_path, clean, tiny_dir, tiny, mode, kind):
+    from puffergpt.stores.zvec import NEEDS, cpu_lacks
+
+    if mode == "zvec" and cpu_lacks():  # there the store keeps everything on Qdrant Edge: the fallback cases
+        pytest.skip(f"zvec 0.8.0 needs {', '.join(NEEDS)}; this CPU lacks {', '.join(cpu_lacks())}")
     damage, named = DAMAGE[mode, kind]
     data = Path(shutil.copytree(clean[mode], tmp_path / "data"))
     damage(data)
