@@ -32,7 +32,7 @@ install-serve: $(SERVE_STAMP)
 install: $(TEST_STAMP)
 
 # Debian's packages the tests drive: Chromium for the browser tests (never a downloaded
-# browser build); qemu-user to run the zvec backend on an emulated CPU without AVX-512;
+# browser build); qemu-user to run the embedded store on emulated CPUs without AVX-512 or AVX2;
 # HAProxy, the load balancer in front of several servers (tests/stores/test_pg_servers.py).
 SYSTEM_PKGS := chromium:chromium qemu-x86_64:qemu-user haproxy:haproxy
 system:

@@ -49,10 +49,12 @@ def numpy_timings(W, V, x, X, repeat) -> dict[str, float]:
 
 
 def store_timings(tmp, W, V, x, X, ref, repeat) -> dict[str, float]:
-    """Qdrant Edge through puffergpt's store: the requests the engine sends."""
-    from puffergpt.stores import Query, open_store
+    """Qdrant Edge through puffergpt's store (the embedded store's fallback mode, where it holds the
+    weights too): the requests the engine sends."""
+    from puffergpt.stores import Query
+    from puffergpt.stores.embedded import EmbeddedStore
 
-    s = open_store("embedded", f"{tmp}/store")
+    s = EmbeddedStore(f"{tmp}/store", fallback=True)
     s.create_namespace("m", DIM, {"matrix": "str", "row": "int"}, "inner_product")
     for name, M in (("c_fc", W), ("wte", V)):
         for a in range(0, len(M), 4096):
@@ -75,7 +77,7 @@ def store_timings(tmp, W, V, x, X, ref, repeat) -> dict[str, float]:
             lambda: s.search("m", top, "inner_product", ("row",)), repeat
         ),
     }
-    out |= binding_timings(s._get("m"), x, X, repeat)
+    out |= binding_timings(s.texts._get("m"), x, X, repeat)
     s.close()
     return out
 

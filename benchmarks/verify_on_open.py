@@ -6,8 +6,10 @@
 
 Loads the model if the data directory lacks it, then times: the full check (every document
 read back in a child process, as on a first start or after any file changed), the stamp
-check of an unchanged store, and the stamp check after a start that opened the shards
-(Qdrant rewrites ~30 files with the same bytes; those are hashed again)."""
+check of an unchanged store (every file of the weights hashed in full, as at every start),
+and the same after a start that opened and closed the collections (zvec rewrites update
+times in its index files at every close, which the digest leaves out; on Qdrant Edge, in the
+fallback mode, ~30 files are rewritten with the same bytes)."""
 
 from __future__ import annotations
 

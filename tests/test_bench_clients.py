@@ -126,6 +126,9 @@ def bench_servers() -> int:
 def test_the_cli_starts_its_own_server_and_stops_it(tmp_path, tiny_dir, tiny):
     """Its own server, here with a read replica of the weights (stores/replicas.py): the
     learners' tokens are numpy's, and the replica and its copy go with the server."""
+    from puffergpt.stores.embedded import EmbeddedStore
+
+    EmbeddedStore(tmp_path / "data", fallback=True).close()  # the weights on Qdrant Edge: the one mode with replicas
     out, before = tmp_path / "clients.json", bench_servers()
     r = CliRunner().invoke(main, ["bench", "--clients", "2", "--tokens", "3", "--model", str(tiny_dir),
                                   "--data", str(tmp_path / "data"), "--json", str(out), "--replicas", "1"])

@@ -354,6 +354,9 @@ def test_generate_while_serve_holds_the_data_says_where_the_server_is(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data = tmp_path / "data"
+    from puffergpt.stores.embedded import EmbeddedStore
+
+    EmbeddedStore(data, fallback=True).close()  # the weights on Qdrant Edge: the one mode with replicas
     env = {k: v for k, v in os.environ.items() if k != "PUFFERGPT_DATA"}
     server = subprocess.Popen([sys.executable, "-m", "puffergpt.cli", "serve", "--model", "demo", "--data", str(data),
                                "--port", str(port), "--replicas", "1"], env=env, stdout=subprocess.PIPE,

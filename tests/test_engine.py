@@ -124,13 +124,13 @@ def test_texts_made_ready_open_on_spare_shards_and_still_equal_numpy(tmp_path, t
     try:
         loading.load(store, tiny, "tiny", progress=False)
         engine = open_engine(store, tiny.name, "tiny")
-        assert engine.ready_texts(3) == 3 and len(store._spare) == 3
-        spare_dirs = {sp.dir for sp in store._spare}
+        assert engine.ready_texts(3) == 3 and len(store.texts._spare) == 3  # a text's keys: Qdrant Edge
+        spare_dirs = {sp.dir for sp in store.texts._spare}
         prompt = [464, 3290, 286]
         want = Reference(tiny).greedy(prompt, 5)
         for _ in range(4):  # one after another, each on a spare shard
             assert greedy_on(engine, prompt, 5) == want
-        assert {sp.dir for sp in store._spare} & spare_dirs
+        assert {sp.dir for sp in store.texts._spare} & spare_dirs
         assert store.namespaces("text-") == []
     finally:
         store.close()

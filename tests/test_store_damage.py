@@ -1,7 +1,8 @@
-"""Damaged files of the embedded store (Qdrant Edge), as a user meets them: `verify` names
-the damage and exits non-zero without crashing; `generate` and `serve` refuse with the
-same message and the command that fixes it; that command fixes it (the engine then gives
-numpy's tokens). Each kind is one the third probe found (issue 19) or one like it.
+"""Damaged files of the embedded store, as a user meets them, in both its modes (the weights on
+zvec; everything on Qdrant Edge where zvec can't run): `verify` names the damage and exits
+non-zero without crashing; `generate` and `serve` refuse with the same message and the command
+that fixes it; that command fixes it (the engine then gives numpy's tokens). Each kind is one a
+probe found (issues 19 and 31: bit rot with the file's mtime restored) or one like it.
 
 Every command runs in a child process: before the fix, some of these damages made the
 database abort the process that read them."""
@@ -19,11 +20,13 @@ from pathlib import Path
 
 import pytest
 
+import helpers
+from helpers import vector_file
 from puffergpt import loading, tokenizer
 from puffergpt.loading import open_engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
-from puffergpt.stores import open_store
+from puffergpt.stores.embedded import EmbeddedStore
 from puffergpt.text import Text
 
 PROMPT = "Hello world, this is"
@@ -36,19 +39,30 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory, tiny_dir, tiny) -> Path:
-    """A data directory holding the tiny model, closed, to copy and damage."""
-    data = tmp_path_factory.mktemp("clean") / "data"
-    store = open_store("embedded", data)
-    loading.load(store, tiny, loading.model_key(str(tiny_dir)), progress=False)
-    store.close()
-    return data
+def clean(tmp_path_factory, tiny_dir, tiny) -> dict[str, Path]:
+    """A data directory of each mode holding the tiny model, closed, to copy and damage."""
+    out = {}
+    for mode in ("zvec", "fallback"):
+        out[mode] = data = tmp_path_factory.mktemp(mode) / "data"
+        store = EmbeddedStore(data, fallback=mode == "fallback")
+        loading.load(store, tiny, loading.model_key(str(tiny_dir)), progress=False)
+        store.close()
+    return out
 
 
 def segment(data: Path, n_in: int) -> Path:
     """The one segment of a namespace's shard (the tiny model's: width 64, or 256 for mlp.c_proj)."""
-    (seg,) = glob.glob(str(data / "edge" / f"*.{n_in}" / "shard" / "segments" / "*"))
+    (seg,) = glob.glob(str(data / "qdrant" / f"*.{n_in}" / "shard" / "segments" / "*"))
     return Path(seg)
+
+
+def collection(data: Path, matrix: str) -> Path:
+    """The zvec collection of one matrix (its partition: p<code>, the code in namespace.json)."""
+    for ns in data.glob("zvec/*"):
+        codes = json.loads((ns / "namespace.json").read_text())["codes"]["matrix"]
+        if matrix in codes:
+            return ns / f"p{codes.index(matrix)}" / "col"
+    raise AssertionError(f"no collection of {matrix} under {data}")
 
 
 def xor(path: Path, offset: int, n: int, mask: int, step: int = 1) -> None:
@@ -61,9 +75,39 @@ def xor(path: Path, offset: int, n: int, mask: int, step: int = 1) -> None:
 
 
 def flip_exponents(data: Path) -> None:
-    # float32 little-endian: byte 3 holds the sign and 7 exponent bits; its lowest bit set or
-    # cleared doubles or halves the number (a plausible value, so nothing fails downstream).
-    xor(segment(data, 64) / "vector_storage-inner_product" / "vectors" / "chunk_0.mmap", 3, 256, 0x01, step=4)
+    """The probe's case: 64 exponent bytes flipped in a vector file, its mtime restored (bit rot
+    leaves it alone): h.0.attn.c_attn's first 64 numbers doubled or halved."""
+    s = EmbeddedStore(data, fallback=(data / "qdrant").exists())
+    ns = next(n for n in s.namespaces() if n.endswith(".64"))
+    first = s.fetch(ns, ["h.0.attn.c_attn.0"])[0]
+    s.close()
+    helpers.flip_exponents(*vector_file(data, ns, first))
+
+
+def truncate_index(data: Path) -> None:
+    (index,) = collection(data, "h.1.mlp.c_fc").glob("*/*.proxima")
+    os.truncate(index, index.stat().st_size // 2)
+
+
+def flip_id_map(data: Path) -> None:
+    (table,) = collection(data, "wte").glob("idmap.0/*.sst")
+    xor(table, table.stat().st_size // 3, 64, 0xFF)
+
+
+def swap_matrices(data: Path) -> None:
+    """Two matrices' names swapped in the list of partition codes: each collection now says it
+    holds the other's rows (same shapes: both c_proj of width 64)."""
+    p = next(p for p in data.glob("zvec/*.64/namespace.json"))
+    lay = json.loads(p.read_text())
+    codes = lay["codes"]["matrix"]
+    i, j = codes.index("h.0.attn.c_proj"), codes.index("h.1.attn.c_proj")
+    codes[i], codes[j] = codes[j], codes[i]
+    p.write_text(json.dumps(lay))
+
+
+def remove_scalars(data: Path) -> None:
+    (ipc,) = collection(data, "h.0.mlp.c_proj").glob("*/scalar.*.ipc")
+    ipc.unlink()
 
 
 def flip_mappings(data: Path) -> None:
@@ -76,18 +120,6 @@ def set_deleted(data: Path) -> None:
         f.write(b"\xff" * 256)  # 2,048 documents' vectors flagged deleted
 
 
-def truncate_vectors(data: Path) -> None:
-    os.truncate(segment(data, 64) / "vector_storage-inner_product" / "vectors" / "chunk_0.mmap", 1 << 20)
-
-
-def flip_payload(data: Path) -> None:
-    xor(segment(data, 64) / "payload_storage" / "page_0.dat", 4096, 256, 0xFF)
-
-
-def remove_versions(data: Path) -> None:
-    (segment(data, 256) / "mutable_id_tracker.versions").unlink()
-
-
 def edit_documents(data: Path) -> None:
     meta = json.loads((data / "meta.json").read_text())
     (key,) = [k for k in meta if k.startswith("manifest:")]
@@ -95,18 +127,25 @@ def edit_documents(data: Path) -> None:
     (data / "meta.json").write_text(json.dumps(meta))
 
 
-# damage -> what verify names (the rest of the message is the same for all)
+# (mode, damage) -> what verify names (the rest of the message is the same for all). The fallback
+# mode (Qdrant Edge, the default before zvec) keeps the kinds that take each path: a read-back
+# mismatch, the reader aborting, a store error, the manifest.
+ALTERED = r"h\.0\.attn\.c_attn: .*checksum.*\(altered\)"
 DAMAGE = {
-    "exponent bytes flipped in a vector file": (flip_exponents, r"h\.0\.attn\.c_attn: .*checksum.*\(altered\)"),
-    "64 bytes flipped in mutable_id_tracker.mappings": (
+    ("zvec", "exponent bytes flipped in a vector file, mtime restored"): (flip_exponents, ALTERED),
+    ("zvec", "a vector file truncated"): (truncate_index, r"namespace \S+\.64: .*can't read namespace"),
+    ("zvec", "64 bytes flipped in the id map"): (flip_id_map, r"wte: namespace \S+\.64.* lost documents its ids list"),
+    ("zvec", "two matrices' names swapped"): (
+        swap_matrices, r"h\.0\.attn\.c_proj: document h\.0\.attn\.c_proj\.0 is missing from the search results"),
+    ("zvec", "a scalar file removed"): (remove_scalars, r"namespace \S+\.256: .*can't read namespace"),
+    ("fallback", "exponent bytes flipped in a vector file, mtime restored"): (flip_exponents, ALTERED),
+    ("fallback", "64 bytes flipped in mutable_id_tracker.mappings"): (
         flip_mappings,
         r"namespace \S+\.64: its files are damaged \(opening it\).*reader died \(killed by signal",
     ),
-    "deleted flags set": (set_deleted, r"h\.0\.attn\.c_attn: .*lost the vectors of \d+ documents"),
-    "a vector file truncated": (truncate_vectors, r"failed to read from .*out of bounds"),
-    "payload bytes flipped": (flip_payload, r"namespace \S+\.64: .*can't read namespace"),
-    "the id tracker's versions removed": (remove_versions, r"h\.0\.mlp\.c_proj: 0 documents stored, 64 expected"),
-    "manifest documents count edited": (edit_documents, r"manifest: it says \d+ documents, its matrices hold"),
+    ("fallback", "deleted flags set"): (set_deleted, r"h\.0\.attn\.c_attn: .*lost the vectors of \d+ documents"),
+    ("fallback", "manifest documents count edited"): (
+        edit_documents, r"manifest: it says \d+ documents, its matrices hold"),
 }
 
 
@@ -116,10 +155,14 @@ def error(r: subprocess.CompletedProcess) -> str:
     return r.stderr[r.stderr.index("Error: "):].strip()
 
 
-@pytest.mark.parametrize("kind", list(DAMAGE))
-def test_damage_is_named_refused_and_repaired(tmp_path, clean, tiny_dir, tiny, kind):
-    damage, named = DAMAGE[kind]
-    data = Path(shutil.copytree(clean, tmp_path / "data"))
+@pytest.mark.parametrize("mode,kind", list(DAMAGE), ids=[f"{m}-{k}" for m, k in DAMAGE])
+def test_damage_is_named_refused_and_repaired(tmp_path, clean, tiny_dir, tiny, mode, kind):
+    from puffergpt.stores.zvec import NEEDS, cpu_lacks
+
+    if mode == "zvec" and cpu_lacks():  # there the store keeps everything on Qdrant Edge: the fallback cases
+        pytest.skip(f"zvec 0.8.0 needs {', '.join(NEEDS)}; this CPU lacks {', '.join(cpu_lacks())}")
+    damage, named = DAMAGE[mode, kind]
+    data = Path(shutil.copytree(clean[mode], tmp_path / "data"))
     damage(data)
     model, where = str(tiny_dir), ["--data", str(data)]
 
@@ -134,7 +177,7 @@ def test_damage_is_named_refused_and_repaired(tmp_path, clean, tiny_dir, tiny, k
 
     r = cli("load", "--model", model, *where, "--repair")
     assert r.returncode == 0, r.stderr[-3000:]
-    store = open_store("embedded", data)
+    store = EmbeddedStore(data, fallback=mode == "fallback")
     try:  # the engine, checking the store as serve does, gives numpy's tokens again
         t = Text(open_engine(store, model, verify=True).open())
         t.append(tokenizer.encode(PROMPT))

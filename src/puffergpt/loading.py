@@ -9,10 +9,11 @@ rewriting any matrix that does not match. Only then does it write the manifest. 
 check covers everything a search returns and the engine uses: ids, vectors and
 attributes.
 
-A store whose files this process can identify (the embedded one: ``Store.stamp``) is
-read in full when it is opened to serve (``check_on_open``), unless its files are
-byte for byte those last found to match the manifest (the stamp under
-``verified:KEY``). The full read runs where the database may abort
+A store whose files this process can read (the embedded one: ``Store.stamp``) is read
+back through the database when it is opened to serve (``check_on_open``), unless its
+files hash, read in full at every start (mtimes are not trusted: bit rot leaves them
+alone), to the digests last found to match the manifest (the stamp under
+``verified:KEY``). The read-back runs where the database may abort
 (``Store.read_isolated``): Qdrant aborts the process on some damaged files.
 """
 
@@ -32,6 +33,7 @@ from puffergpt import untrained
 from puffergpt.checkpoints import Checkpoint, GPT2Config
 from puffergpt.documents import (
     ENCODING_VERSION,
+    PARTITION,
     SCHEMA,
     Encoding,
     ids,
@@ -152,8 +154,8 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
         state = {"ident": ident, "done": {}}
         store.put_meta(progress_key, state)
     store.put_meta(f"manifest:{key}", {"complete": False, **ident})  # the engine refuses it until the end
-    for n_in in sorted({n for _, n in matrices(c)}):
-        store.create_namespace(namespace(key, n_in), enc.dim(n_in), SCHEMA, metric)
+    for n_in in sorted({n for _, n in matrices(c)}):  # every search of the weights names its matrix
+        store.create_namespace(namespace(key, n_in), enc.dim(n_in), SCHEMA, metric, partition=PARTITION)
 
     items = list(plan(ckpt, enc, key))
     total = sum(len(i) for _, _, _, i in items)
@@ -256,16 +258,21 @@ def verify_attributes(store: Store, ns: str, name: str, doc_ids: list[str], norm
     queries = [Query(probe, f) for f in whole_matrix(name, len(doc_ids), store.max_top_k)]
     hits = store.search(ns, queries, metric, include=("id", "row", "norm2"))  # split at max_queries by the store
     a = hits.attrs
-    got = dict(zip(a["id"].tolist(), zip(a["row"].tolist(), a["norm2"].tolist(), strict=True), strict=True))
-    for r, i in enumerate(doc_ids):
-        if i not in got:
-            return f"document {i} is missing from the search results"
-        row, n2 = got[i]
-        if int(row) != r:
-            return f"document {i} says it is row {row} (an altered attribute)"
-        if not np.isclose(n2, norm2[r], rtol=1e-4, atol=1e-6):
-            return f"document {i} carries norm2 {n2:.6g}, its row's is {norm2[r]:.6g} (an altered attribute)"
-    return None
+    at = {i: k for k, i in enumerate(a["id"].tolist())}
+    k = np.array([at.get(i, -1) for i in doc_ids], np.int64)  # each document's hit (-1: none)
+    if not at:
+        return f"document {doc_ids[0]} is missing from the search results"
+    row, n2 = a["row"][k].astype(np.int64), a["norm2"][k].astype(np.float64)
+    bad = (k < 0) | (row != np.arange(len(doc_ids))) | ~np.isclose(n2, norm2, rtol=1e-4, atol=1e-6)
+    if not bad.any():
+        return None
+    r = int(np.argmax(bad))  # the first, in row order
+    i = doc_ids[r]
+    if k[r] < 0:
+        return f"document {i} is missing from the search results"
+    if row[r] != r:
+        return f"document {i} says it is row {row[r]} (an altered attribute)"
+    return f"document {i} carries norm2 {n2[r]:.6g}, its row's is {norm2[r]:.6g} (an altered attribute)"
 
 
 def _rows(c: GPT2Config, name: str) -> int:
@@ -400,12 +407,7 @@ def _unchanged_since_verified(store: Store, key: str, m: dict) -> bool:
         return False
     if not isinstance(known, dict) or known.get("manifest") != _digest(m) or not isinstance(known.get("files"), dict):
         return False
-    now = store.stamp(list(m["namespaces"]), known["files"])
-
-    def content(files):  # size and digest: Qdrant rewrites some files (same bytes) at every open
-        return {p: (v[0], v[2]) for p, v in files.items()} if isinstance(files, dict) else None
-
-    return now is not None and content(now) == content(known["files"])
+    return store.stamp(list(m["namespaces"])) == known["files"]
 
 
 def record_verified(store: Store, key: str, m: dict) -> None:

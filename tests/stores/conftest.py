@@ -239,8 +239,9 @@ def tpuf_options(request, monkeypatch):
 
 
 # --- zvec: its wheel dies with SIGILL on an x86-64 CPU without AVX2, FMA or BMI1 (NEEDS in
-# src/puffergpt/stores/zvec.py). There, and only there, its tests are skipped, saying why;
-# the two that emulate such CPUs under qemu-user run everywhere.
+# src/puffergpt/stores/zvec.py), where the embedded store keeps everything on Qdrant Edge. There,
+# and only there, the tests of the weights on zvec are skipped, saying why (the contract's
+# "embedded" then runs the fallback); the two that emulate such CPUs under qemu-user run everywhere.
 def pytest_collection_modifyitems(config, items):
     from puffergpt.stores.zvec import NEEDS, cpu_lacks
 

@@ -1,7 +1,8 @@
 """The store seam, on every backend: what the engine relies on, checked against numpy.
 
 Every backend in ``BACKENDS`` runs every test here, ``memory`` below included: a backend
-written as docs/backends.md says, in one page, which is how that page's claim is checked."""
+written as docs/backends.md says, in one page, which is how that page's claim is checked;
+and the embedded store also in its fallback mode (everything on Qdrant Edge)."""
 
 import json
 import operator
@@ -140,8 +141,17 @@ def test_the_base_splits_a_batch_at_max_queries(monkeypatch):
         np.testing.assert_array_equal(split.attrs["row"][split.query == i], np.argsort(-(a[:10 + i] @ v))[:3])
 
 
-@pytest.fixture(params=list(BACKENDS))
+@pytest.fixture(params=[*BACKENDS, "embedded-fallback"])
 def store(request, tmp_path):
+    """Each backend; ``embedded-fallback``: the embedded store with everything on Qdrant Edge, as
+    on a CPU without AVX2 (``embedded``: the weights on zvec, a text's keys on Qdrant Edge)."""
+    if request.param == "embedded-fallback":
+        from puffergpt.stores.embedded import EmbeddedStore
+
+        s = EmbeddedStore(tmp_path, fallback=True)
+        yield s
+        s.close()
+        return
     options = {}
     if request.param == "pgvector":  # a fresh database of the session's PostgreSQL (tests/stores/conftest.py)
         options = {"dsn": request.getfixturevalue("pg_dsn")}
@@ -156,10 +166,10 @@ def store(request, tmp_path):
     s.close()
 
 
-def fill(store, ns="m", n=50, dim=8, seed=0, metric=None):
+def fill(store, ns="m", n=50, dim=8, seed=0, metric=None, partition=None):
     rng = np.random.default_rng(seed)
     a, b = rng.standard_normal((n, dim)).astype(np.float32), rng.standard_normal((n, dim)).astype(np.float32)
-    store.create_namespace(ns, dim, SCHEMA, metric)
+    store.create_namespace(ns, dim, SCHEMA, metric, partition=partition)
     store.upsert(ns, [f"a.{i}" for i in range(n)], a, {"matrix": ["a"] * n, "row": np.arange(n)})
     store.upsert(ns, [f"b.{i}" for i in range(n)], b, {"matrix": ["b"] * n, "row": np.arange(n)})
     return a, b
@@ -262,6 +272,32 @@ def test_delete_drop_and_list(store):
     assert store.namespaces() == ["m"]
     with pytest.raises(StoreError, match="does not exist"):
         store.count("other")
+
+
+def test_a_partitioned_namespace_answers_like_any_other(store):
+    """``partition="matrix"`` (how the weights are made): searches with and without the matrix
+    in their filter, top-k across matrices merged best first, documents moved from one matrix
+    to another, deletes and counts: the same answers as numpy."""
+    metric = store.metrics[0]
+    a, b = fill(store, ns="p", metric=metric, partition="matrix")
+    q = np.random.default_rng(9).standard_normal(8).astype(np.float32)
+    everything, names = np.concatenate([a, b]), [("a", r) for r in range(50)] + [("b", r) for r in range(50)]
+    close = {"inner_product": everything @ q, "euclidean_squared": -((everything - q) ** 2).sum(1),
+             "cosine_distance": everything @ q / np.linalg.norm(everything, axis=1)}[metric]
+    f = (("row", "<", 50),)  # turbopuffer's exact kNN ranks a filtered subset only
+    hits = store.search("p", [Query(q, f, top_k=7), Query(q, (("matrix", "in", ["b"]), *f))], metric,
+                        include=("matrix", "row"))
+    top = list(zip(hits.attrs["matrix"][hits.query == 0], hits.attrs["row"][hits.query == 0], strict=True))
+    assert top == [names[i] for i in np.argsort(-close)[:7]]
+    assert sorted(hits.attrs["row"][hits.query == 1].tolist()) == list(range(50))
+    store.upsert("p", ["a.3"], a[3:4], {"matrix": ["b"], "row": [3]})  # a.3 moves to matrix b
+    store.delete("p", (("matrix", "=", "b"), ("row", ">=", 40)))
+    assert store.count("p", (("matrix", "=", "a"),)) == 49 and store.count("p", (("matrix", "=", "b"),)) == 41
+    got = store.search("p", [Query(q, (("matrix", "=", "b"), *f))], metric, include=("id",))
+    assert sorted(got.attrs["id"].tolist()) == sorted(["a.3", *(f"b.{i}" for i in range(40))])
+    np.testing.assert_array_equal(store.fetch("p", ["a.3", "b.1"]), np.stack([a[3], b[1]]))
+    with pytest.raises(StoreError, match="partition 'row' is not a str attribute"):
+        store.create_namespace("bad", 8, SCHEMA, metric, partition="row")
 
 
 def test_meta_round_trip(store):

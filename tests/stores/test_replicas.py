@@ -1,6 +1,7 @@
 """Read replicas of the weights (``stores/replicas.py``): worker processes over copies of the
-embedded store's weights give the same numbers as the store itself and as numpy, a dead
-replica costs no search, and every replica and copy goes when they close."""
+weights where the embedded store keeps them on Qdrant Edge (its fallback mode: Qdrant holds
+Python's lock; on zvec the store needs none) give the same numbers as the store itself and as
+numpy, a dead replica costs no search, and every replica and copy goes when they close."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ from puffergpt.loading import open_engine
 from puffergpt.reference import Reference
 from puffergpt.sampling import Sampling
 from puffergpt.stores import Query, StoreError, open_store
+from puffergpt.stores.embedded import EmbeddedStore
 from puffergpt.stores.replicas import Replicas
 from puffergpt.text import opened
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory, tiny_dir, tiny):
-    store = open_store("embedded", tmp_path_factory.mktemp("replicas"))
+    store = EmbeddedStore(tmp_path_factory.mktemp("replicas"), fallback=True)
     loading.load(store, tiny, loading.model_key(str(tiny_dir)), progress=False)
     yield open_engine(store, str(tiny_dir))
     store.close()
@@ -96,7 +98,7 @@ def test_replicas_and_their_copies_go_when_closed(engine):
     with engine.replicated(2):
         reps = engine.batcher.replicas
         copies = [r.root for r in reps._all]
-        assert all((c / "edge").is_dir() and c.parent == tmp for c in copies)
+        assert all((c / "qdrant").is_dir() and c.parent == tmp for c in copies)
     assert engine.batcher.replicas is None
     assert all(r.process.poll() is not None for r in reps._all)
     assert not any(c.exists() for c in copies)
@@ -107,4 +109,7 @@ def test_a_replica_that_cannot_open_its_copy_is_a_clear_error(tmp_path, engine):
         Replicas(engine.store, [tmp_path / "empty"], "puffergpt.stores.embedded:EmbeddedStore", ["no.such"])
     with pytest.raises(StoreError, match=r"between 1 and 64"):
         engine.store.replicas(engine.weight_namespaces(), 0)
+    on_zvec = open_store("embedded", tmp_path / "zvec")
+    assert on_zvec.replicas(["any.768"], 2) is None  # zvec lets go of Python's lock: threads, not processes
+    on_zvec.close()
 

@@ -15,10 +15,9 @@ from pathlib import Path
 from puffergpt.stores.base import Hits, Layout, Query, Store, StoreError, resolve
 
 BACKENDS: dict[str, str | Callable[..., Store]] = {
-    "embedded": "puffergpt.stores.embedded:EmbeddedStore",  # Qdrant Edge under the data directory
+    "embedded": "puffergpt.stores.embedded:EmbeddedStore",  # zvec (weights) + Qdrant Edge (keys) under --data
     "pgvector": "puffergpt.stores.pgvector:open_pgvector",  # PostgreSQL: --dsn, or a local server
     "turbopuffer": "puffergpt.stores.turbopuffer:TurbopufferStore",  # the hosted service
-    "zvec": "puffergpt.stores.zvec:ZvecStore",  # zvec under the data directory (a study: docs/backends.md)
 }
 
 

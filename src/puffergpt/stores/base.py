@@ -3,7 +3,8 @@
 Small on purpose, so that it maps onto an embedded engine, PostgreSQL with
 pgvector and turbopuffer alike:
 
-- namespaces: create (with a vector length and typed attributes), drop, list;
+- namespaces: create (with a vector length, typed attributes, and the attribute every search
+  of it filters by, if one does: ``partition``), drop, list;
 - upsert documents (id, vector, attributes) in batches, overwriting by id;
 - exact search, one or many queries per request, each with its own filter and
   top_k (None: every matching document), under one metric;
@@ -78,6 +79,7 @@ class Layout:
     dim: int  # the vectors' length
     schema: dict[str, str]  # attribute -> "int" | "float" | "str"
     metrics: tuple[str, ...]  # the metrics it can be searched with
+    partition: str | None = None  # a str attribute every search filters with '=' (create_namespace)
 
 
 @dataclass
@@ -232,7 +234,8 @@ class Store(ABC):
     def _create_namespace(self, ns: str, layout: Layout, ephemeral: bool) -> Layout | None:
         """Create ns with this layout and return None; if ns exists already, change nothing
         and return its layout (the base compares the two). ``ephemeral``: it need not outlive
-        the process (a text's keys), so it may live in memory or skip a write-ahead log."""
+        the process (a text's keys), so it may live in memory or skip a write-ahead log.
+        ``layout.partition`` is a hint a backend may ignore (``create_namespace``)."""
 
     @abstractmethod
     def _drop_namespace(self, ns: str) -> None:
@@ -271,18 +274,24 @@ class Store(ABC):
     # --- what callers use: checks, then the backend's method ---
     @_serial
     def create_namespace(self, ns: str, dim: int, schema: dict[str, str], metric: str | None = None,
-                         ephemeral: bool = False) -> None:
+                         ephemeral: bool = False, partition: str | None = None) -> None:
         """Create ns for vectors of length dim with typed attributes; a no-op if it exists alike.
         ``metric`` is the one it will be searched with (stores that fix it per namespace need it);
         ``ephemeral`` says it need not outlive the process (a text's keys), so a store may keep it
-        in memory or skip its write-ahead log."""
+        in memory or skip its write-ahead log. ``partition`` names a str attribute that every
+        search of ns filters with '=' (the weights' ``matrix``): a store may keep each value's
+        documents apart, so that such a search reads only its own (the embedded store: a zvec
+        collection each); a search without it must still see every document. A hint: pgvector
+        (a B-tree on the attributes narrows the scan already) and turbopuffer ignore it."""
         check_name(ns)
         self._check_metric(metric)
         if isinstance(dim, bool) or not isinstance(dim, numbers.Integral) or int(dim) < 1:
             raise StoreError(f"invalid vector length {dim!r}: a positive integer")
         check_schema(schema)
+        if partition is not None and schema.get(partition) != "str":
+            raise StoreError(f"partition {partition!r} is not a str attribute of the namespace ({schema})")
         metrics = (metric,) if metric else self.metrics[:1] if self.metric_per_namespace else self.metrics
-        want = Layout(int(dim), dict(schema), metrics)
+        want = Layout(int(dim), dict(schema), metrics, partition)
         old = self._create_namespace(ns, want, bool(ephemeral))
         if old is not None and (
             old.dim != want.dim or old.schema != want.schema or not set(metrics) <= set(old.metrics)
@@ -402,11 +411,11 @@ class Store(ABC):
         """Bytes of the store's files on this machine, None where it can't say (a server's)."""
         return None
 
-    def stamp(self, namespaces: Sequence[str], known: dict | None = None) -> dict | None:
-        """What identifies the stored bytes of these namespaces (so that a verified store is
-        not read again until they change), or None where the store can't say: a database on
-        a server, whose files are its own (those are checked by count on open, and read in full
-        by `puffergpt verify`)."""
+    def stamp(self, namespaces: Sequence[str]) -> dict | None:
+        """A digest of the stored bytes of these namespaces, read in full (so that a verified
+        store is not read again through the database until they change), or None where the
+        store can't say: a database on a server, whose files are its own (those are checked by
+        count on open, and read in full by `puffergpt verify`)."""
         return None
 
     def release(self, namespaces: Sequence[str]) -> None:  # noqa: B027 - optional: nothing to release by default
@@ -417,8 +426,8 @@ class Store(ABC):
     def replicas(self, namespaces: Sequence[str], n: int):
         """n read replicas of these read-only namespaces, searched by worker processes
         (``stores/replicas.py``), or None where the store needs none: a database server searches
-        in processes of its own already, and a store that lets go of Python's lock searches
-        on every core from threads."""
+        in processes of its own already, and a store that lets go of Python's lock (the embedded
+        store's zvec) searches on every core from threads."""
         return None
 
     def read_isolated(self, target: str, payload: dict, namespaces: Sequence[str] = ()) -> Iterator[dict]:

@@ -1,9 +1,9 @@
-"""What the in-process stores (``embedded``: Qdrant Edge; ``zvec``) share about the data
-directory they keep their files in: one process at a time (a lock file), files replaced
-whole or not at all, the fingerprint of a namespace's files (``stamp``), and a reader child
-that opens the store where a database that aborts on a damaged file can't take the parent
-down (``read_isolated``); and the ids and attributes of a namespace's documents, kept in
-memory by slot (``Columns``)."""
+"""What the in-process databases of the embedded store (zvec for the weights, Qdrant Edge for a
+text's keys) share about the data directory they keep their files in: one process at a time
+and one metadata file (``Home``), files replaced whole or not at all, the fingerprint of a
+namespace's files (``stamp``), and a reader child that opens the store where a database that
+aborts on a damaged file can't take the parent down (``read_isolated``); and the ids and
+attributes of a namespace's documents, kept in memory by slot (``Columns``)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,8 @@ import numpy as np
 from puffergpt.stores.base import Filter, Layout, ReaderDied, Store, StoreError, StoreHeld, resolve
 
 _DTYPES = {"int": np.int64, "float": np.float64, "str": object}
+LOCK_FILE = "puffergpt.lock"
+META_FILE = "meta.json"
 
 
 class Columns:
@@ -89,6 +92,45 @@ class Columns:
         return n
 
 
+class Home:
+    """A data directory, held by one process: its lock file, and the metadata file (put_meta,
+    get_meta) of every database that keeps files in it. ``borrowed``: opened by a reader child
+    (``read_isolated``) while its parent holds the lock and waits: no lock of its own, and the
+    parent's leftovers are kept."""
+
+    def __init__(self, root: Path, borrowed: bool = False):
+        self.root, self.borrowed = Path(root), borrowed
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock_file = open(os.devnull) if borrowed else hold(self.root / LOCK_FILE, self.root)
+        self.lock = threading.RLock()
+        try:
+            self._meta = read_meta(self.root / META_FILE)
+        except StoreError:
+            self.close()
+            raise
+
+    def put_meta(self, key: str, value) -> None:
+        with self.lock:
+            meta = {**self._meta, key: value}
+            write_json(self.root / META_FILE, meta)
+            self._meta = meta
+
+    def get_meta(self, key: str):
+        with self.lock:
+            v = self._meta.get(key)
+            return json.loads(json.dumps(v)) if v is not None else None  # a copy, as a database returns
+
+    @property
+    def closed(self) -> bool:
+        return self._lock_file is None
+
+    def close(self) -> None:
+        """Let go of the directory (the lock goes with the file)."""
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+
 def hold(path: Path, data_dir: Path):
     """The data directory's lock file, held (open) until it is closed: one process at a time;
     it holds the holder's pid, for the error another process gets."""
@@ -138,7 +180,7 @@ def read_layout(p: Path, ns: str, what: str) -> Layout:
     """A namespace's layout from its namespace.json (listing opens no database file)."""
     try:
         d = json.loads(p.read_text())
-        return Layout(d["dim"], d["schema"], tuple(d["metrics"]))
+        return Layout(d["dim"], d["schema"], tuple(d["metrics"]), d.get("partition"))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise StoreError(f"{what} can't read {p}: {e}. Drop namespace {ns!r} and load again "
                          "(`puffergpt load --repair`), or restore the data directory") from None
@@ -153,25 +195,24 @@ def remove(d: Path, ephemeral: bool) -> None:
     shutil.rmtree(gone, ignore_errors=True)
 
 
-def fingerprint(dirs: Iterable[Path], root: Path, known: dict | None = None, skip: tuple[str, ...] = ()) -> dict:
-    """{file: [size, mtime_ns, sha256]} of every file under ``dirs``, named relative to root.
-    A database may rewrite a file with the same bytes, so a file is told by its content; like
-    git's index, a file whose size and mtime_ns are those of ``known`` keeps its known digest
-    unread. Files named in ``skip`` (a database's own lock) are left out."""
-    known, out = known or {}, {}
-    for d in dirs:
-        for p in sorted(d.rglob("*")) if d.is_dir() else []:
-            st = p.stat()
-            if not p.is_file() or p.name in skip:
-                continue
-            rel = str(p.relative_to(root))
-            k = known.get(rel)
-            if k and k[:2] == [st.st_size, st.st_mtime_ns]:
-                out[rel] = k
-                continue
-            with open(p, "rb") as f:
-                out[rel] = [st.st_size, st.st_mtime_ns, hashlib.file_digest(f, "sha256").hexdigest()]
-    return out
+def fingerprint(dirs: Iterable[Path], root: Path, digest: Callable[[Path], str] | None = None,
+                skip: tuple[str, ...] = ()) -> dict[str, list]:
+    """{file: [size, digest]} of every file under ``dirs``, named relative to root: read in full,
+    whatever their mtimes say (bit rot leaves the mtime alone), on a thread per core (hashlib lets
+    go of Python's lock). ``digest``: sha256 of the file unless the database's own is given (zvec's
+    leaves out what zvec rewrites at every close). Files named in ``skip`` (a database's own lock)
+    are left out."""
+    files = [p for d in dirs for p in (sorted(d.rglob("*")) if d.is_dir() else [])
+             if p.is_file() and p.name not in skip]
+    files.sort(key=lambda p: -p.stat().st_size)  # the big ones first: the threads end together
+    with ThreadPoolExecutor(os.cpu_count() or 1, thread_name_prefix="puffergpt-stamp") as pool:
+        sums = list(pool.map(digest or sha256, files))
+    return {str(p.relative_to(root)): [p.stat().st_size, h] for p, h in sorted(zip(files, sums, strict=True))}
+
+
+def sha256(p: Path) -> str:
+    with open(p, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def read_in_child(root: Path, target: str, payload, child: str, what: str) -> Iterator[dict]:

@@ -1,519 +1,231 @@
-"""The embedded backend: Qdrant Edge (``qdrant-edge-py``), in-process, under the data directory.
+"""The embedded backend, the default: two in-process databases under one data directory.
 
-Chosen by measurement (benchmarks/embedded_dbs.py): one exact product of 3,072 rows
-under a filter runs several times faster than in DuckDB, the previous embedded store.
+- **the weights** (persisted namespaces) on zvec (``zvec.py``): one read-only Flat collection
+  per matrix, searched with ``query_internal_ids``, which returns numpy arrays and lets go of
+  Python's lock, so a batch of queries runs on every core (benchmarks/RESULTS.md);
+- **a text's keys** (ephemeral namespaces, written every token) on Qdrant Edge
+  (``qdrant_edge.py``), whose writes and small searches are the faster (12 ms against zvec's
+  66 ms for 12 heads x 511 keys).
 
-Layout of the data directory (one process at a time, held by ``puffergpt.lock``):
+On a CPU zvec can't run on (an x86-64 without AVX2, FMA or BMI1: its wheel dies with SIGILL)
+everything goes to Qdrant Edge, and the store says so in one line (a log warning: stderr).
+``fallback=True`` does the same anywhere (the tests run both).
 
-    edge/<namespace>/shard/           one Qdrant Edge shard per namespace (WAL on)
-    edge/<namespace>/namespace.json   its vector length, attributes and metrics
-    meta.json                         put_meta / get_meta, replaced atomically
-    tmp/                              ephemeral namespaces (a text's keys, WAL off), wiped at open
+The data directory (one process at a time; ``datadir.Home``):
 
-Every metric is a named vector of the shard, searched exactly (``SearchParams(exact=True)``,
-HNSW never built): ``inner_product`` is Qdrant's Dot; ``euclidean_squared`` is its Euclid
-score (the plain distance) squared; ``cosine_distance`` is 1 - its Cosine score. Qdrant
-normalises Cosine vectors when it writes them, so a namespace searched by cosine also keeps
-the vectors as given (a Dot vector) for ``fetch``. A namespace created for one metric holds
-only that one's vectors; created without one it holds all three.
+    format.json       {"format": FORMAT, "weights": "zvec" | "qdrant-edge"}: how it was made
+    puffergpt.lock    held by the process that has it open
+    meta.json         put_meta / get_meta (manifests, stamps), replaced atomically
+    zvec/             the weights on zvec (zvec.py)
+    qdrant/           the weights on Qdrant Edge, where zvec can't run (qdrant_edge.py)
+    tmp/              a text's keys, wiped at open
 
-Qdrant's ids are integers; ours are strings. Each document gets a slot number as its point
-id and carries its string id in the payload. The process keeps every namespace's ids and
-attributes (never vectors) as numpy columns indexed by slot, rebuilt from the shard's payload
-when a namespace is first used, so a search asks Qdrant for ids and scores only: building
-payload dicts in the binding cost ~4 ms for 3,072 hits, the ids and scores 0.3 ms.
+A data directory made by an earlier puffergpt (``edge/``, or the zvec study's ``zvec/`` without
+a format.json) is refused with the commands that rebuild it; one made in one mode and opened in
+the other says so.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import threading
-import uuid
-from collections import Counter
-from dataclasses import dataclass, field
+import logging
+import shlex
 from pathlib import Path
 
-import numpy as np
-import qdrant_edge as qe
+from puffergpt.stores import datadir, qdrant_edge
+from puffergpt.stores import zvec as zv
+from puffergpt.stores.base import Store, StoreError
 
-from puffergpt.stores import datadir
-from puffergpt.stores.base import (
-    Filter,
-    Hits,
-    Layout,
-    Store,
-    StoreError,
-    check_name,
-)
-
-_INDEX = {"int": qe.IntegerIndexParams(lookup=True, range=True), "float": qe.PayloadSchemaType.Float,
-          "str": qe.PayloadSchemaType.Keyword}
-_DISTANCES = {
-    "inner_product": qe.Distance.Dot,
-    "euclidean_squared": qe.Distance.Euclid,
-    "cosine_distance": qe.Distance.Cosine,
-}
-_EXACT = qe.SearchParams(exact=True)
-# indexing_threshold 0: never build HNSW; prevent_unoptimized False: a written point is searchable at once.
-_OPTIMIZERS = qe.EdgeOptimizersConfig(indexing_threshold=0, prevent_unoptimized=False)
+log = logging.getLogger("puffergpt")
+FORMAT = 2  # 1: an earlier release's (weights on Qdrant Edge under edge/, no format.json)
+FORMAT_FILE = "format.json"
+ZVEC, QDRANT = "zvec", "qdrant-edge"  # where the weights are
 OLD_DB_FILE = "puffergpt.duckdb"
-LOCK_FILE = "puffergpt.lock"
-SCROLL = 10_000
-SPARE = 32  # emptied ephemeral shards kept for reuse (~200 KB each): as many as a server's open texts
-REUSE = 32  # namespaces one ephemeral shard may hold, one after another
-
-
-def _error(what: str, e: Exception) -> StoreError:
-    return StoreError(f"the embedded store failed to {what}: {e}")
-
-
-@dataclass
-class _Namespace(datadir.Columns):
-    """One namespace: its shard, and its ids and attributes in memory, indexed by slot (= point id)."""
-
-    dim: int
-    schema: dict[str, str]
-    metrics: tuple[str, ...]  # the named vectors it holds
-    shard: object = None  # qe.EdgeShard, opened on first use
-    slots: dict[str, int] = field(default_factory=dict)  # string id -> slot
-    cols: dict[str, np.ndarray] = field(default_factory=dict)  # "id", "live" and each attribute, by slot
-    counts: dict[str, Counter] = field(default_factory=dict)  # attribute -> value -> live documents
-    next: int = 0  # the next free slot
-    dirty: bool = False  # written since the last flush
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    uses: int = 1  # ephemeral: the namespaces its shard has held (``EmbeddedStore._keep_spare``)
-
-    @property
-    def fetch_vector(self) -> str:
-        # Cosine vectors are stored normalised; the others as given.
-        return next(m for m in self.metrics if m != "cosine_distance")
-
-    def layout(self) -> dict:
-        return {"dim": self.dim, "schema": self.schema, "metrics": list(self.metrics)}
-
-    @property
-    def spec(self) -> Layout:
-        return Layout(self.dim, self.schema, self.metrics)
-
-@dataclass
-class _Spare:
-    """The emptied shard of a dropped ephemeral namespace (a text's keys), kept for the next."""
-
-    dir: Path
-    shard: object
-    layout: dict
-    uses: int
+OLD = ("edge", "zvec", "meta.json")  # what an earlier release kept in the data directory
 
 
 class EmbeddedStore(Store):
     name = "embedded"
     metrics = ("inner_product", "cosine_distance", "euclidean_squared")
     max_queries = 16384  # 12 heads x 1,024 positions: a whole prefill's attention in one request
-    thread_safe = True  # it holds its own locks
-    keeps_spares = SPARE  # a text's shard, emptied, for the next text (_keep_spare)
+    thread_safe = True  # each database holds its own locks
+    keeps_spares = qdrant_edge.SPARE  # a text's shard, emptied, for the next text
 
-    def __init__(self, data_dir: Path, borrowed: bool = False):
+    def __init__(self, data_dir: Path, borrowed: bool = False, fallback: bool = False,
+                 threads: int | None = None):
         """``borrowed``: opened by a reader child (``read_isolated``) while its parent holds the
-        directory's lock and waits: no lock of its own, and the parent's leftovers are kept."""
+        directory's lock and waits. ``fallback``: everything on Qdrant Edge, as where zvec can't
+        run. ``threads``: a batch of queries to the weights runs on this many (default: a core each)."""
         if data_dir is None:
             raise StoreError("the embedded store needs a data directory: give --data DIR")
-        self.root = Path(data_dir)
-        self.borrowed = borrowed
-        self.path = self.root  # what the CLI names and measures
-        if (self.root / OLD_DB_FILE).exists():
-            old = self.root / OLD_DB_FILE
-            raise StoreError(
-                f"{self.root} holds a store of the old DuckDB format ({old}), which this puffergpt no longer reads. "
-                f"Move it away (`mv {old} {old}.old`) and rebuild the store with "
-                f"`puffergpt load --model MODEL --data {self.root}` for each model it held (e.g. --model gpt2)")
+        self.root = self.path = Path(data_dir)  # path: what the CLI names and measures
+        weights = _weights(self.root, fallback, borrowed)
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
-            self._lock_file = open(os.devnull) if borrowed else datadir.hold(self.root / LOCK_FILE, self.root)
-            for d in ("edge", "tmp"):
-                (self.root / d).mkdir(exist_ok=True)
-            # Leftovers of a process that died: half-made namespaces, dropped ones, ephemeral shards.
-            for p in [] if borrowed else [*(self.root / "edge").glob(".*"), *(self.root / "tmp").iterdir()]:
-                shutil.rmtree(p, ignore_errors=True)
+            self.home = datadir.Home(self.root, borrowed)
         except OSError as e:
-            raise StoreError(
-                f"can't open the data directory {data_dir}: {e}. Choose another with --data DIR."
-            ) from None
-        self.lock = threading.RLock()  # the catalog and the metadata file
-        self._ns: dict[str, _Namespace] = {}
-        self._ephemeral: dict[str, Path] = {}  # ephemeral namespace -> its directory under tmp/
-        self._spare: list[_Spare] = []  # emptied shards of dropped ephemeral namespaces, to reuse
-        self._meta = self._read_meta()
-
-    # --- namespaces ---
-    def _dir(self, ns: str) -> Path:
-        if ns in self._ephemeral:
-            return self._ephemeral[ns]
-        return self.root / "edge" / check_name(ns)
-
-    def _get(self, ns: str) -> _Namespace:
-        n = self._ns.get(ns)
-        if n is None:
-            with self.lock:
-                n = self._ns.get(ns) or self._open(ns)
-        return n
-
-    def _open(self, ns: str) -> _Namespace:
-        """A persisted namespace: its shard, and its ids and attributes read from the payload."""
-        d = self._dir(ns)
+            raise _unopenable(data_dir, e) from None
         try:
-            layout = json.loads((d / "namespace.json").read_text())
-        except FileNotFoundError:
-            raise StoreError(f"namespace {ns!r} does not exist") from None
-        n = _Namespace(layout["dim"], layout["schema"], tuple(layout["metrics"]))
-        try:
-            n.shard = qe.EdgeShard.load(str(d / "shard"))
-            self._rebuild(n)
-        except Exception as e:
-            raise StoreError(
-                f"the embedded store can't read namespace {ns!r} ({d}): {e}. "
-                f"Drop it and load again (`puffergpt load --repair`), or restore the data directory"
-            ) from None
-        self._ns[ns] = n
-        return n
+            if not (self.root / FORMAT_FILE).exists():
+                datadir.write_json(self.root / FORMAT_FILE, {"format": FORMAT, "weights": weights})
+            self.fallback = weights == QDRANT
+            self.texts = qdrant_edge.QdrantEdgeStore(self.home)
+            self.weights = self.texts if self.fallback else zv.ZvecStore(self.home, threads)
+        except BaseException as e:
+            self.home.close()
+            if isinstance(e, OSError):
+                raise _unopenable(data_dir, e) from None
+            raise
+        self.max_top_k = self.weights.max_top_k
 
-    @staticmethod
-    def _rebuild(n: _Namespace) -> None:
-        offset = None
-        while True:
-            recs, offset = n.shard.scroll(
-                qe.ScrollRequest(offset=offset, limit=SCROLL, with_payload=True, with_vector=False)
-            )
-            if recs:
-                slots = np.fromiter((r.id for r in recs), np.int64, len(recs))
-                pays = [r.payload for r in recs]
-                ids = [p["id"] for p in pays]
-                n.slots.update(zip(ids, slots.tolist(), strict=True))
-                n.next = max(n.next, int(slots.max()) + 1)
-                n.grow(n.next)
-                n.record(slots, ids, {a: [p[a] for p in pays] for a in n.schema})
-            if offset is None:
-                return
+    def _of(self, ns: str) -> Store:
+        """The database that holds ns: a text's keys are Qdrant Edge's."""
+        return self.texts if self.texts.ephemeral(ns) else self.weights
+
+    # --- what the base calls: each goes to the database that holds the namespace ---
+    def _namespaces(self, prefix):
+        if self.fallback:
+            return self.texts._namespaces(prefix)
+        return {**self.weights._namespaces(prefix), **self.texts._namespaces(prefix)}
 
     def _layout(self, ns):
-        if ns not in self._ns and not (self._dir(ns) / "namespace.json").exists():
-            return None
-        return self._get(ns).spec
+        return self._of(ns)._layout(ns)
 
     def _create_namespace(self, ns, layout, ephemeral):
-        # A namespace created for cosine also keeps the vectors as given, for fetch (see above).
-        metrics = layout.metrics + ("inner_product",) if layout.metrics == ("cosine_distance",) else layout.metrics
-        with self.lock:
-            if (old := self._layout(ns)) is not None:
-                return old
-            n = _Namespace(layout.dim, dict(layout.schema), metrics)
-            n.grow(0)
-            if ephemeral and (spare := self._reuse(n)) is not None:
-                self._ephemeral[ns], n.shard = spare.dir, spare.shard
-                n.uses = spare.uses + 1
-            else:
-                if ephemeral:
-                    self._ephemeral[ns] = self.root / "tmp" / check_name(ns)
-                try:
-                    n.shard = self._make_shard(ns, n, ephemeral)
-                except Exception as e:
-                    self._ephemeral.pop(ns, None)
-                    raise StoreError(f"can't create namespace {ns!r} in {self.root}: {e}") from None
-            self._ns[ns] = n
-        return None
-
-    def _reuse(self, n: _Namespace) -> _Spare | None:
-        """An emptied shard of the same layout, if one is kept (the lock held)."""
-        for i, spare in enumerate(self._spare):
-            if spare.layout == n.layout():
-                return self._spare.pop(i)
-        return None
-
-    def _keep_spare(self, ns: str, n: _Namespace) -> bool:
-        """A dropped ephemeral namespace's shard emptied and kept for the next (the lock held):
-        making one costs ~45 ms (a shard, three field indexes) and dropping it ~20 ms, emptying
-        a text's keys ~2 ms. Kept at most SPARE at once, each reused at most REUSE times
-        (deleted points stay in a shard until it goes). -> whether it was kept"""
-        if n.shard is None or len(self._spare) >= SPARE or n.uses >= REUSE:
-            return False
-        try:
-            with n.lock:
-                if n.slots:
-                    n.shard.update(qe.UpdateOperation.delete_points(self._matching(n, None).tolist()))
-                if n.shard.count(qe.CountRequest(exact=True)) != 0:
-                    return False
-        except Exception:  # noqa: BLE001 - a shard that can't be emptied is dropped instead
-            return False
-        self._spare.append(_Spare(self._ephemeral[ns], n.shard, n.layout(), n.uses))
-        return True
-
-    def _make_shard(self, ns: str, n: _Namespace, ephemeral: bool):
-        cfg = qe.EdgeConfig(vectors={m: qe.EdgeVectorParams(n.dim, _DISTANCES[m]) for m in n.metrics},
-                            optimizers=_OPTIMIZERS, wal_enabled=not ephemeral)
-        final = self._dir(ns)
-        # Made under a hidden name and renamed into place: a process killed half-way leaves
-        # no half-made namespace, only a leftover that the next open removes.
-        tmp = final if ephemeral else self.root / "edge" / f".new-{uuid.uuid4().hex}"
-        tmp.mkdir()
-        shard = qe.EdgeShard.create(str(tmp / "shard"), cfg)
-        for a, t in n.schema.items():
-            shard.update(qe.UpdateOperation.create_field_index(a, _INDEX[t]))
-        (tmp / "namespace.json").write_text(json.dumps(n.layout()))
-        if ephemeral:
-            return shard
-        shard.close()
-        datadir.fsync_dir(tmp)
-        os.rename(tmp, final)
-        datadir.fsync_dir(final.parent)
-        return qe.EdgeShard.load(str(final / "shard"))
+        if (old := self._layout(ns)) is not None:
+            return old
+        return (self.texts if ephemeral else self.weights)._create_namespace(ns, layout, ephemeral)
 
     def _drop_namespace(self, ns):
-        with self.lock:
-            d = self._dir(ns)
-            if not d.is_dir():
-                return
-            n = self._ns.pop(ns, None)
-            if ns in self._ephemeral and n is not None and self._keep_spare(ns, n):
-                del self._ephemeral[ns]
-                return
-            if n is not None and n.shard is not None:
-                n.shard.close()
-            datadir.remove(d, ns in self._ephemeral)
-            self._ephemeral.pop(ns, None)
+        self._of(ns)._drop_namespace(ns)
 
-    def _namespaces(self, prefix):
-        with self.lock:
-            stored = [p.name for p in (self.root / "edge").iterdir() if not p.name.startswith(".")]
-            return {ns: self._stored_layout(ns) for ns in {*stored, *self._ephemeral} if ns.startswith(prefix)}
-
-    def _stored_layout(self, ns: str) -> Layout:
-        """The layout from memory, or from namespace.json (listing opens no shard)."""
-        if (n := self._ns.get(ns)) is not None:
-            return n.spec
-        return datadir.read_layout(self._dir(ns) / "namespace.json", ns, "the embedded store")
-
-    # --- documents ---
-    def _upsert(self, ns, layout, ids, v, cols):
-        n = self._get(ns)
-        with n.lock:
-            new = np.array([i not in n.slots for i in ids], bool)
-            slots = n.reserve(ids)
-            points = [qe.Point(s, {m: v[i] for m in n.metrics}, {"id": ids[i], **{a: cols[a][i] for a in n.schema}})
-                      for i, s in enumerate(slots.tolist())]
-            try:
-                n.shard.update(qe.UpdateOperation.upsert_points(points))
-            except Exception as e:
-                for i in np.asarray(ids, object)[new]:  # nothing was written: forget the new slots
-                    n.slots.pop(i)
-                raise _error(f"write to {ns!r}", e) from None
-            n.record(slots, ids, cols)
-            n.dirty = True
-
-    def _fetch(self, ns, layout, ids):
-        n = self._get(ns)
-        slots = [n.slots[i] for i in ids if i in n.slots]
-        if not slots:
-            return {}
-        try:
-            recs = n.shard.retrieve(slots, with_payload=False, with_vector=[n.fetch_vector])
-        except Exception as e:
-            raise _error(f"read from {ns!r}", e) from None
-        got = {r.id: r.vector.get(n.fetch_vector) for r in recs}
-        if None in got.values():  # its vector flagged deleted while the point lives: damaged files
-            raise StoreError(
-                f"namespace {ns!r} has lost the vectors of {sum(v is None for v in got.values())} documents; "
-                f"the store is damaged: run `puffergpt load --repair`"
-            )
-        if len(got) != len(set(slots)):
-            raise StoreError(
-                f"namespace {ns!r} lost documents its payload lists; "
-                "the store is damaged: run `puffergpt load --repair`"
-            )
-        return {n.cols["id"][s]: np.asarray(v, np.float32) for s, v in got.items()}
-
-    def _filter(self, n: _Namespace, f: Filter) -> qe.Filter | None:
-        return qe.Filter(must=[self._condition(n, *c) for c in f]) if f else None
-
-    @staticmethod
-    def _condition(n: _Namespace, attr: str, op: str, value):
-        t = "id" if attr == "id" else n.schema[attr]
-        if t == "id":
-            if op not in ("=", "in"):
-                raise StoreError(f"the embedded store filters ids by '=' and 'in' only, not {op!r}")
-            wanted = [value] if op == "=" else list(value)
-            return qe.HasIdCondition({n.slots[i] for i in wanted if i in n.slots})
-        if op in ("=", "in"):
-            vals = [value] if op == "=" else list(value)
-            if t == "float":  # no exact match on floats in Qdrant: a range of one value
-                return qe.Filter(should=[qe.FieldCondition(attr, range=qe.RangeFloat(gte=x, lte=x)) for x in vals])
-            return qe.FieldCondition(attr, match=qe.MatchValue(vals[0]) if op == "=" else qe.MatchAny(vals))
-        if t == "str":
-            raise StoreError(
-                f"the embedded store can't compare the text attribute {attr!r} with {op!r}: use '=' or 'in'"
-            )
-        bound = {"<": "lt", "<=": "lte", ">": "gt", ">=": "gte"}[op]
-        return qe.FieldCondition(attr, range=qe.RangeFloat(**{bound: float(value)}))
-
-    def _delete(self, ns, layout, filter):
-        n = self._get(ns)
-        f = self._filter(n, filter)
-        with n.lock:
-            try:
-                slots = self._matching(n, f)
-                if len(slots):
-                    n.shard.update(qe.UpdateOperation.delete_points(slots.tolist()))
-            except Exception as e:
-                raise _error(f"delete from {ns!r}", e) from None
-            n.forget(slots)
-            n.dirty = True
-
-    @staticmethod
-    def _matching(n: _Namespace, f) -> np.ndarray:
-        out, offset = [], None
-        while True:
-            recs, offset = n.shard.scroll(
-                qe.ScrollRequest(offset=offset, limit=SCROLL, filter=f, with_payload=False, with_vector=False)
-            )
-            out.extend(r.id for r in recs)
-            if offset is None:
-                return np.asarray(out, np.int64)
-
-    def _count(self, ns, layout, filter):
-        n = self._get(ns)
-        f = self._filter(n, filter)
-        try:
-            return n.shard.count(qe.CountRequest(exact=True, filter=f))
-        except Exception as e:
-            raise _error(f"count in {ns!r}", e) from None
+    def _upsert(self, ns, layout, ids, vectors, attrs):
+        self._of(ns)._upsert(ns, layout, ids, vectors, attrs)
 
     def _search(self, ns, layout, queries, metric, include):
-        n = self._get(ns)
-        filters: dict[str, qe.Filter | None] = {}  # one Filter object per distinct filter
-        reqs = []
-        for q in queries:
-            key = repr(q.filter)
-            if key not in filters:
-                filters[key] = self._filter(n, q.filter)
-            # Every matching document: the limit is an upper bound on the matches, kept tight
-            # because the engine allocates for it (a limit of 134k costs ~1 ms over one of 3k).
-            limit = q.top_k if q.top_k is not None else n.bound(q.filter)
-            reqs.append(
-                qe.QueryRequest(
-                    limit=max(int(limit), 1),
-                    query=qe.Query.Nearest(q.vector, using=metric),
-                    filter=filters[key],
-                    with_payload=False,
-                    with_vector=False,
-                    params=_EXACT,
-                )
-            )
-        try:
-            results = n.shard.query_batch(qe.QueryBatchRequest(reqs)) if len(reqs) > 1 else [n.shard.query(reqs[0])]
-        except Exception as e:
-            raise _error(f"search {ns!r}", e) from None
-        lens = [len(r) for r in results]
-        points = [p for r in results for p in r]
-        slots = np.fromiter((p.id for p in points), np.int64, len(points))
-        score = np.fromiter((p.score for p in points), np.float64, len(points))
-        dist = score if metric == "inner_product" else score ** 2 if metric == "euclidean_squared" else 1.0 - score
-        return Hits(np.repeat(np.arange(len(results)), lens), dist, {a: n.cols[a][slots] for a in include})
+        return self._of(ns)._search(ns, layout, queries, metric, include)
 
-    # --- metadata ---
-    def _read_meta(self) -> dict:
-        return datadir.read_meta(self.root / "meta.json")
+    def _fetch(self, ns, layout, ids):
+        return self._of(ns)._fetch(ns, layout, ids)
+
+    def _delete(self, ns, layout, filter):
+        self._of(ns)._delete(ns, layout, filter)
+
+    def _count(self, ns, layout, filter):
+        return self._of(ns)._count(ns, layout, filter)
 
     def _put_meta(self, key, value):
-        with self.lock:
-            self._flush()  # documents before the metadata that vouches for them
-            meta = {**self._meta, key: value}
-            datadir.write_json(self.root / "meta.json", meta)
-            self._meta = meta
+        self.weights._put_meta(key, value)  # the weights written out first
 
     def _get_meta(self, key):
-        with self.lock:
-            v = self._meta.get(key)
-            return json.loads(json.dumps(v)) if v is not None else None  # a copy, as a database returns
+        return self.home.get_meta(key)
 
-    def _flush(self) -> None:
-        for ns, n in list(self._ns.items()):
-            if n.dirty and ns not in self._ephemeral:
-                n.shard.flush()
-                n.dirty = False
-
-    # --- checks the database may abort on ---
-    def stamp(self, namespaces, known=None):
-        """{file: [size, mtime_ns, sha256]} of every file of these namespaces (Qdrant rewrites
-        some files, same bytes, new mtime, each time it opens a shard: ``datadir.fingerprint``)."""
-        return datadir.fingerprint([self.root / "edge" / check_name(ns) for ns in namespaces], self.root, known)
+    # --- what loading checks, and the reader child ---
+    def stamp(self, namespaces):
+        """A digest of every file of these namespaces (the weights), read in full at every start."""
+        return self.weights.stamp(namespaces)
 
     def release(self, namespaces) -> None:
-        """Write out and close these namespaces' shards (reopened on next use): a reader
-        child opens them, and a shard is never open in two processes."""
-        with self.lock:
-            self._flush()
-            for ns in namespaces:
-                if ns not in self._ephemeral and (n := self._ns.pop(ns, None)) is not None and n.shard is not None:
-                    with n.lock:
-                        n.shard.close()
-
-    def replicas(self, namespaces, n):
-        """Qdrant Edge holds Python's lock while it searches: n copies of these namespaces (the
-        weights) under tmp/, each opened by a worker process (``replicas.Replicas``). The shards
-        are written out and closed first, so each copy is whole."""
-        from puffergpt.stores.replicas import MAX_REPLICAS, Replicas
-
-        if not 1 <= n <= MAX_REPLICAS:
-            raise StoreError(f"replicas: between 1 and {MAX_REPLICAS}, got {n}")
-        roots = [self.root / "tmp" / f"replica-{i}-{uuid.uuid4().hex[:8]}" for i in range(n)]
-        try:
-            with self.lock:
-                self.release(namespaces)
-                for root in roots:
-                    for ns in namespaces:
-                        shutil.copytree(self._dir(ns), root / "edge" / check_name(ns))
-        except OSError as e:
-            for root in roots:
-                shutil.rmtree(root, ignore_errors=True)
-            raise StoreError(f"can't copy the weights for {n} replicas under {self.root / 'tmp'}: {e}. "
-                             "Free some disk, or start the server with --replicas 0") from None
-        return Replicas(self, roots, "puffergpt.stores.embedded:EmbeddedStore", namespaces)
+        self.weights.release(namespaces)
 
     def read_isolated(self, target, payload, namespaces=()):
         """Run ``target`` on this store in a child process: Qdrant aborts the process on some
-        damaged files (an allocation of 100 GB from a flipped id map), which no try can catch.
-        Yields the target's lines as they come; ReaderDied if the child died before the end."""
+        damaged files (an allocation of 100 GB from a flipped id map), and zvec may, which no try
+        can catch. Yields the target's lines as they come; ReaderDied if the child died first."""
         self.release(namespaces)
         yield from datadir.read_in_child(self.root, target, payload, "puffergpt.stores.embedded:_child",
                                          "the embedded store's reader")
 
+    def replicas(self, namespaces, n):
+        """None: zvec lets go of Python's lock, so the weights' searches use every core from
+        threads. Where the weights are on Qdrant Edge (which holds it), copies in worker processes."""
+        return self.texts.replicas(namespaces, n) if self.fallback else None
+
     def disk_bytes(self) -> int:
-        """Bytes of this store's files (shards, metadata), not those of others sharing --data
-        (pgvector's local server, zvec)."""
-        own = [self.root / "edge", self.root / "tmp", self.root / "meta.json"]
-        return sum(p.stat().st_size for d in own for p in ([d] if d.is_file() else d.rglob("*")) if p.is_file())
+        """Bytes of this store's files (weights, keys, metadata), not those of others sharing
+        --data (pgvector's local server, the notebook)."""
+        own = [self.root / d for d in (zv.KEPT, qdrant_edge.KEPT, "tmp", datadir.META_FILE, FORMAT_FILE)]
+        return sum(p.stat().st_size for d in own if d.exists()
+                   for p in ([d] if d.is_file() else d.rglob("*")) if p.is_file())
 
     def cli_args(self):
         return f"--backend embedded --data {self.root}"
 
     def close(self):
-        with self.lock:
-            if self._lock_file is None:
-                return
-            if not self.borrowed:
-                self._flush()
-            for ns in list(self._ephemeral):
-                self.drop_namespace(ns)
-            for spare in self._spare:
-                spare.shard.close()
-                datadir.remove(spare.dir, True)
-            self._spare.clear()
-            for n in self._ns.values():
-                if n.shard is not None:
-                    n.shard.close()
-            self._ns.clear()
-            self._lock_file.close()  # releases the lock
-            self._lock_file = None
+        if self.home.closed:
+            return
+        self.texts.close()
+        if self.weights is not self.texts:
+            self.weights.close()
+        self.home.close()  # releases the lock
+
+
+def _unopenable(data_dir, e: OSError) -> StoreError:
+    return StoreError(f"can't open the data directory {data_dir}: {e}. Choose another with --data DIR.")
+
+
+def _weights(root: Path, fallback: bool, borrowed: bool) -> str:
+    """Where this data directory keeps the weights (zvec, or Qdrant Edge where zvec can't run or
+    ``fallback`` says so), or a StoreError naming the commands that make it readable."""
+    made = _made_with(root)
+    lacks = zv.cpu_lacks()
+    if made == ZVEC and (lacks or fallback):
+        why = f"this CPU lacks {', '.join(lacks).upper()}" if lacks else "it was opened with everything on Qdrant Edge"
+        raise StoreError(f"{root} keeps the weights in zvec, which needs a CPU with {', '.join(zv.NEEDS).upper()}, "
+                         f"and {why}. Load the models into another data directory, where they go to Qdrant Edge: "
+                         f"`puffergpt load --model MODEL --data NEWDIR`")
+    if borrowed:
+        return made or QDRANT
+    if lacks:
+        log.warning("puffergpt: this CPU lacks %s, which zvec needs: the embedded store keeps the weights on "
+                    "Qdrant Edge, whose searches are slower", ", ".join(lacks).upper())
+        return QDRANT
+    if made == QDRANT and not fallback:
+        log.warning("puffergpt: %s keeps the weights on Qdrant Edge (made where zvec could not run), whose searches "
+                    "are slower; to move them to zvec: %s", root,
+                    _move_aside(root, [FORMAT_FILE, qdrant_edge.KEPT, datadir.META_FILE]))
+    return made or (QDRANT if fallback else ZVEC)
+
+
+def _made_with(root: Path) -> str | None:
+    """What format.json says holds the weights; None for a new data directory; a StoreError for
+    one of another format or an earlier release's."""
+    if (root / OLD_DB_FILE).exists():
+        old = root / OLD_DB_FILE
+        raise StoreError(
+            f"{root} holds a store of the old DuckDB format ({old}), which this puffergpt no longer reads. "
+            f"Move it away (`mv {old} {old}.old`) and rebuild the store with "
+            f"`puffergpt load --model MODEL --data {root}` for each model it held (e.g. --model gpt2)")
+    p = root / FORMAT_FILE
+    if not p.exists():
+        found = [x for x in OLD if (root / x).exists()]
+        if found:
+            raise StoreError(f"{root} holds a store made by an earlier puffergpt ({', '.join(found)}), which this "
+                             f"one no longer reads: the weights are now kept in zvec, a collection per matrix. "
+                             f"Move it aside and load each model again (e.g. --model gpt2): {_move_aside(root, found)}")
+        return None
+    try:
+        info = json.loads(p.read_text())
+        found, weights = info["format"], info["weights"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise StoreError(f"can't read {p}: {e}. Move the store aside and load again: "
+                         f"{_move_aside(root, [FORMAT_FILE, *OLD, qdrant_edge.KEPT])}") from None
+    if found != FORMAT or weights not in (ZVEC, QDRANT):
+        raise StoreError(f"{root} holds a store of format {found} ({weights}); this puffergpt reads format {FORMAT}. "
+                         f"Move it aside and load again: {_move_aside(root, [FORMAT_FILE, *OLD, qdrant_edge.KEPT])}")
+    return weights
+
+
+def _move_aside(root: Path, parts: list[str]) -> str:
+    """The commands that move a store's files aside (the notebook and the rest stay) and load again."""
+    old = root / "old-store"
+    moved = " ".join(shlex.quote(str(root / x)) for x in parts if (root / x).exists())
+    return (f"`mkdir -p {shlex.quote(str(old))} && mv {moved} {shlex.quote(str(old))}/`, "
+            f"then `puffergpt load --model MODEL --data {shlex.quote(str(root))}`")
+
+
+def replica(root: Path) -> EmbeddedStore:
+    """A read replica's store (``replicas.Replicas``): a copy of the weights on Qdrant Edge."""
+    return EmbeddedStore(root, fallback=True)
 
 
 def _child() -> None:

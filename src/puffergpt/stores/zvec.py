@@ -1,40 +1,41 @@
-"""The zvec backend: zvec (Alibaba's in-process vector database), under the data directory.
+"""zvec (Alibaba's in-process vector database): the embedded store's database for the weights
+(``embedded.py``), its persisted namespaces, written once at load and then searched.
 
-A study against the embedded default (Qdrant Edge): benchmarks/zvec_vs_qdrant.py and the
-zvec section of benchmarks/RESULTS.md. What it uses of zvec:
+What it uses of zvec 0.8.0:
 
 - exact search only: every metric is a vector field with a Flat (brute-force) index;
   ``inner_product`` is zvec's IP score, ``euclidean_squared`` its L2 score (the squared
   distance), ``cosine_distance`` its COSINE score (1 - cosine); vectors are kept as given;
-- a persisted namespace (a model's weights) is written once at load and then searched:
-  it is opened read-only for searching, where ``query_internal_ids`` returns numpy arrays
-  (no Python object per hit), and read-write only while it is written;
-- an ephemeral namespace (a text's keys, written every token) stays read-write and is
-  searched with ``query``, which returns one Doc per hit (a few dozen a search).
+- one collection per value of the namespace's partition attribute (``create_namespace``'s
+  ``partition``: the weights' ``matrix``), so that a product reads its own matrix's rows with
+  no filter; a search without that attribute in its filter reads every collection and merges;
+- a collection is opened read-only to be searched, where ``query_internal_ids`` returns numpy
+  arrays (no Python object per hit) and zvec lets go of Python's lock, so a batch of queries
+  runs on a thread per core; it is reopened writable only while it is written (a load).
 
-Layout of the data directory (one process at a time, held by ``zvec/puffergpt.lock``):
+Its files in the data directory (the lock and meta.json are the ``datadir.Home``'s):
 
-    zvec/format.json                  {"format": FORMAT}
-    zvec/ns/<namespace>/namespace.json   its vector length, attributes, metrics, text codes
-    zvec/ns/<namespace>/col/          its zvec collection
-    zvec/meta.json                    put_meta / get_meta, replaced atomically
-    zvec/tmp/                         ephemeral namespaces, wiped at open
+    zvec/<namespace>/namespace.json   vector length, attributes, metrics, partition, text codes
+    zvec/<namespace>/p<code>/col/     the collection of the partition value numbered <code>
+    zvec/<namespace>/p<code>/closed   there when the collection was closed after its last write
 
 zvec's fields: ``s``, the document's slot (its zvec primary key too), ``id`` (our string
 id) and ``a_<attribute>`` for each attribute. A text attribute is stored as an integer
 code (its values listed in namespace.json), so a filter holds numbers only: no quoting.
-As in the embedded store, the process keeps ids and attributes (never vectors) as numpy
-columns by slot, rebuilt from the collection when a namespace is first used; counts and
-deletes are worked out on those columns, exactly.
+The process keeps ids and attributes (never vectors) as numpy columns by slot, rebuilt from
+the collections when a namespace is first used; counts and deletes are worked out on those
+columns, exactly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import os
 import shutil
+import struct
 import threading
 import uuid
 from collections import Counter
@@ -67,15 +68,14 @@ def cpu_lacks() -> list[str]:
 if not cpu_lacks():
     try:
         import zvec
-    except ImportError as e:  # the package's optional dependency
-        raise StoreError(f"the zvec backend needs zvec ({e}): pip install 'puffergpt[zvec]' (or zvec==0.8.0)") from None
+    except ImportError as e:  # a broken install
+        raise StoreError(f"the embedded store needs zvec ({e}): pip install zvec==0.8.0") from None
 
     with contextlib.suppress(RuntimeError):  # once a process; RuntimeError: someone did already
         zvec.init(log_level=zvec.LogLevel.ERROR)
 
-FORMAT = 1
-LOCK_FILE = "puffergpt.lock"
-CLEAN = "closed"  # in a namespace's directory: its collection was closed after its last write
+KEPT = "zvec"  # its directory, under the data directory
+CLEAN = "closed"  # in a collection's directory: closed after its last write
 BATCH = 1024  # zvec's largest write batch
 MAX_TOP_K = 100_000  # zvec's largest topk
 _METRICS = {"inner_product": "IP", "euclidean_squared": "L2", "cosine_distance": "COSINE"}  # zvec.MetricType
@@ -84,11 +84,11 @@ _CMP = {"=": np.equal, "<": np.less, "<=": np.less_equal, ">": np.greater, ">=":
 
 
 def _error(what: str, e: Exception) -> StoreError:
-    return StoreError(f"the zvec store failed to {what}: {e}")
+    return StoreError(f"the embedded store (zvec) failed to {what}: {e}")
 
 
 class _Gate:
-    """Many searches of a read-only collection at once, or one writer (and mode change)."""
+    """Many searches of read-only collections at once, or one writer (and mode change)."""
 
     def __init__(self):
         self.cond, self.readers, self.writing = threading.Condition(), 0, False
@@ -119,18 +119,26 @@ class _Gate:
 
 
 @dataclass
+class _Part:
+    """One collection: the documents of one value of the partition attribute (or all of them)."""
+
+    path: Path  # p<code>/, holding col/ and the clean marker
+    col: object = None  # zvec.Collection
+    read_only: bool = False
+    to_slot: np.ndarray | None = None  # read-only: zvec's internal id -> slot (-1: none)
+
+
+@dataclass
 class _Namespace(datadir.Columns):
-    """One namespace: its collection, and its ids and attributes in memory, by slot (= zvec's key)."""
+    """One namespace: its collections, and its ids and attributes in memory, by slot (= zvec's key)."""
 
     dim: int
     schema: dict[str, str]
     metrics: tuple[str, ...]
     path: Path  # the namespace's directory
-    ephemeral: bool = False
+    partition: str | None = None  # the attribute whose values have a collection each
     codes: dict[str, list[str]] = field(default_factory=dict)  # text attribute -> its values, by code
-    col: object = None  # zvec.Collection, opened on first use
-    read_only: bool = False
-    to_slot: np.ndarray | None = None  # read-only: zvec's internal id -> slot
+    parts: dict[int, _Part] = field(default_factory=dict)  # partition code (0: no partition) -> collection
     slots: dict[str, int] = field(default_factory=dict)  # string id -> slot
     cols: dict[str, np.ndarray] = field(default_factory=dict)  # "id", "live" and each attribute, by slot
     counts: dict[str, Counter] = field(default_factory=dict)  # int/str attribute -> value -> live documents
@@ -139,11 +147,20 @@ class _Namespace(datadir.Columns):
     gate: _Gate = field(default_factory=_Gate)
 
     def layout(self) -> dict:
-        return {"dim": self.dim, "schema": self.schema, "metrics": list(self.metrics), "codes": self.codes}
+        return {"dim": self.dim, "schema": self.schema, "metrics": list(self.metrics), "partition": self.partition,
+                "codes": self.codes}
 
     @property
     def spec(self) -> Layout:
-        return Layout(self.dim, self.schema, self.metrics)
+        return Layout(self.dim, self.schema, self.metrics, self.partition)
+
+    @property
+    def fetch_vector(self) -> str:
+        return next(m for m in self.metrics if m != "cosine_distance")  # COSINE ones are normalised
+
+    @property
+    def read_only(self) -> bool:
+        return all(p.read_only for p in self.parts.values())
 
     def code_of(self, attr: str, value: str) -> int | None:
         return self._index(attr).get(value)
@@ -153,6 +170,19 @@ class _Namespace(datadir.Columns):
         if attr not in cache or len(cache[attr]) != len(self.codes[attr]):
             cache[attr] = {v: i for i, v in enumerate(self.codes[attr])}
         return cache[attr]
+
+    def part_of(self, slots: np.ndarray) -> np.ndarray:
+        """The partition code of each of these live documents: (n,) int64."""
+        if self.partition is None:
+            return np.zeros(len(slots), np.int64)
+        idx = self._index(self.partition)
+        return np.fromiter((idx[v] for v in self.cols[self.partition][slots].tolist()), np.int64, len(slots))
+
+    def size(self, key: int) -> int:
+        """Live documents in one partition."""
+        if self.partition is None:
+            return len(self.slots)
+        return self.counts[self.partition][self.codes[self.partition][key]]
 
     def mask(self, f: Filter) -> np.ndarray:
         """(next,) bool: the live documents every condition of f holds for (exact, in numpy)."""
@@ -170,60 +200,29 @@ class _Namespace(datadir.Columns):
 class ZvecStore(Store):
     name = "zvec"
     metrics = ("inner_product", "cosine_distance", "euclidean_squared")
-    max_queries = 16384  # 12 heads x 1,024 positions: a whole prefill's attention in one request
+    max_queries = 16384  # 12 heads x 1,024 positions: a whole prefill in one request
     max_top_k = MAX_TOP_K
     thread_safe = True  # it holds its own locks
 
-    def __init__(self, data_dir: Path, borrowed: bool = False, threads: int | None = None):
-        """``borrowed``: opened by a reader child (``read_isolated``) while its parent holds the
-        lock and waits. ``threads``: a batch of queries to a read-only namespace runs on this many
-        threads (default 1: benchmarks/zvec_vs_qdrant.py measures both)."""
+    def __init__(self, home: datadir.Home, threads: int | None = None):
+        """Its files under ``home``'s directory (see above). ``threads``: a batch of queries runs on
+        this many threads (default: one per core; a lone query runs on the caller's)."""
         if lacks := cpu_lacks():
-            raise StoreError(f"the zvec store needs a CPU with {', '.join(NEEDS).upper()}; this one lacks "
-                             f"{', '.join(lacks).upper()} (zvec would die with SIGILL): use --backend embedded")
-        if data_dir is None:
-            raise StoreError("the zvec store needs a data directory: give --data DIR")
-        self.root = Path(data_dir)
-        self.home = self.root / "zvec"
-        self.path = self.root  # what the CLI names and measures
-        self.borrowed = borrowed
-        try:
-            self.home.mkdir(parents=True, exist_ok=True)
-            self._lock_file = open(os.devnull) if borrowed else datadir.hold(self.home / LOCK_FILE, self.root)
-            self._check_format()
-            for d in ("ns", "tmp"):
-                (self.home / d).mkdir(exist_ok=True)
-            # Leftovers of a process that died: half-made namespaces, dropped ones, ephemeral ones.
-            for p in [] if borrowed else [*(self.home / "ns").glob(".*"), *(self.home / "tmp").iterdir()]:
-                shutil.rmtree(p, ignore_errors=True)
-        except OSError as e:
-            raise StoreError(
-                f"can't open the data directory {data_dir}: {e}. Choose another with --data DIR."
-            ) from None
-        self.lock = threading.RLock()  # the catalog and the metadata file
+            raise StoreError(f"zvec needs a CPU with {', '.join(NEEDS).upper()}; this one lacks "
+                             f"{', '.join(lacks).upper()} (zvec would die with SIGILL)")
+        self.home, self.root = home, home.root
+        self.kept = self.root / KEPT
+        self.kept.mkdir(exist_ok=True)
+        for p in [] if home.borrowed else self.kept.glob(".*"):  # half-made or dropped namespaces
+            shutil.rmtree(p, ignore_errors=True)
+        self.lock = threading.RLock()  # the catalog
         self._ns: dict[str, _Namespace] = {}
-        self._ephemeral: set[str] = set()
-        self.threads = max(1, threads or 1)
+        self.threads = max(1, threads or os.cpu_count() or 1)
         self._pool: ThreadPoolExecutor | None = None  # made on the first batch searched on threads
-        self._meta = self._read_meta()
-
-    def _check_format(self) -> None:
-        p = self.home / "format.json"
-        if not p.exists():
-            datadir.write_json(p, {"format": FORMAT})
-            return
-        try:
-            found = json.loads(p.read_text())["format"]
-        except (ValueError, KeyError, TypeError) as e:
-            raise StoreError(f"can't read {p}: {e}. Move {self.home} away and load the models again") from None
-        if found != FORMAT:
-            raise StoreError(f"{self.home} holds a zvec store of format {found}; this puffergpt reads format {FORMAT}. "
-                             f"Move it away (`mv {self.home} {self.home}.old`) and load the models again "
-                             f"(`puffergpt load --model MODEL --backend zvec --data {self.root}`)")
 
     # --- namespaces ---
     def _dir(self, ns: str) -> Path:
-        return self.home / ("tmp" if ns in self._ephemeral else "ns") / check_name(ns)
+        return self.kept / check_name(ns)
 
     def _get(self, ns: str) -> _Namespace:
         n = self._ns.get(ns)
@@ -233,7 +232,7 @@ class ZvecStore(Store):
         return n
 
     def _open(self, ns: str) -> _Namespace:
-        """A persisted namespace, opened read-only: its ids and attributes read from the collection."""
+        """A namespace's collections, opened read-only, and its ids and attributes read from them."""
         d = self._dir(ns)
         try:
             lay = json.loads((d / "namespace.json").read_text())
@@ -241,71 +240,60 @@ class ZvecStore(Store):
             raise StoreError(f"namespace {ns!r} does not exist") from None
         except ValueError as e:
             raise self._damaged(ns, d, e) from None
-        n = _Namespace(lay["dim"], lay["schema"], tuple(lay["metrics"]), d, codes=lay.get("codes", {}))
+        n = _Namespace(lay["dim"], lay["schema"], tuple(lay["metrics"]), d, lay.get("partition"), lay.get("codes", {}))
         n.grow(0)
-        try:
-            if not (d / CLEAN).exists() and not self.borrowed:  # written when the process died
-                zvec.open(str(d / "col")).close()  # opened writable once: zvec replays its log
-                _mark_clean(d, True)
-            n.col, n.read_only = zvec.open(str(d / "col"), zvec.CollectionOption(read_only=True)), True
-            self._rebuild(n)
-            n.to_slot = self._internal_slots(n)
+        for p in [] if self.home.borrowed else d.glob(".*"):  # a collection half-made when its process died
+            shutil.rmtree(p, ignore_errors=True)
+        n.parts = {int(p.name[1:]): _Part(p) for p in sorted(d.glob("p*"), key=lambda p: int(p.name[1:]))}
+        try:  # the collections opened and read on the store's threads (zvec lets go of Python's lock)
+            for slots, ids, vals in self._each(lambda kp: self._reopen(kp[1], read_only=True) or _read(n, *kp),
+                                               n.parts.items()):
+                n.slots.update(zip(ids, slots.tolist(), strict=True))
+                n.next = max(n.next, int(slots.max()) + 1 if len(slots) else 0)
+                n.grow(n.next)
+                n.record(slots, ids, vals)
+            parts = list(n.parts.values())
+            for part, to_slot in zip(parts, self._each(lambda p: _internal_slots(p.col, n), parts), strict=True):
+                part.to_slot = to_slot
         except Exception as e:
-            if n.col is not None:
-                n.col.close()
+            self._close(n)
             raise self._damaged(ns, d, e) from None
         self._ns[ns] = n
         return n
 
+    def _each(self, f, items) -> list:
+        """f of each item on the store's threads, every one finished; the first error raised."""
+        done = [fut.exception() or fut.result() for fut in [self._threads().submit(f, x) for x in items]]
+        if bad := next((x for x in done if isinstance(x, BaseException)), None):
+            raise bad
+        return done
+
     @staticmethod
     def _damaged(ns: str, d: Path, e: Exception) -> StoreError:
-        return StoreError(f"the zvec store can't read namespace {ns!r} ({d}): {e}. "
+        return StoreError(f"the embedded store (zvec) can't read namespace {ns!r} ({d}): {e}. "
                           f"Drop it and load again (`puffergpt load --repair`), or restore the data directory")
 
-    def _rebuild(self, n: _Namespace) -> None:
-        fields = ["s", "id", *(f"a_{a}" for a in n.schema)]
-        slots, ids, vals = [], [], {a: [] for a in n.schema}
-        with n.col.iter_docs(output_fields=fields, include_vector=False) as docs:
-            for doc in docs:
-                slots.append(doc.field("s"))
-                ids.append(doc.field("id"))
-                for a in n.schema:
-                    vals[a].append(doc.field(f"a_{a}"))
-        for a, t in n.schema.items():
-            if t == "str":
-                vals[a] = [n.codes[a][c] for c in vals[a]]
-        s = np.asarray(slots, np.int64)
-        n.slots = dict(zip(ids, slots, strict=True))
-        n.next = int(s.max()) + 1 if len(s) else 0
-        n.grow(n.next)
-        n.record(s, ids, vals)
-
-    def _mode(self, n: _Namespace, read_only: bool) -> None:
-        """(Re)open n's collection read-only (to search it) or read-write (to write it)."""
-        if n.col is not None and n.read_only == read_only:
+    def _mode(self, n: _Namespace, part: _Part, read_only: bool) -> None:
+        """(Re)open a collection read-only (to search it) or writable (to write it)."""
+        if part.col is not None and part.read_only == read_only:
             return
-        if n.col is not None:
-            n.col.close()  # writes it out
-            n.col, n.dirty = None, False
-            if not n.ephemeral:
-                _mark_clean(n.path, True)
-        if not read_only and not n.ephemeral:
-            _mark_clean(n.path, False)  # until it is closed: a kill meanwhile leaves zvec a log to replay
-        n.col = zvec.open(str(n.path / "col"), zvec.CollectionOption(read_only=read_only))
-        n.read_only = read_only
-        n.to_slot = self._internal_slots(n) if read_only else None
+        self._reopen(part, read_only)
+        part.to_slot = _internal_slots(part.col, n) if read_only else None
 
-    def _internal_slots(self, n: _Namespace) -> np.ndarray:
-        """zvec's internal ids -> our slots (-1: none), for ``query_internal_ids``."""
-        probe = zvec.Query(n.metrics[0], vector=np.ones(n.dim, np.float32))
-        internal = []
-        for lo in range(0, max(n.next, 1), MAX_TOP_K):
-            got = n.col.query_internal_ids(probe, topk=MAX_TOP_K, filter=f"s >= {lo} and s < {lo + MAX_TOP_K}")
-            internal.append(got[got >= 0])
-        internal = np.concatenate(internal)
-        out = np.full(int(internal.max()) + 1 if len(internal) else 0, -1, np.int64)
-        out[internal] = np.asarray(n.col.resolve_internal_ids(internal), dtype=np.int64)
-        return out
+    def _reopen(self, part: _Part, read_only: bool) -> None:
+        """A collection closed and opened in the mode asked. One written when its process died
+        is opened writable once first, so that zvec replays its log."""
+        if part.col is not None:
+            part.col.close()  # writes it out
+            part.col = None
+            _mark_clean(part.path, True)
+        elif read_only and not (part.path / CLEAN).exists() and not self.home.borrowed:
+            zvec.open(str(part.path / "col")).close()
+            _mark_clean(part.path, True)
+        if not read_only:
+            _mark_clean(part.path, False)  # until it is closed: a kill meanwhile leaves zvec a log to replay
+        part.col = zvec.open(str(part.path / "col"), zvec.CollectionOption(read_only=read_only))
+        part.read_only = read_only
 
     def _layout(self, ns):
         if ns not in self._ns and not (self._dir(ns) / "namespace.json").exists():
@@ -313,45 +301,54 @@ class ZvecStore(Store):
         return self._get(ns).spec
 
     def _create_namespace(self, ns, layout, ephemeral):
+        if ephemeral:  # the embedded store keeps these on Qdrant Edge
+            raise StoreError(f"the zvec store keeps persisted namespaces only, not {ns!r}")
         with self.lock:
             if (old := self._layout(ns)) is not None:
                 return old
             codes = {a: [] for a, t in layout.schema.items() if t == "str"}
-            if ephemeral:
-                self._ephemeral.add(ns)
-            n = _Namespace(layout.dim, dict(layout.schema), layout.metrics, self._dir(ns), ephemeral, codes)
+            # zvec keeps COSINE vectors normalised (they come back off by a rounding): a namespace
+            # created for cosine also keeps them as given, for fetch, as inner-product vectors.
+            metrics = layout.metrics + ("inner_product",) if layout.metrics == ("cosine_distance",) else layout.metrics
+            n = _Namespace(layout.dim, dict(layout.schema), metrics, self._dir(ns), layout.partition, codes)
             n.grow(0)
-            try:
-                self._make(n)
-            except Exception as e:
-                self._ephemeral.discard(ns)
-                raise StoreError(f"can't create namespace {ns!r} in {self.home}: {e}") from None
+            try:  # made under a hidden name and renamed into place: a kill leaves a leftover, not half a namespace
+                tmp = self.kept / f".new-{uuid.uuid4().hex}"
+                tmp.mkdir()
+                datadir.write_json(tmp / "namespace.json", n.layout())
+                os.rename(tmp, n.path)
+                datadir.fsync_dir(self.kept)
+            except OSError as e:
+                raise StoreError(f"can't create namespace {ns!r} in {self.kept}: {e}") from None
             self._ns[ns] = n
         return None
 
-    def _make(self, n: _Namespace) -> None:
-        """Its collection, made under a hidden name and renamed into place: a process killed
-        half-way leaves no half-made namespace, only a leftover that the next open removes."""
-        index = zvec.InvertIndexParam(enable_range_optimization=True)
-        fields = [zvec.FieldSchema("s", zvec.DataType.INT64, index_param=index),
-                  zvec.FieldSchema("id", zvec.DataType.STRING)]
-        fields += [zvec.FieldSchema(f"a_{a}", getattr(zvec.DataType, _FIELD[t]), index_param=index)
-                   for a, t in n.schema.items()]
+    def _writable(self, n: _Namespace, key: int) -> _Part:
+        """Partition key's collection, open to be written (made if it is new)."""
+        part = n.parts.get(key)
+        if part is None:
+            part = self._make_part(n, key)
+        self._mode(n, part, read_only=False)
+        return part
+
+    @staticmethod
+    def _make_part(n: _Namespace, key: int) -> _Part:
+        """A new collection, made under a hidden name and renamed into place. No field is indexed:
+        a partition's searches filter by nothing else, and each index is a RocksDB that costs
+        ~14 ms at every open (75 collections for GPT-2 small)."""
+        fields = [zvec.FieldSchema("s", zvec.DataType.INT64), zvec.FieldSchema("id", zvec.DataType.STRING)]
+        fields += [zvec.FieldSchema(f"a_{a}", getattr(zvec.DataType, _FIELD[t])) for a, t in n.schema.items()]
         vectors = [zvec.VectorSchema(m, zvec.DataType.VECTOR_FP32, n.dim,
                                      zvec.FlatIndexParam(metric_type=getattr(zvec.MetricType, _METRICS[m])))
                    for m in n.metrics]
-        tmp = n.path if n.ephemeral else n.path.parent / f".new-{uuid.uuid4().hex}"
+        tmp = n.path / f".new-{uuid.uuid4().hex}"
         tmp.mkdir()
-        col = zvec.create_and_open(str(tmp / "col"), zvec.CollectionSchema(name="ns", fields=fields, vectors=vectors))
-        datadir.write_json(tmp / "namespace.json", n.layout())
-        if n.ephemeral:
-            n.col, n.read_only = col, False
-            return
-        col.close()
-        datadir.fsync_dir(tmp)
-        os.rename(tmp, n.path)
-        datadir.fsync_dir(n.path.parent)
-        self._mode(n, read_only=False)  # made to be written
+        zvec.create_and_open(str(tmp / "col"), zvec.CollectionSchema(name="ns", fields=fields, vectors=vectors)).close()
+        _mark_clean(tmp, True)
+        os.rename(tmp, n.path / f"p{key}")
+        datadir.fsync_dir(n.path)
+        n.parts[key] = part = _Part(n.path / f"p{key}")
+        return part
 
     def _drop_namespace(self, ns):
         with self.lock:
@@ -359,39 +356,41 @@ class ZvecStore(Store):
             if not d.is_dir():
                 return
             n = self._ns.pop(ns, None)
-            if n is not None and n.col is not None:
+            if n is not None:
                 with n.gate.exclusive():
-                    n.col.close()
-                    n.col = None
-            datadir.remove(d, ns in self._ephemeral)
-            self._ephemeral.discard(ns)
+                    self._close(n)
+            datadir.remove(d, False)
 
     def _namespaces(self, prefix):
         with self.lock:
-            stored = [p.name for p in (self.home / "ns").iterdir() if not p.name.startswith(".")]
-            return {ns: self._stored_layout(ns) for ns in {*stored, *self._ephemeral} if ns.startswith(prefix)}
+            stored = [p.name for p in self.kept.iterdir() if not p.name.startswith(".")]
+            return {ns: self._stored_layout(ns) for ns in stored if ns.startswith(prefix)}
 
     def _stored_layout(self, ns: str) -> Layout:
         if (n := self._ns.get(ns)) is not None:
             return n.spec
-        return datadir.read_layout(self._dir(ns) / "namespace.json", ns, "the zvec store")
+        return datadir.read_layout(self._dir(ns) / "namespace.json", ns, "the embedded store (zvec)")
 
     # --- documents ---
     def _upsert(self, ns, layout, ids, v, cols):
         n = self._get(ns)
         with n.gate.exclusive():
-            self._mode(n, read_only=False)
             codes = self._codes(n, cols)
+            keys = np.asarray(codes[n.partition], np.int64) if n.partition else np.zeros(len(ids), np.int64)
             slots = n.reserve(ids)
-            new = ~n.cols["live"][slots]
-            docs = [zvec.Doc(id=str(s), vectors={m: v[i] for m in n.metrics},
-                             fields={"s": s, "id": ids[i], **{f"a_{a}": codes[a][i] for a in n.schema}})
-                    for i, s in enumerate(slots.tolist())]
+            live = n.cols["live"][slots]
             try:
-                for b in range(0, len(docs), BATCH):
-                    _check(n.col.upsert(docs[b:b + BATCH]))
+                moved = live.copy()
+                moved[live] = n.part_of(slots[live]) != keys[live]  # its partition value changed
+                self._remove(n, slots[moved])
+                for key in np.unique(keys).tolist():
+                    mine = np.flatnonzero(keys == key).tolist()
+                    docs = [_doc(n, int(slots[i]), ids[i], v[i], codes, i) for i in mine]
+                    part = self._writable(n, key)
+                    for b in range(0, len(docs), BATCH):
+                        _check(part.col.upsert(docs[b:b + BATCH]))
             except Exception as e:
-                for i in np.asarray(ids, object)[new]:  # the columns do not hold them: forget the new slots
+                for i in np.asarray(ids, object)[~live]:  # the columns do not hold them: forget the new slots
                     n.slots.pop(i)
                 raise _error(f"write to {ns!r}", e) from None
             n.record(slots, ids, cols)
@@ -409,20 +408,31 @@ class ZvecStore(Store):
             out[a] = [n.code_of(a, x) for x in cols[a]]
         return out
 
+    def _remove(self, n: _Namespace, slots: np.ndarray) -> None:
+        """Delete these live documents from their collections (the columns are the caller's)."""
+        keys = n.part_of(slots)
+        for key in np.unique(keys).tolist():
+            part = self._writable(n, key)
+            mine = slots[keys == key]
+            for b in range(0, len(mine), BATCH):
+                _check(part.col.delete([str(s) for s in mine[b:b + BATCH].tolist()]))
+
     def _fetch(self, ns, layout, ids):
         n = self._get(ns)
-        keys = [str(n.slots[i]) for i in ids if i in n.slots]
-        if not keys:
-            return {}
-        with n.gate.exclusive():
-            try:
-                docs = n.col.fetch(keys, output_fields=[], include_vector=True)
-            except Exception as e:
-                raise _error(f"read from {ns!r}", e) from None
-        if len(docs) != len(set(keys)):
-            raise StoreError(f"namespace {ns!r} lost documents its ids list; the store is damaged: "
-                             "run `puffergpt load --repair`")
-        return {n.cols["id"][int(k)]: np.asarray(d.vector(n.metrics[0]), np.float32) for k, d in docs.items()}
+        with self._searching(n):
+            slots = np.array([n.slots[i] for i in ids if i in n.slots], np.int64)
+            keys, got = n.part_of(slots), {}
+            for key in np.unique(keys).tolist():
+                want = [str(s) for s in slots[keys == key].tolist()]
+                try:
+                    docs = n.parts[key].col.fetch(want, output_fields=[], include_vector=True)
+                except Exception as e:
+                    raise _error(f"read from {ns!r}", e) from None
+                if len(docs) != len(set(want)):
+                    raise StoreError(f"namespace {ns!r} lost documents its ids list; the store is damaged: "
+                                     "run `puffergpt load --repair`")
+                got |= {n.cols["id"][int(k)]: np.asarray(d.vector(n.fetch_vector), np.float32) for k, d in docs.items()}
+        return got
 
     def _delete(self, ns, layout, filter):
         n = self._get(ns)
@@ -430,10 +440,8 @@ class ZvecStore(Store):
             slots = np.flatnonzero(n.mask(filter))
             if not len(slots):
                 return
-            self._mode(n, read_only=False)
             try:
-                for b in range(0, len(slots), BATCH):
-                    _check(n.col.delete([str(s) for s in slots[b:b + BATCH].tolist()]))
+                self._remove(n, slots)
             except Exception as e:
                 raise _error(f"delete from {ns!r}", e) from None
             n.forget(slots)
@@ -449,21 +457,24 @@ class ZvecStore(Store):
         n = self._get(ns)
         with self._searching(n):
             asks = [a for i, q in enumerate(queries) for a in self._asks(n, i, q)]
-            run = self._read_only_ask if n.read_only else self._writable_ask
-            if self.threads > 1 and n.read_only and len(asks) > 1:  # zvec lets go of the GIL as it searches
-                parts = list(self._threads().map(lambda a: run(n, metric, a), asks))
+            if self.threads > 1 and len(asks) > 1:  # zvec lets go of Python's lock as it searches
+                got = list(self._threads().map(lambda a: _ask(n, metric, a), asks))
             else:
-                parts = [run(n, metric, a) for a in asks]
-        qi = np.concatenate([np.full(len(s), a[0], np.int64) for a, (s, _) in zip(asks, parts, strict=True)] or
-                            [np.zeros(0, np.int64)])
+                got = [_ask(n, metric, a) for a in asks]
+        best_first = metric == "inner_product"  # larger is closer; the other two: smaller
+        by_query: dict[int, list] = {}
+        for a, hit in zip(asks, got, strict=True):
+            by_query.setdefault(a.query, []).append(hit)
+        parts = [_merged(hits, queries[i].top_k, best_first) for i, hits in sorted(by_query.items())]
+        qi = np.concatenate([np.full(len(s), i, np.int64) for i, (s, _) in zip(sorted(by_query), parts, strict=True)]
+                            or [np.zeros(0, np.int64)])
         slots = np.concatenate([s for s, _ in parts] or [np.zeros(0, np.int64)])
         dist = np.concatenate([d for _, d in parts] or [np.zeros(0)]).astype(np.float64)
-        # A split query (every row, no order) has its parts next to each other: hits stay by query.
         return Hits(qi, dist, {a: n.cols[a][slots] for a in include})
 
     def _threads(self) -> ThreadPoolExecutor:
         with self.lock:
-            if self._pool is None or self._pool._max_workers != self.threads:
+            if self._pool is None or self._pool._max_workers != self.threads:  # made anew if threads changed
                 if self._pool is not None:
                     self._pool.shutdown(wait=False)
                 self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="zvec")
@@ -471,11 +482,7 @@ class ZvecStore(Store):
 
     @contextlib.contextmanager
     def _searching(self, n: _Namespace):
-        """n's collection, read-only (shared) for a persisted namespace, read-write (exclusive) otherwise."""
-        if n.ephemeral:
-            with n.gate.exclusive():
-                yield
-            return
+        """n's collections, all read-only, held shared (reopened read-only first where written)."""
         while True:
             with n.gate.shared():
                 if n.read_only:
@@ -483,51 +490,49 @@ class ZvecStore(Store):
                     return
             with n.gate.exclusive():
                 try:
-                    self._mode(n, read_only=True)
+                    for part in n.parts.values():
+                        self._mode(n, part, read_only=True)
                 except Exception as e:
                     raise _error(f"open {n.path.name!r} to search it", e) from None
 
-    def _asks(self, n: _Namespace, i: int, q) -> list[tuple]:
-        """(query number, vector, zvec filter, topk) for each part of query q: none if nothing can
-        match; several where an every-row query has more matches than zvec's topk allows."""
-        f = self._filter(n, q.filter)
-        if f is None:
+    def _asks(self, n: _Namespace, i: int, q) -> list[_Ask]:
+        """What query i asks of each collection: none if nothing can match; a part of each
+        collection its filter's partition values allow (every one without them); several
+        where an every-row query has more matches than zvec's topk allows."""
+        keys, rest = self._partitions(n, q.filter)
+        f = self._filter(n, rest)
+        if f is None or (q.top_k is not None and q.top_k == 0):
             return []
-        if q.top_k is not None:
-            if q.top_k > MAX_TOP_K:
-                raise StoreError(f"the zvec store returns at most {MAX_TOP_K:,} hits a query, not top_k={q.top_k:,}")
-            return [(i, q.vector, f, q.top_k)] if q.top_k else []
-        limit = n.bound(q.filter)
-        if limit == 0:
-            return []
-        if limit <= MAX_TOP_K:
-            return [(i, q.vector, f, limit)]
-        # More matches than zvec returns at once: runs of slots. (Splitting a 3,072-row product
-        # this way across threads was measured 10x slower: zvec scans the range condition.)
-        cuts = list(range(0, n.next, MAX_TOP_K)) + [n.next]
-        return [(i, q.vector, " and ".join(x for x in (f, f"s >= {lo} and s < {hi}") if x), MAX_TOP_K)
-                for lo, hi in zip(cuts, cuts[1:], strict=False)]
+        if q.top_k is not None and q.top_k > MAX_TOP_K:
+            raise StoreError(f"the zvec store returns at most {MAX_TOP_K:,} hits a query, not top_k={q.top_k:,}")
+        out = []
+        for key in keys:
+            limit = min(n.size(key), n.bound(rest)) if q.top_k is None else min(q.top_k, n.size(key))
+            if limit == 0:
+                continue
+            if limit <= MAX_TOP_K:
+                out.append(_Ask(i, key, q.vector, f, limit))
+                continue
+            # More matches than zvec returns at once: runs of slots (zvec scans such a range: slow, rare).
+            cuts = list(range(0, n.next, MAX_TOP_K)) + [n.next]
+            out += [_Ask(i, key, q.vector, " and ".join(x for x in (f, f"s >= {lo} and s < {hi}") if x), MAX_TOP_K)
+                    for lo, hi in zip(cuts, cuts[1:], strict=False)]
+        return out
 
     @staticmethod
-    def _read_only_ask(n: _Namespace, metric: str, ask) -> tuple[np.ndarray, np.ndarray]:
-        _, v, f, k = ask
-        try:
-            ids, scores = n.col.query_internal_ids(zvec.Query(metric, vector=v), topk=k, filter=f or None,
-                                                  return_scores=True)
-        except Exception as e:
-            raise _error(f"search {n.path.name!r}", e) from None
-        keep = ids >= 0
-        return n.to_slot[ids[keep]], scores[keep]
-
-    @staticmethod
-    def _writable_ask(n: _Namespace, metric: str, ask) -> tuple[np.ndarray, np.ndarray]:
-        _, v, f, k = ask
-        try:
-            docs = n.col.query(zvec.Query(metric, vector=v), topk=k, filter=f or None, output_fields=[])
-        except Exception as e:
-            raise _error(f"search {n.path.name!r}", e) from None
-        return (np.fromiter((int(d.id) for d in docs), np.int64, len(docs)),
-                np.fromiter((d.score for d in docs), np.float64, len(docs)))
+    def _partitions(n: _Namespace, f: Filter) -> tuple[list[int], Filter]:
+        """The partitions f can match (from its '=' and 'in' on the partition attribute), and
+        the rest of f, which zvec filters within each."""
+        keys = set(n.parts)
+        if n.partition is None:
+            return sorted(keys), f
+        rest = []
+        for a, op, v in f:
+            if a == n.partition and op in ("=", "in"):
+                keys &= {c for x in ([v] if op == "=" else v) if (c := n.code_of(a, x)) is not None}
+            else:
+                rest.append((a, op, v))
+        return sorted(keys), tuple(rest)
 
     @staticmethod
     def _filter(n: _Namespace, f: Filter) -> str | None:
@@ -537,18 +542,17 @@ class ZvecStore(Store):
         for attr, op, value in f:
             t = "id" if attr == "id" else n.schema[attr]
             if t == "str" and op not in ("=", "in"):
-                raise StoreError(
-                    f"the zvec store can't compare the text attribute {attr!r} with {op!r}: use '=' or 'in'"
-                )
+                raise StoreError(f"the embedded store can't compare the text attribute {attr!r} with {op!r}: "
+                                 "use '=' or 'in'")
             if t == "id" and op not in ("=", "in"):
-                raise StoreError(f"the zvec store filters ids by '=' and 'in' only, not {op!r}")
+                raise StoreError(f"the embedded store filters ids by '=' and 'in' only, not {op!r}")
             vals = [value] if op != "in" else list(value)
             if t == "id":
                 vals = [n.slots[x] for x in vals if x in n.slots]
             elif t == "str":
                 vals = [c for x in vals if (c := n.code_of(attr, x)) is not None]
             elif t == "float" and not all(math.isfinite(x) for x in vals):
-                raise StoreError(f"filter {attr!r} {op} {value!r}: the zvec store compares finite numbers only")
+                raise StoreError(f"filter {attr!r} {op} {value!r}: the embedded store compares finite numbers only")
             if not vals:
                 return None  # a value no document holds
             name = "s" if t == "id" else f"a_{attr}"
@@ -556,35 +560,29 @@ class ZvecStore(Store):
             out.append(f"{name} in ({', '.join(text)})" if len(vals) > 1 or op == "in" else f"{name} {op} {text[0]}")
         return " and ".join(out)
 
-    # --- metadata ---
-    def _read_meta(self) -> dict:
-        return datadir.read_meta(self.home / "meta.json")
-
+    # --- metadata: the data directory's (one file for every database in it) ---
     def _put_meta(self, key, value):
         with self.lock:
             self._flush()  # documents before the metadata that vouches for them
-            meta = {**self._meta, key: value}
-            datadir.write_json(self.home / "meta.json", meta)
-            self._meta = meta
+            self.home.put_meta(key, value)
 
     def _get_meta(self, key):
-        with self.lock:
-            v = self._meta.get(key)
-            return json.loads(json.dumps(v)) if v is not None else None
+        return self.home.get_meta(key)
 
     def _flush(self) -> None:
         for n in list(self._ns.values()):
-            if n.dirty and not n.ephemeral:
+            if n.dirty:
                 with n.gate.exclusive():
-                    n.col.flush()
+                    for part in n.parts.values():
+                        if not part.read_only:
+                            part.col.flush()
                     n.dirty = False
 
     # --- what loading checks ---
-    def stamp(self, namespaces, known=None):
-        """{file: [size, mtime_ns, sha256]} of these namespaces' files (``datadir.fingerprint``;
-        zvec's own LOCK files left out)."""
-        return datadir.fingerprint([self.home / "ns" / check_name(ns) for ns in namespaces], self.root, known,
-                                   skip=("LOCK",))
+    def stamp(self, namespaces):
+        """{file: [size, digest]} of these namespaces' files, read in full (``datadir.fingerprint``;
+        the Flat indexes' digests leave out what zvec rewrites at every close: ``_index_digest``)."""
+        return datadir.fingerprint([self._dir(ns) for ns in namespaces], self.root, _file_digest, skip=("LOCK",))
 
     def release(self, namespaces) -> None:
         """Write out and close these namespaces' collections (reopened on next use): a reader
@@ -592,55 +590,104 @@ class ZvecStore(Store):
         with self.lock:
             self._flush()
             for ns in namespaces:
-                if ns not in self._ephemeral and (n := self._ns.pop(ns, None)) is not None and n.col is not None:
+                if (n := self._ns.pop(ns, None)) is not None:
                     with n.gate.exclusive():
-                        n.col.close()
-                        n.col = None
-                        _mark_clean(n.path, True)
+                        self._close(n)
 
-    def read_isolated(self, target, payload, namespaces=()):
-        """Run ``target`` on this store in a child process, where zvec aborting on damaged files
-        can't take this one down. Yields the target's lines; ReaderDied if the child died first."""
-        self.release(namespaces)
-        yield from datadir.read_in_child(self.root, target, payload, "puffergpt.stores.zvec:_child",
-                                         "the zvec store's reader")
-
-    def disk_bytes(self) -> int:
-        return sum(p.stat().st_size for p in self.home.rglob("*") if p.is_file())
-
-    def cli_args(self):
-        return f"--backend zvec --data {self.root}"
+    def _close(self, n: _Namespace) -> None:
+        for part in n.parts.values():
+            if part.col is not None:
+                part.col.close()
+                part.col = None
+                if not self.home.borrowed:
+                    _mark_clean(part.path, True)
 
     def close(self):
         with self.lock:
-            if self._lock_file is None:
-                return
-            if not self.borrowed:
+            if not self.home.borrowed:
                 self._flush()
-            for ns in list(self._ephemeral):
-                self.drop_namespace(ns)
             for n in self._ns.values():
-                if n.col is not None:
-                    n.col.close()
-                    n.col = None
-                    if not n.ephemeral and not self.borrowed:
-                        _mark_clean(n.path, True)
+                self._close(n)
             self._ns.clear()
             if self._pool is not None:
                 self._pool.shutdown()
-            self._lock_file.close()  # releases the lock
-            self._lock_file = None
+                self._pool = None
+
+
+@dataclass(frozen=True)
+class _Ask:
+    """One search of one collection: a query's part."""
+
+    query: int  # its number in the batch
+    key: int  # the partition
+    vector: np.ndarray
+    filter: str  # zvec's filter ("" for none)
+    top_k: int
+
+
+def _read(n: _Namespace, key: int, part: _Part) -> tuple[np.ndarray, list[str], dict[str, list]]:
+    """One collection's (slots, ids, attributes), to go into the columns (its partition value
+    is its key's, so zvec is not asked for it)."""
+    read = [a for a in n.schema if a != n.partition]
+    with part.col.iter_docs(output_fields=["id", *(f"a_{a}" for a in read)], include_vector=False) as docs:
+        got = [(d.id, d.fields) for d in docs]
+    slots = np.fromiter((int(k) for k, _ in got), np.int64, len(got))
+    vals = {a: [f[f"a_{a}"] for _, f in got] for a in read}
+    for a in read:
+        if n.schema[a] == "str":
+            vals[a] = [n.codes[a][c] for c in vals[a]]
+    if n.partition is not None:
+        vals[n.partition] = [n.codes[n.partition][key]] * len(got)
+    return slots, [f["id"] for _, f in got], vals
+
+
+def _doc(n: _Namespace, slot: int, id: str, vector: np.ndarray, codes: dict[str, list], i: int):
+    """Document i of a write as zvec keeps it: its slot as primary key, a vector per metric."""
+    fields = {"s": slot, "id": id, **{f"a_{a}": codes[a][i] for a in n.schema}}
+    return zvec.Doc(id=str(slot), vectors={m: vector for m in n.metrics}, fields=fields)
+
+
+def _ask(n: _Namespace, metric: str, a: _Ask) -> tuple[np.ndarray, np.ndarray]:
+    """(slots, scores) of one ask, best first, on its read-only collection."""
+    part = n.parts[a.key]
+    try:
+        ids, scores = part.col.query_internal_ids(zvec.Query(metric, vector=a.vector), topk=a.top_k,
+                                                  filter=a.filter or None, return_scores=True)
+    except Exception as e:
+        raise _error(f"search {n.path.name!r}", e) from None
+    keep = ids >= 0
+    return part.to_slot[ids[keep]], scores[keep]
+
+
+def _merged(hits: list[tuple[np.ndarray, np.ndarray]], top_k: int | None, larger_first: bool):
+    """One query's hits from several collections: all of them, or the top_k best, best first."""
+    slots, scores = (np.concatenate(x) for x in zip(*hits, strict=True)) if len(hits) > 1 else hits[0]
+    if top_k is None or len(hits) == 1:
+        return slots, scores
+    order = np.argsort(-scores if larger_first else scores, kind="stable")[:top_k]
+    return slots[order], scores[order]
+
+
+def _internal_slots(col, n: _Namespace) -> np.ndarray:
+    """zvec's internal ids -> our slots (-1: none), for ``query_internal_ids``: every document
+    of the collection found by one search (by runs of slots where there are more than zvec's topk)."""
+    probe, count = zvec.Query(n.metrics[0], vector=np.ones(n.dim, np.float32)), col.stats.doc_count
+    if count <= MAX_TOP_K:
+        internal = [col.query_internal_ids(probe, topk=max(count, 1))]
+    else:
+        internal = [col.query_internal_ids(probe, topk=MAX_TOP_K, filter=f"s >= {lo} and s < {lo + MAX_TOP_K}")
+                    for lo in range(0, n.next, MAX_TOP_K)]
+    internal = np.concatenate(internal)
+    internal = internal[internal >= 0]
+    out = np.full(int(internal.max()) + 1 if len(internal) else 0, -1, np.int64)
+    out[internal] = np.asarray(col.resolve_internal_ids(internal), dtype=np.int64)
+    return out
 
 
 def _check(statuses) -> None:
     bad = [s for s in statuses if not s.ok()]
     if bad:
         raise StoreError(f"{len(bad)} of {len(statuses)} documents refused: {bad[0]}")
-
-
-def _child() -> None:
-    """A reader child (``read_isolated``): the store borrowed from its waiting parent."""
-    datadir.child_main(lambda root: ZvecStore(root, borrowed=True, threads=1))
 
 
 def _mark_clean(d: Path, clean: bool) -> None:
@@ -654,3 +701,60 @@ def _mark_clean(d: Path, clean: bool) -> None:
         datadir.fsync_dir(d)
 
 
+# --- the digest of a collection's files (the stamp) ---
+_HEADER = struct.Struct("<IHHIIHHIIIQ3Q")  # a Flat index file's meta header (zvec's IndexFormat::MetaHeader)
+_FOOTER = struct.Struct("<IIIIIIQQQQ8QQ")  # its meta footer: footer_crc, ..., update_time, reserved[8], total_size
+_SEGMENT = struct.Struct("<IIQQQ")  # a segment's meta: id offset, data crc, data index, data size, padding
+
+
+def _file_digest(p: Path) -> str:
+    return _index_digest(p) if p.suffix == ".proxima" else datadir.sha256(p)
+
+
+def _index_digest(p: Path) -> str:
+    """sha256 of a Flat index file (``*.proxima``, where zvec keeps the vectors) with the 20 bytes
+    zvec 0.8.0 rewrites whenever it closes the collection, even read-only, read as zeros: its meta
+    footer's update time and that footer's crc32c, and the update time in the 'flat.linear_meta'
+    segment. zvec checks the footer's crc whenever it opens the file (so a flip there is refused by
+    zvec itself), and no search reads the linear meta's update time (tests/stores/test_zvec.py
+    flips both). A file that is not laid out as expected is hashed whole."""
+    holes = _rewritten(p)
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        at = 0
+        for start, n in holes + [(None, 0)]:
+            while start is None or at < start:
+                chunk = f.read(1 << 20 if start is None else min(1 << 20, start - at))
+                if not chunk:
+                    break
+                h.update(chunk)
+                at += len(chunk)
+            if start is not None:
+                h.update(bytes(n))
+                f.seek(n, os.SEEK_CUR)
+                at += n
+    return h.hexdigest()
+
+
+def _rewritten(p: Path) -> list[tuple[int, int]]:
+    """(offset, length) of what zvec rewrites in a Flat index file at every close, in order; []
+    where the file is not the one meta section with its footer where zvec 0.8.0 puts it."""
+    with open(p, "rb") as f:
+        head = f.read(_HEADER.size)
+        if len(head) < _HEADER.size:
+            return []
+        hsize, fsize, foff, content = _HEADER.unpack(head)[5:9]
+        if hsize != _HEADER.size or fsize != _FOOTER.size or content < foff + fsize:
+            return []
+        f.seek(foff)
+        footer = _FOOTER.unpack(f.read(fsize))
+        count, table_size, reserved = footer[3], footer[4], footer[10:18]
+        if any(reserved) or table_size > foff:  # a second meta section (next_meta_header_offset): not ours
+            return []
+        f.seek(foff - table_size)
+        table = f.read(table_size)
+    for i in range(count):
+        id_at, _, index, size, _ = _SEGMENT.unpack_from(table, i * _SEGMENT.size)
+        if table[id_at:table.index(b"\0", id_at)] == b"flat.linear_meta" and size >= 16:
+            return [(foff, 4), (foff + 48, 8), (content + index + 8, 8)]
+    return []
