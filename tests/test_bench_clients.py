@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
+import subprocess
 
 import numpy as np
 import pytest
@@ -119,29 +119,36 @@ def test_a_stream_without_done_is_an_error(monkeypatch):
     assert bc.generate(None, None, "/x", {}, run, lambda: None) == "done says 2 tokens, 1 token events came"
 
 
-def bench_servers() -> int:
-    return sum(t.name == "puffergpt-bench-server" for t in threading.enumerate())
-
-
-def test_the_cli_starts_its_own_server_and_stops_it(tmp_path, tiny_dir, tiny):
-    """Its own server, here with a read replica of the weights (stores/replicas.py): the
-    learners' tokens are numpy's, and the replica and its copy go with the server."""
-    from puffergpt.stores.embedded import EmbeddedStore
-
-    EmbeddedStore(tmp_path / "data", fallback=True).close()  # the weights on Qdrant Edge: the one mode with replicas
-    out, before = tmp_path / "clients.json", bench_servers()
+def test_the_cli_starts_its_own_server_with_workers_and_stops_it(tmp_path, tiny_dir, tiny):
+    """Its own server is `puffergpt serve` in a process of its own, here with 2 worker
+    processes behind its front: the learners' tokens are numpy's, the texts were spread over
+    both workers, and nothing of the server outlives the bench."""
+    out = tmp_path / "clients.json"
     r = CliRunner().invoke(main, ["bench", "--clients", "2", "--tokens", "3", "--model", str(tiny_dir),
-                                  "--data", str(tmp_path / "data"), "--json", str(out), "--replicas", "1"])
+                                  "--data", str(tmp_path / "data"), "--json", str(out), "--workers", "2"])
     assert r.exit_code == 0, r.output
     report = json.loads(out.read_text())
-    assert report["server"] == "started by bench, in this process, 1 read replica of the weights"
-    assert report["errors"] == [] and report["server_status"]["after_together"]["replicas"] == 1
-    assert list((tmp_path / "data" / "tmp").iterdir()) == []  # the replica's copy is gone
+    assert report["server"] == "`puffergpt serve` started by bench, 2 worker processes"
+    assert report["errors"] == [] and report["server_status"]["after_together"]["workers"] == 2
     assert report["outputs"]["equal"] == 2
     for run in report["together"]["runs"]:
         assert run["token_ids"] == reference_greedy(tiny, run["prompt"], 3)
     assert "together vs one after another" in r.output and "outputs equal to solo: 2/2" in r.output
-    assert bench_servers() == before  # its own server has stopped
+    left = subprocess.run(["pgrep", "-f", f"serve --model {tiny_dir}"], capture_output=True, text=True).stdout
+    assert left == "", f"the bench's own server outlived it: {left}"
+    assert not (tmp_path / "data" / "puffergpt.lock").exists() or try_lock(tmp_path / "data" / "puffergpt.lock")
+
+
+def try_lock(path) -> bool:
+    """True if no process holds the data directory's lock any more."""
+    import fcntl
+
+    with open(path) as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
 
 
 def test_the_cli_against_a_url(served, tmp_path):
@@ -169,9 +176,10 @@ def closed_port() -> int:
     (["--clients", "2", "--backends", "embedded,pgvector"], "one server on one backend"),
     (["--tokens", "4"], "--tokens goes with --clients"),
     (["--clients", "2", "--url", "{served}", "--model", "demo"], "--model sets up the server bench starts itself"),
-    (["--clients", "2", "--url", "{served}", "--replicas", "2"], "--replicas sets up the server bench starts itself"),
-    (["--clients", "2", "--replicas", "-1"], "-1 is not in the range 0<=x<=64"),
-    (["--replicas", "2"], "--replicas goes with --clients"),
+    (["--clients", "2", "--url", "{served}", "--workers", "2"], "--workers sets up the server bench starts itself"),
+    (["--clients", "2", "--workers", "0"], "--workers takes 1..64 processes"),
+    (["--clients", "2", "--workers", "many"], "--workers takes a number of processes"),
+    (["--workers", "2"], "--workers goes with --clients"),
     (["--clients", "2", "--url", "{served}", "--tokens", "513"], "over this server's limit of 512"),
     (["--clients", "2", "--url", "{served}", "--tokens", "300"], "context of 256 tokens: use --tokens 254 or fewer"),
     (["--clients", "40", "--url", "{served}"], "holds at most 32: use fewer --clients"),

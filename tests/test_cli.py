@@ -343,7 +343,8 @@ def test_make_model_unknown_preset(tmp_path):
 
 def test_generate_while_serve_holds_the_data_says_where_the_server_is(tmp_path):
     """The embedded store is one process's: a command that finds `serve` holding the data
-    directory says so, with the server's URL and how to ask it instead."""
+    directory says so, with the server's URL and how to ask it instead. Here `serve` runs 2
+    worker processes (they open the directory beside it), and none outlives its SIGTERM."""
     import socket
     import subprocess
     import sys
@@ -354,12 +355,9 @@ def test_generate_while_serve_holds_the_data_says_where_the_server_is(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     data = tmp_path / "data"
-    from puffergpt.stores.embedded import EmbeddedStore
-
-    EmbeddedStore(data, fallback=True).close()  # the weights on Qdrant Edge: the one mode with replicas
     env = {k: v for k, v in os.environ.items() if k != "PUFFERGPT_DATA"}
     server = subprocess.Popen([sys.executable, "-m", "puffergpt.cli", "serve", "--model", "demo", "--data", str(data),
-                               "--port", str(port), "--replicas", "1"], env=env, stdout=subprocess.PIPE,
+                               "--port", str(port), "--workers", "2"], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -372,20 +370,19 @@ def test_generate_while_serve_holds_the_data_says_where_the_server_is(tmp_path):
                 assert time.monotonic() < deadline, "serve did not come up"
                 time.sleep(0.5)
         status = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/api/status", timeout=5).read())
-        assert status["replicas"] == 1, status
+        assert status["workers"] == 2, status
+        workers = subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True, text=True).stdout.split()
+        assert len(workers) == 2, workers
         r = run("generate", "hi", "--model", "demo", "--data", str(data))
         assert_clear_error(r, "in use by another puffergpt process", f"pid {server.pid}", "puffergpt serve",
                            f"http://127.0.0.1:{port}/v1/completions")
     finally:
         server.terminate()
         server.wait(timeout=30)
-    replica = ["pgrep", "-f", f"puffergpt.stores.replicas import _child.*{data}"]
-    deadline = time.monotonic() + 10  # a replica ends when its server's end of the socket closes
-    while subprocess.run(replica, capture_output=True).returncode == 0:
-        assert time.monotonic() < deadline, "a replica outlived its server"
-        time.sleep(0.2)
-    # SIGTERM ends serve as Ctrl-C does: its replica's copy is removed, serving.json too
-    assert server.returncode == 143 and not list((data / "tmp").glob("replica-*"))
+    left = [w for w in workers if os.path.exists(f"/proc/{w}") and "zombie" not in open(f"/proc/{w}/status").read()]
+    assert left == [], f"workers outlived serve: {left}"
+    # SIGTERM ends serve as Ctrl-C does: its workers stopped first, serving.json removed
+    assert server.returncode == 143
     assert not (data / "serving.json").exists()
     # a serving.json left behind (a server killed) names a pid that no longer holds the
     # directory: it is ignored, and the store opens
@@ -446,10 +443,10 @@ def test_a_notebook_that_cannot_be_opened_is_named_and_frees_the_store(tmp_path,
     assert again.exit_code == 0, again.output
 
 
-@pytest.mark.parametrize("bad", ["-1", "65", "two"])
-def test_serve_refuses_a_bad_replicas(bad):
-    r = run("serve", "--model", "demo", "--replicas", bad)
-    assert r.exit_code == 2 and "--replicas" in r.output and "Traceback" not in r.output, r.output
+@pytest.mark.parametrize("bad", ["0", "65", "two"])
+def test_serve_refuses_a_bad_workers(bad):
+    r = run("serve", "--model", "demo", "--workers", bad)
+    assert r.exit_code == 2 and "--workers" in r.output and "Traceback" not in r.output, r.output
 
 
 @pytest.mark.parametrize("bad", ["0", "1001", "many"])

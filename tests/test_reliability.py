@@ -198,7 +198,7 @@ def test_a_queued_learner_runs_when_the_running_one_leaves(loaded, tiny):
         wait_for(lambda: status()["queued"] == 1, 5, "the second generation queued")
         got = status()
         assert (got["running"], got["queued"], got["max_running"], got["open_texts"]) == (1, 1, 1, 2), got
-        assert got["replicas"] == 0  # none unless serve --replicas
+        assert got["workers"] == 1  # one process unless serve --workers
         second.settimeout(0.3)
         waited = b""
         with contextlib.suppress(TimeoutError):

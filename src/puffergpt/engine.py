@@ -119,16 +119,14 @@ class Engine:
         if self.key_metric not in store.metrics:
             raise StoreError(f"the {store.name} store has no {self.key_metric!r} search")
         self.key_schema = KEY_SCHEMA if self.key_metric == "inner_product" else KEY_SCHEMA | {"norm2": "float"}
-        self._replicas = None  # read replicas of the weights while ``replicated`` runs
         if not text_ttl_s > 0:
             raise ValueError(f"the text TTL must be a positive number of seconds, got {text_ttl_s!r}")
         self.text_ttl_s, self.clock = float(text_ttl_s), clock
 
     def status(self) -> dict:
         """How busy the engine is: texts generating and waiting (``Scheduler.status``), how many
-        of their searches went to the store shared with another text's, and read replicas."""
-        return {**self.scheduler.status(), "searches": self.batcher.stats().to_json(),
-                "replicas": len(self._replicas) if self._replicas is not None else 0}
+        of their searches went to the store shared with another text's."""
+        return {**self.scheduler.status(), "searches": self.batcher.stats().to_json()}
 
     def open(self) -> SearchProducts:
         """The products of one text, with a namespace of its own for the text's keys."""
@@ -150,19 +148,6 @@ class Engine:
     def weight_namespaces(self) -> list[str]:
         """The namespaces of this model's documents: one a matrix input width."""
         return sorted({documents.namespace(self.key, n_in) for _, n_in in documents.matrices(self.config)})
-
-    @contextlib.contextmanager
-    def replicated(self, n: int) -> Iterator[int]:
-        """The weights' searches on n read replicas in worker processes while the block runs
-        (``stores/replicas.py``), where the store needs them; yields how many run (0: none)."""
-        replicas = self.store.replicas(self.weight_namespaces(), n) if n else None
-        self._replicas = self.batcher.replicas = replicas
-        try:
-            yield len(replicas) if replicas is not None else 0
-        finally:
-            self._replicas = self.batcher.replicas = None
-            if replicas is not None:
-                replicas.close()
 
     def views(self) -> SearchProducts:
         """Products for the embedding views (analogy, neighbours, the map), which read no

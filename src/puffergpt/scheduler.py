@@ -94,7 +94,6 @@ class Batcher:
         self._cond = threading.Condition()  # the lanes, the counts; gathering leaders wait on it
         self._stepping = 0  # texts in the middle of a step (Text._next)
         self._gathered = 0  # searches of the weights asked and not yet answered
-        self.replicas = None  # read replicas of the weights (stores/replicas.py): the weights' searches go there
 
     @contextlib.contextmanager
     def stepping(self) -> Iterator[None]:
@@ -130,7 +129,7 @@ class Batcher:
                 return ask.answer(), ask.shared
         batch = self._gather(lane)  # holds this ask: it is first in line
         try:
-            self._run(batch, self._searcher(lane), ns, metric, include)
+            self._run(batch, self.store.search, ns, metric, include)
         finally:
             self._finish(lane, batch)
         return ask.answer(), ask.shared
@@ -185,11 +184,6 @@ class Batcher:
             self._stats.asks += asks
             self._stats.requests += requests
             self._stats.merged += merged
-
-    def _searcher(self, lane: _Lane) -> Callable[..., Hits]:
-        """The weights' searches go to the replicas when there are some; a text's keys, to the store."""
-        replicas = self.replicas
-        return replicas.search if lane.gather and replicas is not None else self.store.search
 
     def _run(self, batch: list[_Ask], search: Callable[..., Hits], ns: str, metric: str, include: tuple) -> None:
         self._count(asks=len(batch))

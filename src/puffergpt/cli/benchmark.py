@@ -6,8 +6,14 @@ tests."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import click
@@ -19,9 +25,8 @@ from puffergpt.cli.options import (
     data_option,
     dsn_option,
     fail,
-    open_model,
     open_store,
-    replicas_option,
+    workers_option,
 )
 from puffergpt.stores import BACKENDS
 
@@ -48,10 +53,10 @@ from puffergpt.stores import BACKENDS
               help="with --clients: the sampling temperature [default: 0, greedy]")
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="with --clients and a temperature above 0: learner i samples with seed + i")
-@replicas_option
+@(lambda f: workers_option(f, default="auto"))  # the bench measures a class: every core
 @click.pass_context
 def bench(ctx, model, backends, dsn, data_dir, quick, json_out, chart_out, no_torch, rounds, clients, url, tokens,
-          temperature, seed, replicas) -> None:
+          temperature, seed, workers) -> None:
     """Time the engines side by side on one model: numpy, transformers, each backend.
     With --clients N: N simulated learners against one server, together and one after another."""
     from puffergpt import bench as b
@@ -63,7 +68,7 @@ def bench(ctx, model, backends, dsn, data_dir, quick, json_out, chart_out, no_to
     check_mode(ctx, clients, url, names)
     if clients is not None:
         return clients_bench(clients, url, tokens, temperature, seed, model, names[0], dsn, data_dir, json_out,
-                             replicas)
+                             workers)
     plan = b.Plan.quick() if quick else b.Plan()
     if rounds:
         plan.rounds = rounds
@@ -114,8 +119,8 @@ def store_size_mb(store) -> float | None:
 # --- --clients: learners against one server ---------------------------------------------------
 
 ENGINES_ONLY = ("quick", "chart_out", "no_torch", "rounds")  # the engines' bench, not --clients
-CLIENTS_ONLY = ("url", "tokens", "temperature", "seed", "replicas")
-OWN_SERVER_ONLY = ("model", "backends", "dsn", "data_dir", "replicas")  # the bench's own server, not --url's
+CLIENTS_ONLY = ("url", "tokens", "temperature", "seed", "workers")
+OWN_SERVER_ONLY = ("model", "backends", "dsn", "data_dir", "workers")  # the bench's own server, not --url's
 
 
 def check_mode(ctx: click.Context, clients: int | None, url: str | None, backends: list[str]) -> None:
@@ -137,7 +142,7 @@ def check_mode(ctx: click.Context, clients: int | None, url: str | None, backend
 
 def clients_bench(clients: int, url: str | None, tokens: int | None, temperature: float | None, seed: int | None,
                   model: str, backend: str, dsn: str | None, data_dir: Path | None, json_out: Path | None,
-                  replicas: int = 0) -> None:
+                  workers: int = 1) -> None:
     """N learners against the server at --url, or against one started here on --model."""
     from puffergpt import bench_clients as bc
 
@@ -146,29 +151,59 @@ def clients_bench(clients: int, url: str | None, tokens: int | None, temperature
         if url is not None:
             report = bc.run(url, plan, progress=True)
         else:
-            report = own_server(plan, model, backend, dsn, data_dir, replicas)
+            report = own_server(plan, model, backend, dsn, data_dir, workers)
     click.echo(bc.table(report))
     if json_out:
         json_out.write_text(json.dumps(report, indent=2) + "\n")
         click.echo(f"wrote {json_out}")
 
 
-def own_server(plan, model: str, backend: str, dsn: str | None, data_dir: Path | None, replicas: int = 0) -> dict:
-    """The bench against a server of its own: uvicorn in a thread on a free loopback port,
-    the model opened as ``serve`` opens it (in a temporary store unless --data, with ``replicas``
-    of the weights), room for every learner's text; stopped at the end."""
+def own_server(plan, model: str, backend: str, dsn: str | None, data_dir: Path | None, workers: int = 1) -> dict:
+    """The bench against a server of its own, met as a learner's browser meets one: ``puffergpt
+    serve`` in a process of its own (not this one's, where the learners' threads would take
+    turns with it) on a free loopback port, with ``workers`` processes, the model in a temporary
+    store unless --data, room for every learner's text; stopped as Ctrl-C stops it."""
     from puffergpt import bench_clients as bc
-    from puffergpt.server import ServerConfig, create_app
-    from puffergpt.server.app import ServerDidNotStart, serving
 
-    with tempfile.TemporaryDirectory(prefix="puffergpt-bench-") as tmp, \
-            open_model("search", model, backend, data_dir or Path(tmp) / backend, dsn) as opened:
-        config = ServerConfig(max_open_texts=max(ServerConfig.max_open_texts, plan.clients))
-        try:
-            with opened.engine.replicated(replicas) as n, serving(create_app(opened.engine, config)) as url:
-                opened.engine.ready_texts(opened.engine.scheduler.max_running)  # as serve does
-                copies = f", {n} read replica{'s' if n != 1 else ''} of the weights" if n else ""
-                where = "started by bench, in this process" + copies
+    with tempfile.TemporaryDirectory(prefix="puffergpt-bench-") as tmp:
+        port = free_port()
+        cmd = [sys.executable, "-m", "puffergpt.cli", "serve", "--model", model, "--backend", backend,
+               "--data", str(data_dir or Path(tmp) / backend), "--port", str(port), "--workers", str(workers),
+               "--max-texts", str(max(32, plan.clients)), "--max-running", str(max(16, plan.clients)),
+               "--notebook", str(Path(tmp) / "notebook")]
+        env = {**os.environ, **({"PUFFERGPT_DSN": dsn} if dsn else {})}  # a DSN's password stays off argv
+        with subprocess.Popen(cmd, env=env) as proc:
+            try:
+                url = ready(proc, f"http://127.0.0.1:{port}")
+                where = f"`puffergpt serve` started by bench, {workers} worker process{'es' if workers > 1 else ''}"
                 return bc.run(url, plan, progress=True, where=where)
-        except ServerDidNotStart as e:
-            raise bc.BenchError(f"{e} (the bench's own server): use --url with `puffergpt serve`") from None
+            finally:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+
+
+def ready(proc: subprocess.Popen, url: str, start_s: float = 600.0) -> str:
+    """``url`` once the server there answers (a first start loads the model), or a BenchError."""
+    from puffergpt import bench_clients as bc
+
+    deadline = time.monotonic() + start_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise bc.BenchError(f"the bench's own server ended (exit status {proc.returncode}): its error is above")
+        try:
+            with urllib.request.urlopen(f"{url}/api/status", timeout=5) as r:
+                if r.status == 200:
+                    return url
+        except OSError:
+            time.sleep(0.2)
+    raise bc.BenchError(f"the bench's own server did not answer within {start_s:.0f} s: use --url with "
+                        f"`puffergpt serve`")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -50,11 +50,18 @@ def backend_option(f):
                         help="the vector database that holds the weights")(f)
 
 
-def replicas_option(f):
-    return click.option("--replicas", type=click.IntRange(0, 64), default=0, show_default=True,
-                        help="read replicas of the weights, each searched by a worker process (embedded store: "
-                             "Qdrant Edge searches on one core a process); they pay only with many cores: "
-                             "docs/how-it-works.md")(f)
+def workers_option(f, default: str = "1"):
+    def check(ctx, param, value):
+        from puffergpt.server.workers import count
+
+        try:
+            return count(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+
+    return click.option("--workers", default=default, show_default=True, callback=check, metavar="N|auto",
+                        help="server processes, each on a core of its own, behind one address; auto: one a core. "
+                             "Many learners at once need many (docs/how-it-works.md#every-core)")(f)
 
 
 def notebook_option(f):
@@ -110,9 +117,14 @@ def open_store(backend: str, data_dir: Path | None, dsn: str | None = None) -> S
     """The store, with its settings from the options and, for turbopuffer, the environment."""
     from puffergpt.stores import open_store as _open
 
-    return _open(backend, default_data(data_dir), dsn=dsn,
-                 api_key=os.environ.get("TURBOPUFFER_API_KEY"), region=os.environ.get("TURBOPUFFER_REGION"),
-                 base_url=os.environ.get("TURBOPUFFER_BASE_URL"))
+    return _open(backend, default_data(data_dir), **store_settings(dsn))
+
+
+def store_settings(dsn: str | None) -> dict:
+    """What a store is opened with beside its data directory: --dsn, and turbopuffer's settings
+    from the environment (read here, at the edge)."""
+    return {"dsn": dsn, "api_key": os.environ.get("TURBOPUFFER_API_KEY"),
+            "region": os.environ.get("TURBOPUFFER_REGION"), "base_url": os.environ.get("TURBOPUFFER_BASE_URL")}
 
 
 def resolve_model(model: str | None) -> tuple[str, str | None]:

@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -18,10 +19,12 @@ from puffergpt.cli.options import (
     clear_errors,
     data_option,
     default_data,
+    notebook_dir,
     notebook_option,
     open_served,
-    replicas_option,
     resolve_model,
+    store_settings,
+    workers_option,
 )
 
 
@@ -41,7 +44,7 @@ from puffergpt.cli.options import (
 @click.option("--text-ttl", "text_ttl", type=click.FloatRange(1, 7 * 86400), default=1800.0, show_default=True,
               metavar="SECONDS", help="the keys of a text nobody used for this long are dropped by any server on "
                                       "the same store, a killed server's too (docs/deploy.md)")
-@replicas_option
+@workers_option
 @click.option("--cors-origin", "cors_origins", multiple=True, callback=lambda ctx, param, v: origins(v),
               metavar="ORIGIN", help="a page elsewhere allowed to drive the API, as scheme://host[:port] (repeat for "
                                      "more); none by default: only the server's own page and clients that send no "
@@ -52,38 +55,59 @@ from puffergpt.cli.options import (
               help="tokens a /v1 request may compute over its choices (prompt tokens read, scored, new); "
                    "more is refused up front")
 def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, max_running, idle_minutes,
-          text_ttl, replicas, cors_origins, max_request_seconds, max_request_tokens) -> None:
+          text_ttl, workers, cors_origins, max_request_seconds, max_request_tokens) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
-    from puffergpt.reference import NumpyProducts
-    from puffergpt.server import ServerConfig, create_app
-    from puffergpt.server.app import run as run_server
+    from puffergpt.server.state import ServerConfig
+    from puffergpt.server.workers import WorkerSpec, share
 
     model, fallback = resolve_model(model)
     with clear_errors(held=SHARED):
         opened, notebook = open_served(model, backend, data_dir, dsn, notebook_path, max_running, text_ttl)
+    loopback = host in ("127.0.0.1", "localhost", "::1")
+    trusted = ("127.0.0.1", "localhost", "[::1]") if loopback else None  # no DNS rebinding onto a local server
+    config = ServerConfig(max_open_texts=share(max_texts, workers), idle_s=idle_minutes * 60,
+                          trusted_hosts=trusted, fallback=fallback, cors_origins=cors_origins,
+                          max_request_s=max_request_seconds, max_request_tokens=max_request_tokens)
+    shown = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
+    url = f"http://{shown}:{port}/"
+    serving = default_data(data_dir) / SERVING if backend == "embedded" else None
+    with opened, clear_errors(), announced(serving, {"url": url, "pid": os.getpid(), "model": model}):
+        documents = f"{opened.engine.manifest['documents']:,} documents"
+        if workers == 1:
+            click.echo(f"puffergpt: {model} on {backend}, {documents}, one process. Open {url}")
+            serve_here(opened, model, config, notebook, host, port, max_running)
+        else:
+            spec = WorkerSpec(model, backend, str(default_data(data_dir)), {**store_settings(dsn),
+                              **opened.store.worker_options()}, asdict(config), share(max_running, workers), text_ttl,
+                              str(notebook_dir(notebook_path, data_dir)))
+            serve_with_workers(spec, workers, host, port, f"puffergpt: {model} on {backend}, {documents}, "
+                                                           f"{workers} worker processes. Open {url}")
+
+
+def serve_here(opened, model: str, config, notebook, host: str, port: int, max_running: int) -> None:
+    """One process: the app over the engine opened here."""
+    from puffergpt.reference import NumpyProducts
+    from puffergpt.server import create_app
+    from puffergpt.server.app import run, server
 
     def reference():  # Compare reads the checkpoint only while it compares
         return NumpyProducts(checkpoints.load(model))
 
-    loopback = host in ("127.0.0.1", "localhost", "::1")
-    trusted = ("127.0.0.1", "localhost", "[::1]") if loopback else None  # no DNS rebinding onto a local server
-    config = ServerConfig(max_open_texts=max_texts, idle_s=idle_minutes * 60,
-                          trusted_hosts=trusted, fallback=fallback, cors_origins=cors_origins,
-                          max_request_s=max_request_seconds, max_request_tokens=max_request_tokens)
     app = create_app(opened.engine, config, reference=reference, notebook=notebook)
-    shown = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
-    url = f"http://{shown}:{port}/"
-    serving = default_data(data_dir) / SERVING if backend == "embedded" else None
-    with clear_errors(), opened.engine.replicated(replicas) as n:
-        opened.engine.ready_texts(max_running)  # the first learners open their texts at once
-        if replicas and not n:
-            click.echo(f"note: the {backend} store searches outside this process already: --replicas makes none",
-                       err=True)
-        copies = f", {n} read replica{'s' if n != 1 else ''} of the weights" if n else ""
-        click.echo(f"puffergpt: {model} on {backend}, {opened.engine.manifest['documents']:,} documents{copies}. "
-                   f"Open {url}")
-        with announced(serving, {"url": url, "pid": os.getpid(), "model": model}):
-            run_server(app, host, port)  # its shutdown stops running generations first
+    opened.engine.ready_texts(max_running)  # the first learners open their texts at once
+    run(server(app, host, port))  # its shutdown stops running generations first
+
+
+def serve_with_workers(spec, n: int, host: str, port: int, started: str) -> None:
+    """N worker processes behind one front here (server/workers.py, server/front.py); this process
+    holds the store while they run."""
+    from puffergpt.server.app import run
+    from puffergpt.server.front import create_front, front_server
+    from puffergpt.server.workers import running
+
+    with running(spec, n) as pool:
+        click.echo(started)
+        run(front_server(create_front(pool), pool, host, port))
 
 
 def origins(values: tuple[str, ...]) -> tuple[str, ...]:

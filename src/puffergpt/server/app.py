@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -151,17 +152,18 @@ def serving(app: FastAPI, host: str = "127.0.0.1", start_s: float = 60.0) -> Ite
             log.warning("the server in a thread did not stop within 30 s")
 
 
-def run(app: FastAPI, host: str, port: int) -> None:
-    """Serve until stopped. uvicorn shuts down gracefully on SIGINT and SIGTERM, then raises the
-    signal again; a SIGTERM then ends the process as SystemExit (143), not where it stands, so
-    the caller's cleanup runs as it does after Ctrl-C (replicas stopped, their copies removed)."""
+def run(srv, sock: socket.socket | None = None) -> None:
+    """Serve until stopped (``srv`` a uvicorn server: ``server``'s, or the front's; ``sock`` a
+    socket bound already, a worker's). uvicorn shuts down gracefully on SIGINT and SIGTERM, then
+    raises the signal again; a SIGTERM then ends the process as SystemExit (143), not where it
+    stands, so the caller's cleanup runs as it does after Ctrl-C (workers stopped, the store closed)."""
     def terminate(signum, frame):
         raise SystemExit(128 + signum)
 
     main = threading.current_thread() is threading.main_thread()  # only there can a handler be set
     old = signal.signal(signal.SIGTERM, terminate) if main else None
     try:
-        server(app, host, port).run()
+        srv.run(sockets=[sock] if sock is not None else None)
     finally:
         if old is not None:
             signal.signal(signal.SIGTERM, old)

@@ -15,11 +15,14 @@ class BoundedBody:
     """Refuse a request body over MAX_BODY bytes, counted as it arrives (chunked bodies
     too), and one that is not JSON Python holds as sent (``bodies.parse_json``: the one
     parser, for every route): the body is read here, bounded, checked, and handed on
-    whole. Refusals on /v1 and the tokenizer routes are in OpenAI's error shape."""
+    whole. Refusals on /v1 and the tokenizer routes are in OpenAI's error shape. ``parse``
+    False: bounded only, handed on as it came (the front of ``serve --workers``, whose workers
+    judge it)."""
 
-    def __init__(self, app, read_timeout_s: float = 10.0):
+    def __init__(self, app, read_timeout_s: float = 10.0, parse: bool = True):
         self.app = app
         self.read_timeout_s = read_timeout_s
+        self.parse = parse
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -41,7 +44,7 @@ class BoundedBody:
             more = message.get("more_body", False)
             if len(body) > MAX_BODY:
                 return await refuse(scope, send, 413, f"request body over {MAX_BODY} bytes")
-        if body:
+        if body and self.parse:
             try:  # the routes parse it again (the standard json, which then holds it as sent)
                 parse_json(body)
             except BodyError as e:

@@ -48,7 +48,7 @@ class Status(Response):
     open_texts: int
     max_open_texts: int
     searches: dict[str, int]
-    replicas: int  # read replicas of the weights searching for this server (serve --replicas)
+    workers: int = 1  # server processes answering (serve --workers): their figures added up
 
 
 class TextView(Response):

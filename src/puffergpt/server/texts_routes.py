@@ -107,7 +107,7 @@ def generation_events(t: Text, n: int, s: Sampling, inspect: int, stop: threadin
             count, requests = count + 1, requests + len(step.requests)
             yield sse("token", step_json(step))
         with t.lock:
-            done = text_json(t)
+            done = text_json(t, full=False)  # each step came with its token: not again
         yield sse("done", {"tokens": count, "requests": requests, "ms": round((time.perf_counter() - t0) * 1e3, 1),
                            "stopped": stop.is_set(), "text": done})
     except (TextError, StoreError) as e:

@@ -423,19 +423,18 @@ class Store(ABC):
 
     keeps_spares = 0  # dropped ephemeral namespaces kept, at most, for the next of their layout (embedded)
 
-    def replicas(self, namespaces: Sequence[str], n: int):
-        """n read replicas of these read-only namespaces, searched by worker processes
-        (``stores/replicas.py``), or None where the store needs none: a database server searches
-        in processes of its own already, and a store that lets go of Python's lock (the embedded
-        store's zvec) searches on every core from threads."""
-        return None
-
     def read_isolated(self, target: str, payload: dict, namespaces: Sequence[str] = ()) -> Iterator[dict]:
         """Run ``target`` (``module:function``, called as f(store, payload) and yielding JSON-able
         dicts) where the database aborting cannot take this process down, and yield its dicts;
         ReaderDied if it died first. Here: in this process, since a server's database crashes
         in its own (the embedded store runs it in a child)."""
         yield from resolve(target)(self, payload)
+
+    def worker_options(self) -> dict:
+        """What a worker process (``serve --workers``) gives ``open_store``, beside the settings
+        this store was opened with, to open this same store while this process holds it. Here:
+        nothing more (a database server takes many clients)."""
+        return {}
 
     def cli_args(self) -> str:
         """The CLI options that reach this same store, for messages that name a command."""

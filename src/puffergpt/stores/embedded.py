@@ -135,17 +135,22 @@ class EmbeddedStore(Store):
         yield from datadir.read_in_child(self.root, target, payload, "puffergpt.stores.embedded:_child",
                                          "the embedded store's reader")
 
-    def replicas(self, namespaces, n):
-        """None: zvec lets go of Python's lock, so the weights' searches use every core from
-        threads. Where the weights are on Qdrant Edge (which holds it), copies in worker processes."""
-        return self.texts.replicas(namespaces, n) if self.fallback else None
-
     def disk_bytes(self) -> int:
         """Bytes of this store's files (weights, keys, metadata), not those of others sharing
         --data (pgvector's local server, the notebook)."""
         own = [self.root / d for d in (zv.KEPT, qdrant_edge.KEPT, "tmp", datadir.META_FILE, FORMAT_FILE)]
         return sum(p.stat().st_size for d in own if d.exists()
                    for p in ([d] if d.is_file() else d.rglob("*")) if p.is_file())
+
+    def worker_options(self):
+        """Borrowed: a worker opens the data directory this process holds (its lock, its leftovers
+        kept), reads the weights where they lie and keeps its texts' keys apart. Not where the
+        weights are on Qdrant Edge, which one process opens at a time."""
+        if self.fallback:
+            raise StoreError("the weights of this data directory are on Qdrant Edge (zvec can't run on this CPU, "
+                             "or the directory was made so), which one process opens at a time: serve with "
+                             "--workers 1, or several servers over one database (docs/deploy.md)")
+        return {"borrowed": True}
 
     def cli_args(self):
         return f"--backend embedded --data {self.root}"
@@ -221,11 +226,6 @@ def _move_aside(root: Path, parts: list[str]) -> str:
     moved = " ".join(shlex.quote(str(root / x)) for x in parts if (root / x).exists())
     return (f"`mkdir -p {shlex.quote(str(old))} && mv {moved} {shlex.quote(str(old))}/`, "
             f"then `puffergpt load --model MODEL --data {shlex.quote(str(root))}`")
-
-
-def replica(root: Path) -> EmbeddedStore:
-    """A read replica's store (``replicas.Replicas``): a copy of the weights on Qdrant Edge."""
-    return EmbeddedStore(root, fallback=True)
 
 
 def _child() -> None:

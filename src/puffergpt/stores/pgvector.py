@@ -516,6 +516,10 @@ class PgvectorStore(Store):
         row = self._one("SELECT value::text FROM _meta WHERE key = %s", [str(key)])
         return json.loads(row[0]) if row else None
 
+    def worker_options(self):
+        """A local server (no --dsn) is this process's: a worker reaches it at its address."""
+        return {"dsn": self.dsn} if self.local is not None else {}
+
     def cli_args(self):
         if self.local is not None:
             return f"--backend pgvector --data {shlex.quote(str(self.local.data_dir))}"

@@ -437,28 +437,6 @@ class QdrantEdgeStore(Store):
                     with n.lock:
                         n.shard.close()
 
-    def replicas(self, namespaces, n):
-        """Qdrant Edge holds Python's lock while it searches: n copies of these namespaces (the
-        weights) under tmp/, each opened by a worker process (``replicas.Replicas``). The shards
-        are written out and closed first, so each copy is whole."""
-        from puffergpt.stores.replicas import MAX_REPLICAS, Replicas
-
-        if not 1 <= n <= MAX_REPLICAS:
-            raise StoreError(f"replicas: between 1 and {MAX_REPLICAS}, got {n}")
-        roots = [self.tmp / f"replica-{i}-{uuid.uuid4().hex[:8]}" for i in range(n)]
-        try:
-            with self.lock:
-                self.release(namespaces)
-                for root in roots:
-                    for ns in namespaces:
-                        shutil.copytree(self._dir(ns), root / KEPT / check_name(ns))
-        except OSError as e:
-            for root in roots:
-                shutil.rmtree(root, ignore_errors=True)
-            raise StoreError(f"can't copy the weights for {n} replicas under {self.tmp}: {e}. "
-                             "Free some disk, or start the server with --replicas 0") from None
-        return Replicas(self, roots, "puffergpt.stores.embedded:replica", namespaces)
-
     def close(self):
         """Every shard closed, the ephemeral ones removed (the data directory is the Home's)."""
         with self.lock:
