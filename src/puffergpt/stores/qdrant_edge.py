@@ -61,6 +61,7 @@ _EXACT = qe.SearchParams(exact=True)
 _OPTIMIZERS = qe.EdgeOptimizersConfig(indexing_threshold=0, prevent_unoptimized=False)
 KEPT = "qdrant"  # the directory of persisted namespaces, under the data directory
 SCROLL = 10_000
+CONDITIONS = 8192  # single-value filter conditions a namespace keeps made (_kept_condition)
 SPARE = 32  # emptied ephemeral shards kept for reuse (~200 KB each): as many as a server's open texts
 REUSE = 32  # namespaces one ephemeral shard may hold, one after another
 
@@ -84,6 +85,7 @@ class _Namespace(datadir.Columns):
     dirty: bool = False  # written since the last flush
     lock: threading.Lock = field(default_factory=threading.Lock)
     uses: int = 1  # ephemeral: the namespaces its shard has held (``EmbeddedStore._keep_spare``)
+    conditions: dict = field(default_factory=dict)  # (attr, op, value) -> its Qdrant condition (_filter)
 
     @property
     def fetch_vector(self) -> str:
@@ -320,7 +322,21 @@ class QdrantEdgeStore(Store):
         return {n.cols["id"][s]: np.asarray(v, np.float32) for s, v in got.items()}
 
     def _filter(self, n: _Namespace, f: Filter) -> qe.Filter | None:
-        return qe.Filter(must=[self._condition(n, *c) for c in f]) if f else None
+        return qe.Filter(must=[self._kept_condition(n, c) for c in f]) if f else None
+
+    def _kept_condition(self, n: _Namespace, c: tuple):
+        """A condition on one value, made once a namespace (a text's keys are searched by the same
+        layer, head and position bounds every step, a prefill's by thousands at once); a set of
+        ids or values ('in') is made each time. At most CONDITIONS are kept."""
+        attr, op, value = c
+        if op == "in" or attr == "id":
+            return self._condition(n, attr, op, value)
+        got = n.conditions.get(c)
+        if got is None:
+            if len(n.conditions) >= CONDITIONS:
+                n.conditions.clear()
+            got = n.conditions[c] = self._condition(n, attr, op, value)
+        return got
 
     @staticmethod
     def _condition(n: _Namespace, attr: str, op: str, value):

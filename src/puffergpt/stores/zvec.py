@@ -39,6 +39,7 @@ import struct
 import threading
 import uuid
 from collections import Counter
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -458,7 +459,7 @@ class ZvecStore(Store):
         with self._searching(n):
             asks = [a for i, q in enumerate(queries) for a in self._asks(n, i, q)]
             if self.threads > 1 and len(asks) > 1:  # zvec lets go of Python's lock as it searches
-                got = list(self._threads().map(lambda a: _ask(n, metric, a), asks))
+                got = self._on_threads(n, metric, asks)
             else:
                 got = [_ask(n, metric, a) for a in asks]
         best_first = metric == "inner_product"  # larger is closer; the other two: smaller
@@ -471,6 +472,16 @@ class ZvecStore(Store):
         slots = np.concatenate([s for s, _ in parts] or [np.zeros(0, np.int64)])
         dist = np.concatenate([d for _, d in parts] or [np.zeros(0)]).astype(np.float64)
         return Hits(qi, dist, {a: n.cols[a][slots] for a in include})
+
+    def _on_threads(self, n: _Namespace, metric: str, asks: list) -> list:
+        """The asks in as many runs as there are threads, one a thread (a task each would cost
+        the pool's hand-off 128 times for a 128-token prefill's product), in their order."""
+        k = min(self.threads, len(asks))
+        cuts = [len(asks) * j // k for j in range(k + 1)]
+        runs = [self._threads().submit(lambda lo, hi: [_ask(n, metric, a) for a in asks[lo:hi]], lo, hi)
+                for lo, hi in zip(cuts, cuts[1:], strict=False)]
+        futures.wait(runs)  # every run ended before an error is raised: none searches on behind it
+        return [hit for run in runs for hit in run.result()]
 
     def _threads(self) -> ThreadPoolExecutor:
         with self.lock:
