@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import re
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Annotated, Any, Protocol
@@ -36,14 +35,13 @@ from puffergpt import notebook as nb
 from puffergpt.mcp_stdio import shown
 from puffergpt.sampling import Sampling
 from puffergpt.server.bodies import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_VIEW_K
-from puffergpt.text import TextError, Texts, check_generation
+from puffergpt.text import TEXT_ID, TextError, Texts, check_generation
 
 log = logging.getLogger("puffergpt.mcp")
 
 MAX_CANDIDATES_SHOWN = 20  # a step's candidates a tool returns (a text keeps 100; a model reads these)
 OPEN_TEXTS = 16  # generated texts kept open for ``inspect``: the oldest closes when a new one opens
 HTTP_TIMEOUT_S = 300  # a generation of MAX_NEW_TOKENS on a slow store
-TEXT_ID = re.compile(r"[0-9a-f]{12}")  # a text's id as text.Text makes it: uuid4().hex[:12]
 
 
 def check_text_id(text_id) -> str:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import re
 import threading
 import time
 import uuid
@@ -46,6 +47,7 @@ from puffergpt.sampling import Sampling, distribution, log_softmax, pick, probab
 log = logging.getLogger("puffergpt")
 KEEP_CANDIDATES = 100  # a step keeps this many candidates, whatever top_k was (the page shows 40)
 KEEP_VIEWS = 32  # positions whose inspection a text keeps
+TEXT_ID = re.compile(r"[0-9a-f]{12}")  # a text's id as a Text makes it (12 hex digits): callers check ids against it
 MAX_PROMPT_IDS = 4096  # token ids a text may be given at once: more than any GPT-2's context
 
 
@@ -141,7 +143,7 @@ class Step:
 
 class Text:
     def __init__(self, products: Products, text_id: str | None = None):
-        self.id = text_id or uuid.uuid4().hex[:12]
+        self.id = text_id or uuid.uuid4().hex[:12]  # what TEXT_ID matches
         self.products = products
         self.config = products.config
         self.tokens: list[int] = []
