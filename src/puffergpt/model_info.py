@@ -1,6 +1,7 @@
 """The model described for a newcomer: its name as the server shows it, what it is
-(``about``), prompts to start from (``starters``) and the embedding panel's first words
-(``embedding_words``), per model; GPT-2 small's for any other."""
+(``about``), prompts to start from (``starters``), the embedding panel's first words
+(``embedding_words``), per model (GPT-2 small's for any other), and the contexts view's
+starters (``context_starters``), one word in sentences where it means different things."""
 
 from __future__ import annotations
 
@@ -29,6 +30,20 @@ STARTERS = {
 
 def starters(model: str) -> list[dict]:
     return STARTERS.get(model, STARTERS["gpt2"])
+
+
+# The contexts view: one word, two or three meanings. GPT-2 reads left to right, so only the
+# words before it can change its vector ("One mole" has seen only "One").
+CONTEXT_STARTERS = [
+    {"kind": "mole", "word": " mole",
+     "prompts": ["American shrew mole", "One mole of carbon dioxide", "Take a biopsy of the mole"]},
+    {"kind": "bank", "word": " bank",
+     "prompts": ["They sat by the river on the grassy bank", "She put the money she earned in the bank"]},
+]
+
+
+def context_starters() -> list[dict]:
+    return [dict(s, prompts=list(s["prompts"])) for s in CONTEXT_STARTERS]
 
 
 # The embedding panel's first words: ones the model trained (an untrained row ties with

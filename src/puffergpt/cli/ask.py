@@ -1,5 +1,5 @@
-"""``puffergpt generate`` and ``analogy``: ask the model from the terminal, and render what
-it says (the text as it streams, or one JSON line a token, then the usage)."""
+"""``puffergpt generate``, ``analogy`` and ``contexts``: ask the model from the terminal, and
+render what it says (the text as it streams, or one JSON line a token, then the usage)."""
 
 from __future__ import annotations
 
@@ -146,3 +146,59 @@ def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
     click.echo(f"{a!r} is to {b!r} as {c!r} is to:")
     for r in got["results"]:
         click.echo(f"  {r['score']:.4f}  {r['text']!r}  (token {r['token_id']})")
+
+
+@click.command()
+@click.argument("word")
+@click.argument("prompts", nargs=-1)
+@click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
+@click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
+              help="search: every product a vector search; reference: the numpy GPT-2")
+@backend_option
+@data_option
+@click.option("-k", "k", type=click.IntRange(1, 100), default=5, show_default=True,
+              help="tokens per layer in each context's lens (the text output shows the top-1)")
+@click.option("--json", "as_json", is_flag=True,
+              help='{"word_id", "positions", "layers": [{"layer", "cosine", "lens"}]}')
+def contexts(word, prompts, model, engine, backend, dsn, data_dir, k, as_json) -> None:
+    """How WORD's vector changes with its context: WORD in 2 or 3 PROMPTs, layer by layer.
+
+    For each layer, the cosine between the contexts' residual vectors at WORD's first
+    occurrence, and what each context's logit lens says there. WORD is one GPT-2 token: inside
+    a sentence it carries its leading space (" mole")."""
+    from puffergpt import contexts as ctx
+    from puffergpt.text import TextError
+
+    try:
+        ctx.check(word, list(prompts))  # a bad word or prompt says so before a model is opened
+    except TextError as e:
+        fail(str(e))
+    model, _ = resolve_model(model)
+    with clear_errors(), open_model(engine, model, backend, data_dir, dsn) as opened:
+        try:
+            got = ctx.contexts(opened.products, opened.config, word, list(prompts), k)
+        except TextError as e:
+            fail(str(e))
+    if as_json:
+        click.echo(json.dumps(ctx.contract(got)))
+        return
+    render_contexts(got)
+
+
+def render_contexts(got: dict) -> None:
+    """The text output: where the word is, then a line a layer: the cosine of each pair of
+    contexts and each context's lens top-1."""
+    n, word = len(got["contexts"]), got["word"]["text"]
+    for i, c in enumerate(got["contexts"], 1):
+        click.echo(f"{i}: {c['prompt']!r}: {word!r} at position {c['position']}")
+    pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
+    click.echo("layer   " + "  ".join(f"cos {a + 1}-{b + 1}" for a, b in pairs) + "   lens top-1 of each")
+    last = len(got["layers"]) - 1
+    for e in got["layers"]:
+        name = "ln_f" if e["layer"] == last else str(e["layer"])
+        cos = "  ".join(f"{e['cosine'][a][b]:7.4f}" for a, b in pairs)
+        tops = " | ".join(repr(tokenizer.token_text(t)) for t in e["lens"])
+        click.echo(f"{name:>5}   {cos}   {tops}")
+    reqs = got["requests"]
+    click.echo(f"[layer l < {last}: the residual entering block l; ln_f: entering ln_f | {len(reqs)} requests, "
+               f"{sum(r.round_trips for r in reqs)} round trips]", err=True)

@@ -13,6 +13,8 @@ import re
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from puffergpt import tokenizer
+from puffergpt.contexts import MAX_PROMPT_CHARS as MAX_CONTEXT_CHARS
+from puffergpt.contexts import MAX_PROMPTS as MAX_CONTEXTS
 from puffergpt.inside import MAX_VIEW_K
 from puffergpt.text import MAX_PROMPT_IDS
 from puffergpt.views import MAX_MAP_WORDS
@@ -204,3 +206,19 @@ class MapBody(Strict):
     words: list[str] = Field(..., min_length=2, max_length=MAX_MAP_WORDS)
     text_id: str | None = Field(None, max_length=64)
     position: int | None = None
+
+
+class ContextsBody(Strict):
+    """One word in 2 or 3 prompts (``contexts.py``): the count and each prompt are checked there,
+    with a message naming the prompt; here only their size."""
+    word: str = Field(..., min_length=1, max_length=MAX_WORD_CHARS)
+    prompts: list[str] = Field(..., min_length=1, max_length=MAX_CONTEXTS)
+    k: int = Field(5, ge=1, le=MAX_VIEW_K)
+
+    @model_validator(mode="after")
+    def bounded(self):
+        for i, prompt in enumerate(self.prompts, 1):
+            if len(prompt) > MAX_CONTEXT_CHARS:
+                raise ValueError(f"prompt {i} has {len(prompt)} characters, over {MAX_CONTEXT_CHARS}: "
+                                 "a context is a sentence or two")
+        return self

@@ -34,6 +34,7 @@ class Info(Response):
     about: dict[str, Any]
     starters: list[dict[str, Any]]
     embedding_words: dict[str, Any]
+    context_starters: list[dict[str, Any]]
     fallback: str | None
 
 
@@ -132,6 +133,20 @@ class Map(Response):
     path: list[dict[str, Any]]
     degenerate: bool
     note: str | None
+    requests: list[dict[str, Any]]
+
+
+class Contexts(Response):
+    """One word in 2 or 3 prompts, layer by layer (``contexts.py``): ``layers`` [{layer, cosine,
+    lens, top}], each context's tokens and ``attention`` from the word (L x H x its position + 1)."""
+
+    word_id: int
+    word: dict[str, Any]
+    positions: list[int]
+    layers: list[dict[str, Any]]
+    contexts: list[dict[str, Any]]
+    attention: list[list[list[list[float]]]]
+    k: int
     requests: list[dict[str, Any]]
 
 

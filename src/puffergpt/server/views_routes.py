@@ -1,6 +1,8 @@
 """The embedding views: an analogy, a word's neighbours, a map of token vectors (with
 the path of a text's token through the layers). Each is a fetch and a search or two on
-products of its own, counted in the response's ``requests``."""
+products of its own, counted in the response's ``requests``. And a word in two or three
+contexts, layer by layer (``contexts.py``): a prefill and a lens search a prompt, each on
+products of its own."""
 
 from __future__ import annotations
 
@@ -8,10 +10,10 @@ from collections.abc import Callable
 
 from fastapi import APIRouter
 
-from puffergpt import inspector, views
+from puffergpt import contexts, inspector, views
 from puffergpt.engine import Engine
 from puffergpt.server import responses
-from puffergpt.server.bodies import AnalogyBody, MapBody, NeighboursBody
+from puffergpt.server.bodies import AnalogyBody, ContextsBody, MapBody, NeighboursBody
 from puffergpt.server.render import request_json
 from puffergpt.server.state import EngineDep, TextsDep, open_text
 from puffergpt.text import TextError
@@ -53,3 +55,11 @@ def embedding_map(body: MapBody, engine: EngineDep, texts: TextsDep) -> dict:
         got, _, _ = inspector.inspect(t, body.position, 5, explain=False)
         residual = got["residual"]
     return view(engine, lambda p: views.embedding_map(p, list(body.words), residual))
+
+
+@router.post("/contexts", response_model=responses.Contexts)
+def contexts_view(body: ContextsBody, engine: EngineDep) -> dict:
+    """One word in 2 or 3 prompts: per layer the cosine between its vectors, each context's
+    lens, and its attention; what ``puffergpt contexts`` computes, with the page's extras."""
+    got = contexts.contexts(engine.open, engine.config, body.word, list(body.prompts), body.k)
+    return {**got, "requests": [request_json(r) for r in got["requests"]]}

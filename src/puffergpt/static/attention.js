@@ -16,7 +16,7 @@ export const weightColour = (w) => {
 
 // A strip of p cells, darker where the head puts more weight: one pixel a position,
 // stretched by CSS (image-rendering: pixelated keeps the cells sharp).
-function strip(weights) {
+export function strip(weights) {
   const c = document.createElement("canvas");
   c.width = Math.max(1, weights.length);
   c.height = 1;
@@ -65,11 +65,21 @@ function grid(view, open) {
 
 const SHOWN = 16; // keys listed in the opened head; the rest are summed
 
+// What the store searched for a query at position q: the keys before it (the filter is
+// position < q); its own key, written in the same step, is scored here (q·k) without a search.
+function searchedNote(q) {
+  const own = `its own key at position ${q} is scored here, q·k, without a search`;
+  if (q === 0) return `Position 0 has no earlier keys: no search, ${own}. `;
+  return `The query searched this head's keys in the store at positions 0 to ${q - 1} (the filter is position < ${q}: a later key can't match); ${own}. `;
+}
+
 // One head opened: the keys its search returned, best first, and the text shaded.
 function headDetail(view, l, hd) {
   const w = view.attention[l][hd];
   const scores = view.scores ? view.scores[l][hd] : null;
-  const order = w.map((_, j) => j).sort((a, b) => w[b] - w[a]);
+  // Best first by score, where the view has them: the weights come rounded to 6 decimals,
+  // and the many that round alike would otherwise keep their positions' order.
+  const order = w.map((_, j) => j).sort((a, b) => (scores ? scores[b] - scores[a] : 0) || w[b] - w[a] || a - b);
   const rows = order.slice(0, SHOWN).map((j, i) => {
     const tok = tokenAt(view, j);
     return h("tr", { dataset: { position: String(j) } },
@@ -86,7 +96,7 @@ function headDetail(view, l, hd) {
   }, visibleToken(tokenAt(view, j).text, tokenAt(view, j).bytes_hex))));
   return h("div", { class: "attn-head", dataset: { layer: String(l), head: String(hd) } },
     h("h4", { text: `Layer ${l}, head ${hd}: the search of position ${view.query_position}'s query` }),
-    h("p", { class: "note", text: `The query searched this head's keys at positions 0 to ${view.query_position} (a key at a later position can't match: the filter is position ≤ ${view.query_position}). ` +
+    h("p", { class: "note", text: searchedNote(view.query_position) +
       `score = q·k / √d, as the search returned it; weight = softmax of the scores.` + (scores ? "" : " (Scores come with “Look inside”; a live view carries the weights only.)") }),
     text,
     h("div", { class: "table-scroll" }, labelled(h("table", { class: "attn-table" },

@@ -58,7 +58,9 @@ function explain(step, tok, p, k) {
   const pc = chosenProb(step, tok.id);
   return h("p", { class: "note" },
     `The final vector searched the ${int(vocab())} token vectors; these are the ${k} best, with their scores (logits). `,
-    `Probabilities are a softmax over these ${k} candidates only. `,
+    `Probabilities are a softmax over these ${k} candidates only, at temperature T: `,
+    h("code", { class: "softmax-formula", text: "p(i) = exp(logit_i / T) / Σ_j exp(logit_j / T)" }),
+    ` (j over the ${k}; T = 1 is the model's own distribution, a lower T sharpens it, a higher one flattens it, T = 0 always takes the best). `,
     step.temperature === 0
       ? "It was generated at T = 0: the best candidate is always taken."
       : `It was sampled at T = ${step.temperature}, where this token had p = ${pct(pc)}.`,

@@ -40,11 +40,19 @@ function renderAbout(info) {
   box.classList.toggle("demo", !!a.is_demo);
 }
 
+// On a phone the text is a screen or more below the starters: a tapped starter brings it
+// into view, where its tokens are about to stream in (a wide screen shows it already).
+function revealText() {
+  const card = $("tokens").closest("section");
+  const top = card.getBoundingClientRect().top;
+  if (top < 0 || top > window.innerHeight * 0.6) card.scrollIntoView({ block: "start" });
+}
+
 function renderStarters(info) {
   const starters = info && Array.isArray(info.starters) && info.starters.length ? info.starters : DEFAULT_STARTERS;
   $("starters").replaceChildren(...starters.map((s) => h("button", {
     type: "button", class: "starter", dataset: { prompt: s.prompt }, title: s.prompt,
-    onclick: () => { $("prompt").value = s.prompt; generate(); },
+    onclick: () => { $("prompt").value = s.prompt; revealText(); generate(); },
   }, h("span", { class: "starter-kind", text: s.kind }), h("span", { class: "starter-text", text: s.prompt }))));
 }
 

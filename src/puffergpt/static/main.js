@@ -5,6 +5,7 @@ import { api, textPath } from "./api.js";
 import { $, showError } from "./dom.js";
 import { initCandidates, updateProbs } from "./candidates.js";
 import { initCompare } from "./compare.js";
+import { initContexts, renderContextStarters } from "./contexts.js";
 import { initEmbedding } from "./embedding.js";
 import { initHow } from "./how.js";
 import { renderInfo, renderStarters } from "./info.js";
@@ -63,12 +64,14 @@ function initPlayground() {
   initControls();
   initCompare();
   initEmbedding();
+  initContexts();
   initInsightForm();
   initNotebook();
   renderStarters(null);
   api("GET", "/api/info").then((info) => {
     S.info = info;
     renderInfo(info);
+    renderContextStarters(info);
     $("max-tokens").max = String(info.max_new_tokens);
     $("top-k").max = String(info.config.n_vocab);
     renderAll();
