@@ -71,6 +71,7 @@ FIELDS = {
     "/api/analogy": {"a": " man", "b": " woman", "c": " king", "k": 3},
     "/api/neighbours": {"word": " man", "k": 3},
     "/api/map": {"words": [" man", " woman"]},
+    "/api/contexts": {"word": " mole", "prompts": ["a mole", "the mole"], "k": 3},
     "/api/insights": None,  # a good insight: made from the model in main()
     "/v1/completions": {"prompt": "hi", "max_tokens": 2, "temperature": 0, "top_k": 5, "n": 1, "logprobs": 1,
                         "stop": ["\n"]},

@@ -47,6 +47,7 @@ ROUTES = [
     ("POST", "/api/analogy", {"a": " man", "b": " woman", "c": " king", "k": 3}),
     ("POST", "/api/neighbours", {"word": " man", "k": 3}),
     ("POST", "/api/map", {"words": [" man", " woman"]}),
+    ("POST", "/api/contexts", {"word": " mole", "prompts": ["a mole", "the mole"]}),
     ("POST", "/api/insights", {"title": "forged", "body": "from elsewhere"}),
     ("POST", "/api/insights/push", {}),
     ("POST", "/api/insights/{insight}/replay", {}),

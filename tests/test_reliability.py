@@ -470,6 +470,7 @@ GOOD = {  # a body each route accepts
     "/api/texts": {"prompt": "hi"},
     "/api/map": {"words": [" man", " woman"]},
     "/api/analogy": {"a": " man", "b": " woman", "c": " king", "k": 3},
+    "/api/contexts": {"word": " mole", "prompts": ["a mole", "the mole"], "k": 3},
 }
 UNREPRESENTABLE = [  # (JSON text put in a field's place, words the answer must hold)
     ("1" * 5000, "5000 digits"),  # past Python's int() limit (4300 digits): ValueError in json

@@ -3,7 +3,7 @@
 router per resource. Thin: each route parses, calls the application layer, and renders.
 
 - ``texts_routes.py``: the playground's texts (open, edit, generate, stop, inspect, kv);
-- ``views_routes.py``: the embedding views (analogy, neighbours, map);
+- ``views_routes.py``: the embedding views (analogy, neighbours, map) and contexts;
 - ``model_routes.py``: the model's description (/api/info) and Compare;
 - ``openai.py``: the OpenAI-compatible /v1 routes (bodies in ``openai_bodies.py``);
 - ``tokenize_routes.py``: /tokenize, /detokenize and /tokenizer_info, as vLLM has them;
