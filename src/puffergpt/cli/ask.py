@@ -156,11 +156,9 @@ def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
               help="search: every product a vector search; reference: the numpy GPT-2")
 @backend_option
 @data_option
-@click.option("-k", "k", type=click.IntRange(1, 100), default=5, show_default=True,
-              help="tokens per layer in each context's lens (the text output shows the top-1)")
 @click.option("--json", "as_json", is_flag=True,
               help='{"word_id", "positions", "layers": [{"layer", "cosine", "lens"}]}')
-def contexts(word, prompts, model, engine, backend, dsn, data_dir, k, as_json) -> None:
+def contexts(word, prompts, model, engine, backend, dsn, data_dir, as_json) -> None:
     """How WORD's vector changes with its context: WORD in 2 or 3 PROMPTs, layer by layer.
 
     For each layer, the cosine between the contexts' residual vectors at WORD's first
@@ -176,7 +174,7 @@ def contexts(word, prompts, model, engine, backend, dsn, data_dir, k, as_json) -
     model, _ = resolve_model(model)
     with clear_errors(), open_model(engine, model, backend, data_dir, dsn) as opened:
         try:
-            got = ctx.contexts(opened.products, opened.config, word, list(prompts), k)
+            got = ctx.contexts(opened.products, opened.config, word, list(prompts), k=1)  # the lens's top-1
         except TextError as e:
             fail(str(e))
     if as_json:
@@ -200,5 +198,6 @@ def render_contexts(got: dict) -> None:
         tops = " | ".join(repr(tokenizer.token_text(t)) for t in e["lens"])
         click.echo(f"{name:>5}   {cos}   {tops}")
     reqs = got["requests"]
-    click.echo(f"[layer l < {last}: the residual entering block l; ln_f: entering ln_f | {len(reqs)} requests, "
-               f"{sum(r.round_trips for r in reqs)} round trips]", err=True)
+    cost = (f"{len(reqs)} requests, {sum(r.round_trips for r in reqs)} round trips" if reqs
+            else "the numpy reference: no searches")
+    click.echo(f"[layer l < {last}: the residual entering block l; ln_f: entering ln_f | {cost}]", err=True)
