@@ -8,22 +8,26 @@
   applied to its output z with every other head's slice zeroed, minus c_proj's bias:
   a layer's heads are one search with H masked queries (and a zero query, whose answer
   is the bias). wte[c] is one fetch.
-- The MLP as a memory (Geva et al. 2021, 2022): the most active neurons of a layer are
-  the largest GELU outputs of the c_fc product the forward pass searched; what neuron n
-  writes is row n of mlp.c_proj (c_proj of the one-hot e_n, minus the bias: one search a
-  layer), and the tokens it promotes are one top-k search over wte with those rows as
+- Why c and not r (``versus``): the same parts read against wte[c] - wte[r]; they sum to
+  logit(c) - logit(r). wte[r] comes in the same fetch as wte[c].
+- The MLP as a memory (Geva et al. 2021, 2022): what neuron n writes is row n of
+  mlp.c_proj (c_proj of the one-hot e_n, minus the bias), every neuron of a layer in one
+  search. Each layer's neurons ranked two ways: the most active (the largest GELU outputs
+  of the c_fc product the forward pass searched) and those that push c most (activation x
+  the row read through ln_f as a part is: their pushes and c_proj's bias sum to the MLP's
+  part). The tokens each promotes are one top-k search over wte with those rows as
   queries, for every layer at once.
 
-Both run on any ``Products`` (numpy or searches): one code path.
+All of it runs on any ``Products`` (numpy or searches): one code path.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from puffergpt.reference import Products, Trace
+from puffergpt.reference import Products, Trace, layer_norm
 
-NEURONS = 5  # neurons shown a layer: each is a query of the promotes search over all of wte (60 for GPT-2 small)
+NEURONS = 5  # neurons shown a layer each way: each is a query of the promotes search over all of wte
 PROMOTES = 8  # tokens shown a neuron
 
 
@@ -45,68 +49,115 @@ def head_writes(p: Products, layer: int, z: np.ndarray) -> tuple[np.ndarray, np.
     return without_bias(p, f"h.{layer}.attn.c_proj", masked)
 
 
-def attribution(p: Products, trace: Trace, token_id: int) -> dict:
+class Reading:
+    """Vectors written into the residual read as shares of token logits, through ln_f with the
+    scale of the actual residual entering it (x, from the trace): what attribution and the
+    neurons' pushes share."""
+
+    def __init__(self, p: Products, trace: Trace):
+        c = p.config
+        self.g, self.b = (np.asarray(a, np.float64) for a in p.norm("ln_f"))
+        self.x = np.asarray(trace.residual[-1], np.float64)  # (C,) entering ln_f
+        self.s = np.sqrt(self.x.var() + c.eps)
+
+    def values(self, parts: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """Each part's share of the logit of the token whose wte row is w: (n, C), (C,) -> (n,)"""
+        parts = np.asarray(parts, np.float64)
+        return ((parts - parts.mean(axis=-1, keepdims=True)) / self.s * self.g) @ w
+
+    def logit(self, w: np.ndarray) -> float:
+        return float(((self.x - self.x.mean()) / self.s * self.g + self.b) @ w)
+
+
+def attribution(p: Products, trace: Trace, token_id: int, versus: int | None = None) -> dict:
     """Direct logit attribution of ``token_id`` at the traced position: its logit and the
-    parts that sum to it, embedding first, ln_f's bias last. Requests: one fetch (wte[c])
-    and one search a layer (the heads' writes)."""
-    c = p.config
-    w = np.asarray(p.row("wte", token_id), np.float64)  # (C,)
-    g, b = (np.asarray(a, np.float64) for a in p.norm("ln_f"))
-    x = np.asarray(trace.residual[-1], np.float64)  # entering ln_f
-    s = np.sqrt(x.var() + c.eps)
+    parts that sum to it, embedding first, ln_f's bias last; with ``versus`` (a token id), the
+    same parts of logit(token) - logit(versus). Requests: one fetch (wte[c], and wte[r]) and
+    one search a layer (the heads' writes)."""
+    ids = [int(token_id)] + ([int(versus)] if versus is not None else [])
+    return attribution_of(p, trace, ids, np.asarray(p.token_rows(np.asarray(ids)), np.float64))
 
-    def value(part) -> float:
-        part = np.asarray(part, np.float64)
-        return float(((part - part.mean()) / s * g) @ w)
 
-    parts = [{"kind": "embed", "value": value(trace.residual[0])}]
-    for layer in range(c.n_layer):
+def attribution_of(p: Products, trace: Trace, ids: list[int], rows: np.ndarray) -> dict:
+    """``attribution`` with the tokens' wte rows given: ids [c] or [c, r], rows (1 or 2, C)."""
+    read = Reading(p, trace)
+    names, vectors = [{"kind": "embed"}], [trace.residual[0]]
+    for layer in range(p.config.n_layer):
         writes, bias = head_writes(p, layer, trace[f"h.{layer}.attn.heads"])
-        parts += [{"kind": "attn", "layer": layer, "head": h, "value": value(v)} for h, v in enumerate(writes)]
-        parts.append({"kind": "attn_bias", "layer": layer, "value": value(bias)})
-        parts.append({"kind": "mlp", "layer": layer, "value": value(trace[f"h.{layer}.mlp.c_proj"])})
-    parts.append({"kind": "ln_f_bias", "value": float(b @ w)})
-    logit = float(((x - x.mean()) / s * g + b) @ w)
-    return {"token_id": int(token_id), "logit": logit, "parts": parts}
+        names += [{"kind": "attn", "layer": layer, "head": h} for h in range(len(writes))]
+        names += [{"kind": "attn_bias", "layer": layer}, {"kind": "mlp", "layer": layer}]
+        vectors += [*writes, bias, trace[f"h.{layer}.mlp.c_proj"]]
+    vectors = np.vstack(vectors)  # (parts, C)
 
+    def split(w: np.ndarray) -> list[dict]:
+        values = read.values(vectors, w)
+        return ([{**n, "value": float(v)} for n, v in zip(names, values, strict=True)]
+                + [{"kind": "ln_f_bias", "value": float(read.b @ w)}])
 
-def top_neurons(trace: Trace, n: int = NEURONS) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each layer's n most active neurons: (ids (n,), activations (n,)), largest first.
-    Arithmetic on the c_fc product the forward pass already searched: no request."""
-    out = []
-    for a in trace.layers("mlp.gelu"):
-        top = np.argsort(-a, kind="stable")[:n]
-        out.append((top.astype(np.int64), np.asarray(a[top], np.float64)))
+    out = {"token_id": int(ids[0]), "logit": read.logit(rows[0]), "parts": split(rows[0])}
+    if len(ids) > 1:  # the parts of the difference: each the chosen's minus the other's
+        out["versus"] = {"token_id": int(ids[1]), "logit": read.logit(rows[1]), "parts": split(rows[0] - rows[1])}
     return out
 
 
-def neurons(p: Products, tops: list[tuple[np.ndarray, np.ndarray]], k: int = PROMOTES) -> list[list[dict]]:
-    """For each layer's top neurons: what each writes (row n of mlp.c_proj, one search a
-    layer) and the k tokens that row promotes most (one top-k over wte for all layers)."""
-    rows = []
-    for layer, (ids, _) in enumerate(tops):
-        onehot = np.zeros((len(ids), 4 * p.config.n_embd), np.float32)  # (n, 4C)
-        onehot[np.arange(len(ids)), ids] = 1
-        rows.append(without_bias(p, f"h.{layer}.mlp.c_proj", onehot)[0])  # (n, C)
+def neuron_rows(p: Products, layer: int) -> np.ndarray:
+    """What every neuron of a layer writes: row n of mlp.c_proj, c_proj of the one-hot e_n
+    minus its bias. One search, 4C one-hot queries (and the zero one): (4C, C) float64."""
+    return without_bias(p, f"h.{layer}.mlp.c_proj", np.eye(4 * p.config.n_embd, dtype=np.float32))[0]
+
+
+def neurons(p: Products, trace: Trace, w: np.ndarray, n: int = NEURONS, k: int = PROMOTES
+            ) -> tuple[list[list[dict]], list[list[dict]]]:
+    """Each layer's neurons ranked two ways, for the token c whose wte row is w: the n most
+    active, and the n that push c most (push: activation x the neuron's row read as a part of
+    c's logit), each with the k tokens its row promotes most. Requests: one search a layer
+    (every neuron's row), one top-k over wte for every neuron shown.
+    -> (most active, most pushing), per layer"""
+    read = Reading(p, trace)
+    picked, rows = [], []
+    for layer, a in enumerate(trace.layers("mlp.gelu")):
+        written = neuron_rows(p, layer)  # (4C, C)
+        acts = np.asarray(a, np.float64)  # (4C,)
+        push = acts * read.values(written, w)  # (4C,)
+        ways = [np.argsort(-acts, kind="stable")[:n], np.argsort(-push, kind="stable")[:n]]
+        picked.append([[(int(i), acts[i], push[i]) for i in way] for way in ways])
+        rows += [written[way] for way in ways]
     promoted = iter(p.top_k_many(np.vstack(rows).astype(np.float32), k, kind="wte.promotes"))
-    out = []
-    for ids, acts in tops:
-        layer = []
-        for n, a in zip(ids, acts, strict=True):
-            t_ids, scores = next(promoted)
-            layer.append({"neuron": int(n), "activation": float(a),
-                          "promotes": [{"token_id": int(t), "score": float(v)}
-                                       for t, v in zip(t_ids, scores, strict=True)]})
-        out.append(layer)
+    out: tuple[list, list] = ([], [])
+    for layer in picked:
+        for way, chosen in enumerate(layer):
+            out[way].append([{"neuron": i, "activation": float(act), "push": float(ps),
+                              "promotes": [{"token_id": int(t), "score": float(v)} for t, v in zip(*next(promoted),
+                                                                                                   strict=True)]}
+                             for i, act, ps in chosen])
     return out
 
 
-def explain(p: Products, got: dict, token_id: int) -> dict:
-    """Fill an inspection (``inside.inspection``) with the attribution of ``token_id`` and
-    the neurons, unless it has them already; their requests go to ``p.log``."""
+def runner_up(p: Products, got: dict, token_id: int) -> int:
+    """The candidate with the highest logit other than ``token_id``: from the inspection's final
+    candidates, or (a lens of one token) a top-2 search of its own."""
+    final = [int(i) for i in got["lens"][-1]["ids"] if int(i) != int(token_id)]
+    if final:
+        return final[0]
+    c = p.config
+    h = layer_norm(np.asarray(got["trace"].residual[-1], np.float32), *p.norm("ln_f"), c.eps)
+    ids, _ = p.top_k(h, 2)
+    return next(int(i) for i in ids if int(i) != int(token_id))
+
+
+def explain(p: Products, got: dict, token_id: int, versus: int | None = None) -> dict:
+    """Fill an inspection (``inside.inspection``) with the attribution of ``token_id`` against
+    ``versus`` (default: the runner-up) and the neurons ranked both ways for it, unless it has
+    them already. The requests go to whatever ``p.recording`` block is open."""
+    ids = [int(token_id), runner_up(p, got, token_id) if versus is None else int(versus)]
     a = got.get("attribution")
-    if a is None or a["token_id"] != int(token_id):
-        got["attribution"] = attribution(p, got["trace"], int(token_id))
-    if got.get("neurons") is None:
-        got["neurons"] = neurons(p, got["top_neurons"])
+    again = a is None or [a["token_id"], a["versus"]["token_id"]] != ids
+    if not again and got.get("neurons_for") == ids[0]:
+        return got
+    rows = np.asarray(p.token_rows(np.asarray(ids)), np.float64)  # (2, C): one fetch
+    if again:
+        got["attribution"] = attribution_of(p, got["trace"], ids, rows)
+    if got.get("neurons_for") != ids[0]:
+        got["neurons"], got["pushing"] = neurons(p, got["trace"], rows[0])
+        got["neurons_for"] = ids[0]
     return got

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from puffergpt import inspector, tokenizer
-from puffergpt.reference import Products
+from puffergpt.reference import NO_ABLATION, Ablation, Products
 from puffergpt.sampling import Sampling
 from puffergpt.text import Step, TextError, check_generation, opened
 from puffergpt.tokenizer import token_dict
@@ -27,16 +27,19 @@ LOWEST = -1e9  # JSON has no -inf: a log-probability below this is sent as this
 
 def complete(open_products: Callable[[], Products], ids: list[int], n: int, s: Sampling,
              should_stop: Callable[[], bool] | None = None, inspect: int = 0,
-             full: bool = False, echo: bool = False, explain: bool = False) -> Iterator[Step]:
+             full: bool = False, echo: bool = False, explain: bool = False, versus: int | None = None,
+             ablation: Ablation = NO_ABLATION) -> Iterator[Step]:
     """Read ``ids`` and write up to ``n`` tokens in a text of its own, closed at the end.
     ``full``: each token scores the whole vocabulary (exact log-probabilities, ``Step.logz``);
     ``echo``: first a step (phase "prompt") for each prompt token, scored the same way;
-    ``explain`` (with ``inspect``): each token's attribution and the MLP's top neurons.
+    ``explain`` (with ``inspect``): each token's attribution and the MLP's top neurons, and the
+    attribution's difference from ``versus`` (a token id; default: each step's runner-up);
+    ``ablation``: parts of the model switched off for the whole text.
 
     Drive it to its end or call its ``close()`` from the thread that runs it: never leave
     an unfinished one to the garbage collector, whose finaliser would take the store's
     lock from whatever thread it runs in."""
-    with opened(open_products) as text:
+    with opened(open_products, ablation=ablation) as text:
         text.append(list(ids))  # checks the ids and that they fit the context
         check_generation(text.config, s, len(ids), n)
         if echo:
@@ -44,7 +47,7 @@ def complete(open_products: Callable[[], Products], ids: list[int], n: int, s: S
         if inspect:
             if full:
                 raise TextError("inspect works over the top-k candidates: not with top_p or full log-probabilities")
-            yield from inspector.generate(text, n, s, inspect, explain, should_stop)
+            yield from inspector.generate(text, n, s, inspect, explain, should_stop, versus)
         else:
             yield from text.generate(n, s, should_stop=should_stop, full=full)
 

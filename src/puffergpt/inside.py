@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from puffergpt import attribution
 from puffergpt.reference import Products, Trace, layer_norm
 
 MAX_VIEW_K = 100  # tokens a lens, analogy or neighbours view may ask for
@@ -41,13 +40,13 @@ def lens(products: Products, trace: Trace, k: int, final: tuple[np.ndarray, np.n
 
 
 def inspection(products: Products, trace: Trace, k: int, final=None) -> dict:
-    """scores, weights: (L, H, S); lens: n_layer + 1 entries; residual: (L + 1, C); what
-    the attribution needs of the trace (each head's output, each MLP's: small) and each
-    layer's most active neurons (the (L, 4C) activations themselves are not kept)."""
-    kept = trace.only("resid", "attn.heads", "attn.c_proj", "mlp.c_proj")
+    """scores, weights: (L, H, S); lens: n_layer + 1 entries; residual: (L + 1, C); and what
+    the attribution and the neurons need of the trace (each head's output, each MLP's, each
+    MLP's neurons (L, 4C): small beside the attention)."""
+    kept = trace.only("resid", "attn.heads", "attn.c_proj", "mlp.gelu", "mlp.c_proj")
     return {"scores": np.stack(trace.layers("attn.scores")), "weights": np.stack(trace.layers("attn.weights")),
             "lens": lens(products, trace, k, final), "residual": np.stack(trace.residual), "k": k,
-            "trace": kept, "top_neurons": attribution.top_neurons(trace)}
+            "trace": kept}
 
 
 def final_top1(lens_entries: list[dict]) -> int:

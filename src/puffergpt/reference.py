@@ -10,6 +10,7 @@ residual additions are the same code for both.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -155,6 +156,64 @@ class Trace:
 NO_TRACE = Trace(on=False)
 
 
+class Ablation:
+    """Parts of the model switched off, by the Trace's names, for every position a forward pass
+    reads: ``"attn L.H"`` zeroes head H's mixed values (its slice of ``h.{L}.attn.heads``, before
+    c_proj), ``"mlp L"`` the MLP's neurons and its output, c_proj's bias included
+    (``h.{L}.mlp.gelu``, ``h.{L}.mlp.c_proj``). The forward pass hands each of those values to
+    ``apply`` as it makes it; the empty ablation (``NO_ABLATION``) hands every value back."""
+
+    def __init__(self, heads: dict[int, tuple[int, ...]] | None = None, mlps: tuple[int, ...] = ()):
+        self.heads = {l: tuple(sorted(set(hs))) for l, hs in (heads or {}).items() if hs}
+        self.mlps = tuple(sorted(set(mlps)))
+        # name -> what of the value is zeroed: the heads' rows, or all of it (...)
+        self._off: dict[str, object] = {f"h.{l}.attn.heads": list(hs) for l, hs in self.heads.items()}
+        for l in self.mlps:
+            self._off[f"h.{l}.mlp.gelu"] = self._off[f"h.{l}.mlp.c_proj"] = ...
+
+    @classmethod
+    def of(cls, parts, config: GPT2Config) -> Ablation:
+        """Parts as a user writes them, checked against the model: ValueError naming the bad one."""
+        heads: dict[int, list[int]] = {}
+        mlps = []
+        where = f"this model has layers 0..{config.n_layer - 1} and heads 0..{config.n_head - 1}"
+        for part in parts:
+            m = re.fullmatch(r" *(attn) +([0-9]{1,6})\.([0-9]{1,6}) *| *(mlp) +([0-9]{1,6}) *", str(part))
+            if m is None:
+                raise ValueError(f"{str(part)[:40]!r} is not a part: write 'attn L.H' (layer L's head H) or "
+                                 f"'mlp L' (layer L's MLP); {where}")
+            layer = int(m[2] or m[5])
+            head = int(m[3]) if m[1] else None
+            if layer >= config.n_layer or (head is not None and head >= config.n_head):
+                raise ValueError(f"{str(part).strip()!r} is not in this model: {where}")
+            if head is None:
+                mlps.append(layer)
+            else:
+                heads.setdefault(layer, []).append(head)
+        return cls({l: tuple(hs) for l, hs in heads.items()}, tuple(mlps))
+
+    @property
+    def parts(self) -> list[str]:
+        """The parts off, as ``of`` reads them, layer by layer."""
+        out = []
+        for l in sorted(set(self.heads) | set(self.mlps)):
+            out += [f"attn {l}.{h}" for h in self.heads.get(l, ())] + ([f"mlp {l}"] if l in self.mlps else [])
+        return out
+
+    def apply(self, name: str, value: np.ndarray) -> np.ndarray:
+        """``value`` as the forward pass goes on with it: zeroed where a part is off. Heads:
+        (H, T, hd) with the heads' rows zeroed; the MLP's values: all zero."""
+        off = self._off.get(name)
+        if off is None:
+            return value
+        value = np.array(value, np.float32)  # a copy: the caller's array stays as it was
+        value[off] = 0
+        return value
+
+
+NO_ABLATION = Ablation()
+
+
 @dataclass
 class Cache:
     """The attention values of one text, per layer: (H, S, hd). Values stay in the
@@ -168,8 +227,8 @@ class Cache:
 
 # --- the forward pass -------------------------------------------------------------------
 
-def attention(p: Products, layer: int, x: np.ndarray, pos: np.ndarray, cache: Cache, trace: Trace = NO_TRACE
-              ) -> np.ndarray:
+def attention(p: Products, layer: int, x: np.ndarray, pos: np.ndarray, cache: Cache, trace: Trace = NO_TRACE,
+              ablation: Ablation = NO_ABLATION) -> np.ndarray:
     c = p.config
     T, H, hd = x.shape[0], c.n_head, c.head_dim
     qkv = p.linear(f"h.{layer}.attn.c_attn", x)  # (T, C) -> (T, 3C)
@@ -180,6 +239,7 @@ def attention(p: Products, layer: int, x: np.ndarray, pos: np.ndarray, cache: Ca
     scores = p.attention_scores(layer, q, k, pos)  # (H, T, S)
     w = softmax(scores / np.sqrt(hd))  # the causal mask is already in scores as -inf
     out = (w @ cache.values[layer]).astype(np.float32)  # (H, T, S) @ (H, S, hd) -> (H, T, hd)
+    out = ablation.apply(f"h.{layer}.attn.heads", out)  # a head switched off mixes nothing
     y = p.linear(f"h.{layer}.attn.c_proj", out.transpose(1, 0, 2).reshape(T, H * hd))  # merge heads: (T, C)
     # What the last token shows: its rows of (H, T, S), (H, T, hd) and (T, C).
     trace.record(f"h.{layer}.attn.scores", scores[:, -1] / np.sqrt(hd))
@@ -189,18 +249,22 @@ def attention(p: Products, layer: int, x: np.ndarray, pos: np.ndarray, cache: Ca
     return y
 
 
-def mlp(p: Products, layer: int, x: np.ndarray, trace: Trace = NO_TRACE) -> np.ndarray:
-    h = gelu(p.linear(f"h.{layer}.mlp.c_fc", x))  # (T, C) -> (T, 4C)
-    y = p.linear(f"h.{layer}.mlp.c_proj", h)  # (T, 4C) -> (T, C)
+def mlp(p: Products, layer: int, x: np.ndarray, trace: Trace = NO_TRACE, ablation: Ablation = NO_ABLATION
+        ) -> np.ndarray:
+    # Switched off, no neuron fires and nothing is written, c_proj's bias included.
+    h = ablation.apply(f"h.{layer}.mlp.gelu", gelu(p.linear(f"h.{layer}.mlp.c_fc", x)))  # (T, C) -> (T, 4C)
+    y = ablation.apply(f"h.{layer}.mlp.c_proj", p.linear(f"h.{layer}.mlp.c_proj", h))  # (T, 4C) -> (T, C)
     trace.record(f"h.{layer}.mlp.gelu", h[-1])
     trace.record(f"h.{layer}.mlp.c_proj", y[-1])
     return y
 
 
-def forward(p: Products, ids: np.ndarray, start: int, cache: Cache, trace: Trace | None = None) -> np.ndarray:
+def forward(p: Products, ids: np.ndarray, start: int, cache: Cache, trace: Trace | None = None,
+            ablation: Ablation = NO_ABLATION) -> np.ndarray:
     """Read tokens ``ids`` at positions start.. (earlier positions are in ``cache``) and
     return the final hidden states after ``ln_f``: (T,) -> (T, C). A ``trace`` records
-    what the last token went through."""
+    what the last token went through; an ``ablation`` switches parts off (every position
+    it reads: the cache must have been read with the same ablation)."""
     c = p.config
     trace = NO_TRACE if trace is None else trace
     ids = np.asarray(ids, dtype=np.int64)
@@ -216,8 +280,8 @@ def forward(p: Products, ids: np.ndarray, start: int, cache: Cache, trace: Trace
     x = p.embed(ids, pos)  # (T, C)
     for i in range(c.n_layer):
         trace.record(f"h.{i}.resid", x[-1])  # entering block i
-        x = x + attention(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_1"), c.eps), pos, cache, trace)
-        x = x + mlp(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_2"), c.eps), trace)
+        x = x + attention(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_1"), c.eps), pos, cache, trace, ablation)
+        x = x + mlp(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_2"), c.eps), trace, ablation)
     trace.record("ln_f.resid", x[-1])  # after the last block, before ln_f
     return layer_norm(x, *p.norm("ln_f"), c.eps)
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from puffergpt import tokenizer
 from puffergpt.checkpoints import GPT2Config
-from puffergpt.reference import Cache, Products, Trace, forward
+from puffergpt.reference import NO_ABLATION, Ablation, Cache, Products, Trace, forward
 from puffergpt.sampling import Sampling, distribution, log_softmax, pick, probabilities
 
 log = logging.getLogger("puffergpt")
@@ -142,9 +142,11 @@ class Step:
 
 
 class Text:
-    def __init__(self, products: Products, text_id: str | None = None):
+    def __init__(self, products: Products, text_id: str | None = None, ablation: Ablation = NO_ABLATION):
+        """``ablation``: parts of the model switched off for everything this text reads (``Ablation``)."""
         self.id = text_id or uuid.uuid4().hex[:12]  # what TEXT_ID matches
         self.products = products
+        self.ablation = ablation
         self.config = products.config
         self.tokens: list[int] = []
         self.length = 0
@@ -313,7 +315,8 @@ class Text:
         if n > 0:
             start = self.read_upto
             with self.products.recording() as requests:
-                h = forward(self.products, np.asarray(self.tokens[start: self.length]), start, self.cache, trace)
+                h = forward(self.products, np.asarray(self.tokens[start: self.length]), start, self.cache, trace,
+                            self.ablation)
             self.hidden[start:] = list(h)
             self.read_upto = self.length
             users = any(q not in self.steps for q in range(start, self.length))  # not all the model's own tokens
@@ -335,6 +338,20 @@ class Text:
             read = self._read(trace)
         ids, logits = self.products.top_k(self.hidden[p - 1], k)
         return np.asarray(ids), np.asarray(logits, np.float64), read
+
+    def candidates(self, p: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The k best candidates for position p (1..length): the step's own where it kept k, else
+        one top-k search from the hidden state at p - 1 (the text read up to it first).
+        -> (ids (k,), logits (k,)), best first"""
+        with self.lock:
+            p = self._position(p, 1, self.length, "candidates")
+            old = self.steps.get(p)
+            if old is not None and len(old.ids) >= k:
+                return old.ids[:k], old.logits[:k]
+            if self.read_upto < p:
+                self._read()
+            ids, logits = self.products.top_k(self.hidden[p - 1], k)
+            return np.asarray(ids), np.asarray(logits, np.float64)
 
     def _all_logits(self, q: int, trace: Trace | None = None) -> tuple[np.ndarray, int]:
         """Every token's score at position q (from the hidden state at q - 1): one search
@@ -384,7 +401,7 @@ class Text:
                             f"(the positions whose previous token the model has read)")
         trace = Trace()
         cache = Cache([v[:, : p - 1].copy() for v in self.cache.values])
-        forward(self.products, np.asarray([self.tokens[p - 1]]), p - 1, cache, trace)
+        forward(self.products, np.asarray([self.tokens[p - 1]]), p - 1, cache, trace, self.ablation)
         return trace
 
     def generate(self, n: int, s: Sampling, should_stop: Callable[[], bool] | None = None, full: bool = False,
@@ -560,9 +577,11 @@ class Texts:
 
 
 @contextlib.contextmanager
-def opened(open_products: Callable[[], Products], ids: list[int] = ()) -> Iterator[Text]:
-    """A text of its own, closed (and its namespace of keys dropped) however the block ends."""
-    text = Text(open_products())
+def opened(open_products: Callable[[], Products], ids: list[int] = (), ablation: Ablation = NO_ABLATION
+           ) -> Iterator[Text]:
+    """A text of its own, closed (and its namespace of keys dropped) however the block ends; with an
+    ``ablation``, read with those parts of the model switched off."""
+    text = Text(open_products(), ablation=ablation)
     try:
         if ids:
             text.append(list(ids))

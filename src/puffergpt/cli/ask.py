@@ -40,11 +40,16 @@ from puffergpt.sampling import Sampling
                    "adds to its logit (attribution) and each layer's most active MLP neurons")
 @click.option("--lens-k", type=click.IntRange(5, 100), default=10, show_default=True,
               help="tokens per layer in the lens")
+@click.option("--versus", type=int, default=None, metavar="ID",
+              help="with --inspect: the attribution's versus explains logit(chosen) - logit(ID) "
+                   "[default: each token's runner-up]")
+@click.option("--ablate", "ablate", multiple=True, metavar="PART",
+              help="switch a part of the model off at every position, repeatable: 'attn L.H' (layer L's head H, "
+                   "its mixed values zeroed before c_proj) or 'mlp L' (layer L's MLP output, bias included)")
 def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, seed, n_tokens, as_json, inspect,
-             lens_k) -> None:
+             lens_k, versus, ablate) -> None:
     """Continue PROMPT."""
     from puffergpt.completion import complete
-    from puffergpt.text import TextError, check_generation
 
     if not prompt:
         fail("the prompt is empty: give some text to continue")
@@ -52,17 +57,39 @@ def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, 
         fail(f"-n must be >= 0, got {n_tokens}")
     if inspect and not as_json:
         fail("--inspect adds attention and the lens to the --json output: give --json too")
+    if versus is not None and not inspect:
+        fail("--versus sets what the attribution is compared with: give --json --inspect too")
     model, _ = resolve_model(model)
     ids = tokenizer.encode(prompt)
     s = Sampling(temperature, top_k, seed)
     with clear_errors(), open_model(engine, model, backend, data_dir, dsn) as opened:
-        try:
-            check_generation(opened.config, s, len(ids), n_tokens)
-        except TextError as e:
-            fail(str(e))
-        steps = complete(opened.products, ids, n_tokens, s, inspect=lens_k if inspect else 0, explain=inspect)
+        off = checked(opened.config, s, len(ids), n_tokens, ablate, versus)
+        steps = complete(opened.products, ids, n_tokens, s, inspect=lens_k if inspect else 0, explain=inspect,
+                         versus=versus, ablation=off)
         run_generate(steps, prompt, ids, as_json,
-                     {"model": model, "engine": engine, "backend": backend if engine == "search" else None})
+                     {"model": model, "engine": engine, "backend": backend if engine == "search" else None}
+                     | ({"ablate": off.parts} if off.parts else {}))
+
+
+def checked(config, s, n_prompt: int, n: int, ablate: tuple[str, ...], versus: int | None):
+    """The generation's options checked against the model, each refusal naming its option.
+    -> the parts switched off (``reference.Ablation``)"""
+    from puffergpt.reference import Ablation
+    from puffergpt.text import TextError, check_generation, check_token_ids
+
+    try:
+        check_generation(config, s, n_prompt, n)
+    except TextError as e:
+        fail(str(e))
+    try:
+        off = Ablation.of(ablate, config)
+    except ValueError as e:
+        fail(f"--ablate: {e}")
+    try:
+        check_token_ids([] if versus is None else [versus], config.n_vocab)
+    except TextError as e:
+        fail(f"--versus: {e}")
+    return off
 
 
 def run_generate(steps, prompt, ids, as_json, summary) -> None:
@@ -94,6 +121,8 @@ def run_generate(steps, prompt, ids, as_json, summary) -> None:
                f"{p['ms']:.0f} ms | decode: {d['tokens']} tokens, {d['requests']} requests, "
                f"{d['round_trips']} round trips, {d['ms']:.0f} ms | "
                f"${p['cost_usd'] + d['cost_usd']:.6f} at turbopuffer's rates]", err=True)
+    if summary.get("ablate"):
+        click.echo(f"[switched off at every position: {', '.join(summary['ablate'])}]", err=True)
 
 
 def step_line(step) -> dict:
@@ -111,7 +140,7 @@ def step_line(step) -> dict:
         d["decided_layer"] = inside.decided_layer(got["lens"])
         d["final_top1"] = tokenizer.token_dict(inside.final_top1(got["lens"]))
         if "attribution" in got:
-            d["attribution"], d["neurons"] = got["attribution"], got["neurons"]
+            d["attribution"], d["neurons"], d["pushing"] = got["attribution"], got["neurons"], got["pushing"]
     return d
 
 

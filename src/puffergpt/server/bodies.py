@@ -24,6 +24,8 @@ MAX_NEW_TOKENS = 512
 MAX_WORD_CHARS = 64
 MAX_DEPTH = 32  # nesting of a body's JSON: the deepest field (an insight's evidence) needs 5
 MAX_INT_DIGITS = 100  # no field takes more than 20 digits; int() refuses past 4300
+MAX_ABLATE_PARTS = 2048  # parts one rerun may switch off: every head and MLP of GPT-2 XL is 1,248
+MAX_PART_CHARS = 32  # "attn 11.11" is 10
 
 
 class BodyError(ValueError):
@@ -188,6 +190,21 @@ class CompareBody(Strict):
 class SamplingBodyInspect(SamplingBody):
     inspect: bool = False  # each token event also carries its attention and lens
     lens_k: int = Field(10, ge=1, le=MAX_VIEW_K)
+
+
+class AblateBody(Strict):
+    """Parts of the model switched off for a rerun of a step: "attn L.H" or "mlp L" (checked
+    against the model by ``reference.Ablation``), and how many candidates to show before and after."""
+    parts: list[str] = Field(..., min_length=1, max_length=MAX_ABLATE_PARTS)
+    k: int = Field(10, ge=1, le=MAX_VIEW_K)
+
+    @model_validator(mode="after")
+    def short_parts(self):
+        for part in self.parts:
+            if len(part) > MAX_PART_CHARS:
+                raise ValueError(f"a part is {len(part)} characters, at most {MAX_PART_CHARS}: "
+                                 "write 'attn L.H' or 'mlp L'")
+        return self
 
 
 class AnalogyBody(Strict):

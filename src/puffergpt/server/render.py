@@ -34,12 +34,46 @@ def part_label(part: dict) -> str:
 
 
 def explained_json(got: dict) -> dict:
-    """The attribution (each part labelled) and the neurons, tokens as text."""
-    a = got["attribution"]
+    """The attribution and its versus (each part labelled) and the neurons both ways, tokens as text."""
+    a, v = got["attribution"], got["attribution"]["versus"]
+
+    def labelled(parts: list[dict]) -> list[dict]:
+        return [{**part, "label": part_label(part)} for part in parts]
+
+    def neurons(layers: list[list[dict]]) -> list[list[dict]]:
+        return [[{**n, "promotes": [{**t, "token": token_json(t["token_id"])} for t in n["promotes"]]}
+                 for n in layer] for layer in layers]
+
     return {"attribution": {"token_id": a["token_id"], "token": token_json(a["token_id"]), "logit": a["logit"],
-                            "parts": [{**part, "label": part_label(part)} for part in a["parts"]]},
-            "neurons": [[{**n, "promotes": [{**t, "token": token_json(t["token_id"])} for t in n["promotes"]]}
-                         for n in layer] for layer in got["neurons"]]}
+                            "parts": labelled(a["parts"]),
+                            "versus": {"token_id": v["token_id"], "token": token_json(v["token_id"]),
+                                       "logit": v["logit"], "parts": labelled(v["parts"])}},
+            "neurons": neurons(got["neurons"]), "pushing": neurons(got["pushing"])}
+
+
+def candidates_json(ids, logits) -> list[dict]:
+    return [{"rank": i, **token_json(int(t)), "logit": float(v)} for i, (t, v) in enumerate(zip(ids, logits,
+                                                                                               strict=True))]
+
+
+def ablation_json(got: dict) -> dict:
+    """A step run again with parts switched off (``inspector.ablate``): the candidates before and
+    after, the model's top choice in each, and where the token at the position went."""
+    (before, before_logits), (after, after_logits) = got["before"], got["after"]
+    chosen = got["chosen"]
+
+    def rank(ids) -> int | None:
+        hit = [i for i, t in enumerate(ids) if int(t) == chosen]
+        return hit[0] if hit else None
+
+    return {"position": got["position"], "parts": got["parts"],
+            "chosen": None if chosen is None else token_json(chosen),
+            "before": candidates_json(before, before_logits), "after": candidates_json(after, after_logits),
+            "top1_before": token_json(int(before[0])), "top1_after": token_json(int(after[0])),
+            "changed": int(before[0]) != int(after[0]),
+            "chosen_rank_before": None if chosen is None else rank(before),
+            "chosen_rank_after": None if chosen is None else rank(after),
+            "requests": [request_json(r) for r in got["requests"]]}
 
 
 def lens_json(entries: list[dict], chosen: int | None) -> list[dict]:

@@ -90,6 +90,25 @@ class Inspection(Response):
     recomputed: bool
 
 
+class Ablated(Response):
+    """A step run again with parts of the model switched off at every position: the candidates
+    before and after (best first), the top choice in each and whether it ``changed``, the rank of
+    the token at the position in each (None: not among them, or no token there yet), and the
+    requests the rerun cost (marked extra)."""
+
+    position: int
+    parts: list[str]
+    chosen: dict[str, Any] | None
+    before: list[dict[str, Any]]
+    after: list[dict[str, Any]]
+    top1_before: dict[str, Any]
+    top1_after: dict[str, Any]
+    changed: bool
+    chosen_rank_before: int | None
+    chosen_rank_after: int | None
+    requests: list[dict[str, Any]]
+
+
 class KV(Response):
     """A text's key namespace: which positions hold keys, and which read wrote them."""
 

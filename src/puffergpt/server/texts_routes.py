@@ -14,8 +14,15 @@ from fastapi import APIRouter
 from puffergpt import inspector, tokenizer, views
 from puffergpt.sampling import Sampling
 from puffergpt.server import responses
-from puffergpt.server.bodies import AppendBody, BranchBody, CreateBody, PositionBody, SamplingBodyInspect
-from puffergpt.server.render import inspect_json, request_json, sse, step_json, text_json
+from puffergpt.server.bodies import (
+    AblateBody,
+    AppendBody,
+    BranchBody,
+    CreateBody,
+    PositionBody,
+    SamplingBodyInspect,
+)
+from puffergpt.server.render import ablation_json, inspect_json, request_json, sse, step_json, text_json
 from puffergpt.server.state import ConfigDep, GenerationsDep, TextDep, TextsDep
 from puffergpt.server.streaming import stream
 from puffergpt.stores.base import StoreError
@@ -131,12 +138,22 @@ def generate(body: SamplingBodyInspect, t: TextDep, config: ConfigDep, generatio
 # --- inside the transformer: each view is searches, counted ---
 
 @router.get("/{text_id}/steps/{position}/inspect", response_model=responses.Inspection)
-def inspect(position: int, t: TextDep, lens_k: int = 10) -> dict:
+def inspect(position: int, t: TextDep, lens_k: int = 10, versus: int | None = None) -> dict:
     """The view from the token at position - 1, whose output predicts ``position``:
-    attention per layer and head over 0..position-1, and the logit lens."""
-    got, requests, recomputed = inspector.inspect(t, position, lens_k)
+    attention per layer and head over 0..position-1, the logit lens, what each part adds to
+    the token's logit and to its lead over ``versus`` (a token id; default: the runner-up),
+    and the MLP's neurons, most active and most pushing the token."""
+    got, requests, recomputed = inspector.inspect(t, position, lens_k, versus=versus)
     with t.lock:
         return inspect_json(got, t, position, requests, recomputed)
+
+
+@router.post("/{text_id}/steps/{position}/ablate", response_model=responses.Ablated)
+def ablate(position: int, body: AblateBody, t: TextDep, texts: TextsDep) -> dict:
+    """The step at ``position`` run again with ``parts`` switched off at every position (a
+    prefill of the tokens before it, on products of its own: the text is left as it was): the
+    k best candidates before and after, and whether the model's top choice changed."""
+    return ablation_json(inspector.ablate(t, position, body.parts, texts.open_products, body.k))
 
 
 @router.get("/{text_id}/kv", response_model=responses.KV)

@@ -3,13 +3,14 @@
 // layer's attention bias, each MLP); with ln_f's scale taken from that residual, each
 // part's share of the token's logit is ((part - mean) / s * g) . wte[token], and ln_f's
 // bias adds b . wte[token]. The server computes them (searches, counted); the parts sum
-// to the logit. A sorted bar chart; a head's bar opens that head's attention.
+// to the logit. A sorted bar chart; a head's bar opens that head's attention. Below it, why
+// this token and not another: the same parts of the difference of the two logits (versus).
 import { h, visibleToken } from "./dom.js";
 import { int, plural } from "./format.js";
 
 const SHOWN = 12; // bars drawn before "show all"
 const KIND_NAME = { embed: "the embedding", attn: "attention heads", attn_bias: "attention biases", mlp: "MLPs", ln_f_bias: "ln_f's bias" };
-const signed = (x) => (x >= 0 ? "+" : "−") + Math.abs(x).toFixed(3);
+export const signed = (x) => (x >= 0 ? "+" : "−") + Math.abs(x).toFixed(3);
 
 // One bar: a diverging scale around zero, so a part that lowers the logit points left.
 function bar(part, scale, openHead) {
@@ -40,15 +41,11 @@ function topHeads(parts) {
     (down.length ? `Most against: ${say(down)}.` : "") });
 }
 
-// The attribution part of a token's inside view, into `box`; openHead(l, h, reveal)
-// opens a head in the attention grid above.
-export function renderAttribution(box, view, openHead) {
-  const a = view.attribution;
-  if (!a || !a.parts || !a.parts.length) { box.replaceChildren(); return; }
-  const parts = [...a.parts].sort((x, y) => Math.abs(y.value) - Math.abs(x.value));
+// A sorted bar chart of parts (largest first), the first SHOWN drawn until "show all":
+// -> [chart, its button]
+export function partsChart(unsorted, openHead) {
+  const parts = [...unsorted].sort((x, y) => Math.abs(y.value) - Math.abs(x.value));
   const scale = Math.max(...parts.map((p) => Math.abs(p.value)), 1e-12);
-  const sum = parts.reduce((s, p) => s + p.value, 0);
-  const tok = a.token || { text: `#${a.token_id}` };
   const chart = h("div", { class: "parts" });
   let all = false;
   const more = h("button", { type: "button", class: "parts-more" });
@@ -59,12 +56,22 @@ export function renderAttribution(box, view, openHead) {
   };
   more.addEventListener("click", () => { all = !all; draw(); });
   draw();
+  return [chart, more];
+}
+
+// The attribution part of a token's inside view, into `box`; openHead(l, h, reveal)
+// opens a head in the attention grid above.
+export function renderAttribution(box, view, openHead) {
+  const a = view.attribution;
+  if (!a || !a.parts || !a.parts.length) { box.replaceChildren(); return; }
+  const sum = a.parts.reduce((s, p) => s + p.value, 0);
+  const tok = a.token || { text: `#${a.token_id}` };
   box.replaceChildren(
     h("h3", { text: "What each part adds" }),
     h("p", { class: "note" }, "The logit of ", visibleToken(tok.text, tok.bytes_hex), ` (${a.logit.toFixed(3)}) split into what each part of the model wrote into position ${view.query_position}'s residual stream: ` +
       "the embedding, each attention head, each layer's attention bias, each MLP and ln_f's bias. Each part is read through the final layer norm " +
       "with the scale of the actual residual (the standard linearisation), so the parts add up to the logit. Sorted by size; a head's name opens its attention."),
-    byKind(a.parts), topHeads(parts), chart, more,
-    h("p", { class: "note part-sum" }, `The ${plural(parts.length, "part")} sum to `, h("b", { class: "sum", text: sum.toFixed(4) }),
+    byKind(a.parts), topHeads([...a.parts].sort((x, y) => Math.abs(y.value) - Math.abs(x.value))), ...partsChart(a.parts, openHead),
+    h("p", { class: "note part-sum" }, `The ${plural(a.parts.length, "part")} sum to `, h("b", { class: "sum", text: sum.toFixed(4) }),
       "; the logit is ", h("b", { class: "logit", text: a.logit.toFixed(4) }), "."));
 }

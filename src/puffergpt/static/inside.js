@@ -1,25 +1,30 @@
 // "Look inside" the selected token: the view from the position before it, whose
 // output predicted it (position t's output predicts token t+1): its attention and
-// the lens. Asked for on demand (extra searches, counted) or live with generation.
+// the lens, what each part adds (and why this token and not another), switching parts off,
+// the MLP's neurons. Asked for on demand (extra searches, counted) or live with generation.
 import { api, textPath } from "./api.js";
 import { $, h, placeholder, showError, visibleToken } from "./dom.js";
 import { plural } from "./format.js";
+import { renderAblate } from "./ablate.js";
 import { renderAttention } from "./attention.js";
 import { renderAttribution } from "./attribution.js";
 import { renderLens } from "./lens.js";
 import { renderNeurons } from "./neurons.js";
+import { renderVersus } from "./versus.js";
 import { withText } from "./reopen.js";
 import { S, insideKey, keepInside, nLayer, render, view } from "./state.js";
 
 const LENS_K = 10;
 let loading = null; // the inside key being fetched
 
-async function lookInside(p) {
+// versus: the token id the attribution is compared with (default: the runner-up).
+async function lookInside(p, versus = null) {
   const key = insideKey(p);
   loading = key;
   render("inside");
   try {
-    const v = await withText(() => api("GET", textPath(S.textId, `/steps/${p}/inspect?lens_k=${LENS_K}`)));
+    const ask = `/steps/${p}/inspect?lens_k=${LENS_K}` + (versus === null ? "" : `&versus=${versus}`);
+    const v = await withText(() => api("GET", textPath(S.textId, ask)));
     keepInside(p, v);
   } catch (e) {
     showError(e);
@@ -69,8 +74,10 @@ function renderInside() {
   const attn = h("div", { id: "attention", class: "attention" });
   const lens = h("div", { id: "lens", class: "lens" });
   const parts = h("div", { id: "attribution", class: "attribution" });
+  const versus = h("div", { id: "versus", class: "attribution versus" });
+  const off = h("div", { id: "ablate", class: "ablate" });
   const mlp = h("div", { id: "neurons", class: "neurons-view" });
-  kids.push(h("p", { class: "note inside-cost", text: cost(v) }), attn, lens, parts, mlp);
+  kids.push(h("p", { class: "note inside-cost", text: cost(v) }), attn, lens, parts, versus, off, mlp);
   if (v.live && !v.attribution) {
     kids.push(h("p", { class: "note", text: "“Look inside” adds what each part adds to this token and the MLP's most active neurons (more searches, counted)." }),
       h("div", { class: "actions" }, button));
@@ -79,6 +86,8 @@ function renderInside() {
   const openHead = renderAttention(attn, v);
   renderLens(lens, v);
   renderAttribution(parts, v, openHead);
+  renderVersus(versus, v, openHead, (id) => lookInside(p, id), loading !== null || S.generating);
+  renderAblate(off, p, S.info && S.info.config);
   renderNeurons(mlp, v);
 }
 

@@ -1,11 +1,16 @@
-// The MLP as a memory (Geva et al., 2021): at layer l, a neuron's activation is one
-// entry of the c_fc product the step already searched (after GELU): no request. What
-// neuron n writes is row n of mlp.c_proj, and the tokens it promotes are a top-k search
-// over wte with that row as the query. Per layer: the most active neurons, how active,
-// what each promotes, and the searches that found them (from the view's request log).
+// The MLP as a memory (Geva et al., 2021): at layer l, a neuron's activation is one entry of
+// the c_fc product the step already searched (after GELU): no request. What neuron n writes
+// is row n of mlp.c_proj (every neuron's row: one search a layer, a one-hot query each), and
+// the tokens it promotes are a top-k search over wte with that row as the query. Each layer's
+// neurons ranked two ways: the most active, and those that push the chosen token most
+// (activation × the row read through ln_f as "what each part adds" reads a part). The two
+// lists differ, and the page says by how much.
 import { h, visibleToken } from "./dom.js";
 import { int, plural } from "./format.js";
+import { signed } from "./attribution.js";
 import { S } from "./state.js";
+
+let ranking = "active"; // which list the panel shows: "active" or "pushing"
 
 // The last request of a kind: the view's own (a recomputed forward pass has earlier ones).
 const lastOf = (requests, kind) => [...(requests || [])].reverse().find((r) => r.kind === kind && r.extra);
@@ -15,39 +20,69 @@ function searchLine(r, what) {
   return h("li", null, h("code", { text: r.kind }), ` ${r.op}, ${plural(r.queries, "query", "queries")}: ${what}`);
 }
 
-function neuronRow(n, top) {
+function neuronRow(n, top, both) {
   const toks = n.promotes.map((t) => t.token || { text: `#${t.token_id}`, token_id: t.token_id });
-  return h("div", { class: "neuron", dataset: { neuron: String(n.neuron) } },
-    h("span", { class: "neuron-id", text: `n ${n.neuron}` }),
+  return h("div", { class: "neuron" + (both ? " both" : ""), dataset: { neuron: String(n.neuron), push: String(n.push) } },
+    h("span", { class: "neuron-id", title: both ? "in both lists" : null, text: `n ${n.neuron}${both ? " •" : ""}` }),
     h("span", { class: "neuron-act", title: `activation (GELU output) ${n.activation.toFixed(4)}` },
       h("span", { class: "neuron-bar", style: { width: (Math.max(0, n.activation / top) * 100).toFixed(1) + "%" } }),
       h("span", { class: "neuron-val num", text: n.activation.toFixed(3) })),
+    h("span", { class: "neuron-push num " + (n.push >= 0 ? "pos" : "neg"), title: "activation × the neuron's effect on the chosen token's logit",
+      text: signed(n.push) }),
     h("span", { class: "neuron-promotes" }, toks.map((t, i) => h("span", {
       class: "lens-chip", title: `token ${t.token_id} · score ${n.promotes[i].score.toFixed(3)} (c_proj row · wte)` }, visibleToken(t.text, t.bytes_hex)))));
 }
 
-function layerBlock(l, list, requests) {
+function layerBlock(l, list, other, requests, tok) {
   const top = Math.max(...list.map((n) => n.activation), 1e-12);
+  const others = new Set(other.map((n) => n.neuron));
+  const both = list.filter((n) => others.has(n.neuron)).map((n) => `n ${n.neuron}`);
   const cproj = lastOf(requests, `h.${l}.mlp.c_proj`);
+  const title = ranking === "active" ? `Layer ${l}: its ${plural(list.length, "most active neuron")}`
+    : [`Layer ${l}: the ${plural(list.length, "neuron")} that push `, visibleToken(tok.text, tok.bytes_hex), " most"];
   return h("div", { class: "neuron-layer", dataset: { layer: String(l) } },
-    h("h4", { text: `Layer ${l}: its ${plural(list.length, "most active neuron")}` }),
-    h("div", { class: "neurons" }, list.map((n) => neuronRow(n, top))),
+    h("h4", null, title),
+    h("p", { class: "note neuron-both", text: both.length ? `In both lists (•): ${both.join(", ")}.` : "No neuron of this layer is in both lists." }),
+    h("div", { class: "neurons" },
+      h("div", { class: "neuron-head", "aria-hidden": "true" }, h("span", { text: "neuron" }), h("span", { text: "activation" }),
+        h("span", { class: "num", text: "push" }), h("span", { text: "tokens its row promotes" })),
+      list.map((n) => neuronRow(n, top, others.has(n.neuron)))),
     cproj ? h("ul", { class: "note neuron-searches" },
       h("li", null, h("code", { text: `h.${l}.mlp.c_fc` }), ": the activations, from this token's own pass through the layer (no request of their own)"),
-      searchLine(cproj, "the rows of c_proj the neurons write (one masked query each, and one for the bias)")) : "");
+      searchLine(cproj, "every neuron's row of c_proj (a one-hot query each, and one for the bias)")) : "");
+}
+
+function switcher(box, view, tok) {
+  const button = (name, label) => h("button", { type: "button", class: "neuron-rank" + (ranking === name ? " on" : ""),
+    "aria-pressed": String(ranking === name), dataset: { rank: name }, onclick: () => { ranking = name; renderNeurons(box, view); } }, label);
+  return h("div", { class: "neuron-ranking", role: "group", "aria-label": "rank the neurons by" },
+    h("span", { text: "Rank by:" }), button("active", "most active"),
+    button("pushing", ["pushing ", visibleToken(tok.text, tok.bytes_hex), " most"]));
 }
 
 // The neurons part of a token's inside view, into `box`.
 export function renderNeurons(box, view) {
-  const layers = view.neurons;
-  if (!layers || !layers.length) { box.replaceChildren(); return; }
+  const active = view.neurons, pushing = view.pushing || [];
+  if (!active || !active.length) { box.replaceChildren(); return; }
+  if (!pushing.length) ranking = "active";
+  const a = view.attribution || {};
+  const tok = a.token || { text: `#${a.token_id}` };
+  const shown = ranking === "active" ? active : pushing;
+  const other = ranking === "active" ? pushing : active;
   const promotes = lastOf(view.requests, "wte.promotes");
+  const shared = active.reduce((s, l, i) => s + l.filter((n) => (pushing[i] || []).some((m) => m.neuron === n.neuron)).length, 0);
+  const total = active.reduce((s, l) => s + l.length, 0);
   box.replaceChildren(
     h("h3", { text: "The MLP as a memory" }),
-    h("p", { class: "note", text: `Each MLP has ${S.info ? int(4 * S.info.config.n_embd) : "4 × width"} neurons. At position ${view.query_position}, these are each layer's most active ones (the largest GELU outputs of mlp.c_fc). ` +
-      "What neuron n adds to the residual is row n of mlp.c_proj times its activation; the tokens it promotes are the answer of a top-k search over the token vectors (wte) with that row as the query: " +
-      "the neuron as a key (c_fc) that, when it fires, writes a value (c_proj) pointing at these tokens." }),
+    h("p", { class: "note" }, `Each MLP has ${S.info ? int(4 * S.info.config.n_embd) : "4 × width"} neurons. At position ${view.query_position}, each layer's neurons ranked two ways. ` +
+      "Most active: the largest GELU outputs of mlp.c_fc. Pushing ", visibleToken(tok.text, tok.bytes_hex), " most: activation × what the neuron's row of mlp.c_proj adds to that token's logit, read through ln_f as in “What each part adds” " +
+      "(a layer's pushes and its c_proj bias sum to its MLP's part). The tokens a neuron promotes are a top-k search over the token vectors (wte) with its row as the query: " +
+      "the neuron as a key (c_fc) that, when it fires, writes a value (c_proj) pointing at these tokens."),
+    pushing.length ? h("p", { class: "neuron-differ" }, h("b", { text: "The two rankings differ: " }),
+      `${shared} of the ${plural(total, "most active neuron")} ${shared === 1 ? "is" : "are"} among those pushing `, visibleToken(tok.text, tok.bytes_hex),
+      " most. Firing hard is not the same as pushing this token: a neuron's row may point at other tokens, or against this one.") : "",
+    pushing.length ? switcher(box, view, tok) : "",
     promotes ? h("p", { class: "note neuron-promotes-search" }, "Promoted tokens: ", h("code", { text: promotes.kind }),
-      ` — one search, ${plural(promotes.queries, "query", "queries")} (every neuron of every layer), listed with this view's requests in the waterfall.`) : "",
-    ...layers.map((list, l) => layerBlock(l, list, view.requests)));
+      ` — one search, ${plural(promotes.queries, "query", "queries")} (each neuron listed here, both rankings, every layer), listed with this view's requests in the waterfall.`) : "",
+    ...shown.map((list, l) => layerBlock(l, list, other[l] || [], view.requests, tok)));
 }

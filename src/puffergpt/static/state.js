@@ -18,6 +18,7 @@ export const S = {
   chosen: new Map(), // prefix key -> token id the user branched to
   paths: [], // the known token id sequences of this text, for the tree
   inside: new Map(), // "prefix key|token id" -> an inspect view (a few kept, newest last)
+  ablations: new Map(), // the same key -> the latest rerun with parts switched off (ablate.js)
   selected: null,
   generating: false,
   busy: false,
@@ -39,9 +40,15 @@ export function keepInside(p, view) {
   while (S.inside.size > INSIDE_KEPT) S.inside.delete(S.inside.keys().next().value);
 }
 
+export function keepAblation(key, got) {
+  S.ablations.delete(key);
+  S.ablations.set(key, got);
+  while (S.ablations.size > INSIDE_KEPT) S.ablations.delete(S.ablations.keys().next().value);
+}
+
 export function resetText() {
   Object.assign(S, { textId: null, prompt: null, promptLen: 0, tokens: [], length: 0, readUpto: 0, selected: null,
-    serverSteps: new Set(), memo: new Map(), chosen: new Map(), paths: [], inside: new Map() });
+    serverSteps: new Set(), memo: new Map(), chosen: new Map(), paths: [], inside: new Map(), ablations: new Map() });
 }
 
 const tokenOf = (x) => ({ id: x.token_id, text: x.text, hex: x.bytes_hex || null });

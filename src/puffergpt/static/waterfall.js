@@ -133,18 +133,25 @@ function stepNote(step, log) {
   return "Decode: one token read, one full pass through the model. " + order;
 }
 
-// The extra searches that "look inside" cost for this token, apart from the step's own.
+// The extra searches that "look inside" cost for this token, apart from the step's own, and
+// those of its latest rerun with parts switched off.
 function extraSection(p) {
   const inside = S.inside.get(insideKey(p));
   const extra = inside && inside.requests ? inside.requests : [];
-  if (!inside) return "";
-  const tl = timeline(extra);
-  return h("div", { class: "wf-extra" },
-    h("h3", { text: `Looking inside: ${plural(extra.length, "extra request")}, ${plural(roundTrips(extra), "round trip")}` }),
-    h("p", { class: "note", text: extra.length
-      ? "The lens, what each part adds, the MLP's neurons and, where it was recomputed, the attention: searches made only to show you the inside of this token, not needed to choose it."
-      : "Nothing extra here: the attention and the lens came with the generation (a lens search it made is among the step's requests above)." }),
-    extra.length ? h("div", { class: "table-scroll wf-scroll" }, requestTable(extra, tl.end)) : "");
+  const rerun = S.ablations.get(insideKey(p));
+  if (!inside && !rerun) return "";
+  const table = (log) => h("div", { class: "table-scroll wf-scroll" }, requestTable(log, timeline(log).end));
+  return [
+    inside ? h("div", { class: "wf-extra" },
+      h("h3", { text: `Looking inside: ${plural(extra.length, "extra request")}, ${plural(roundTrips(extra), "round trip")}` }),
+      h("p", { class: "note", text: extra.length
+        ? "The lens, what each part adds, the MLP's neurons and, where it was recomputed, the attention: searches made only to show you the inside of this token, not needed to choose it."
+        : "Nothing extra here: the attention and the lens came with the generation (a lens search it made is among the step's requests above)." }),
+      extra.length ? table(extra) : "") : "",
+    rerun ? h("div", { class: "wf-ablate" },
+      h("h3", { text: `Switching parts off: ${plural(rerun.requests.length, "extra request")}, ${plural(roundTrips(rerun.requests), "round trip")}` }),
+      h("p", { class: "note", text: "The step run again with parts switched off: the tokens before it read in one prefill on a copy, then the top-k search." }),
+      table(rerun.requests)) : ""];
 }
 
 function renderWaterfall() {
