@@ -89,6 +89,8 @@ def check_neurons(name, m, run, pushes, got: dict) -> dict:
     wte = f64(m.transformer.wte.weight)
     d = {"activation": 0.0, "push": 0.0, "promote score": 0.0}
     for way, ranked in (("neurons", run["act"]), ("pushing", pushes)):
+        if way == "pushing" and got.get("pushing") is None:  # not asked for
+            continue
         assert len(got[way]) == len(m.transformer.h)
         for l, layer in enumerate(got[way]):
             assert len(layer) >= 5
@@ -109,8 +111,9 @@ def check_neurons(name, m, run, pushes, got: dict) -> dict:
 
 
 def check(name, m, ckpt, ids, got: dict, runner_up: bool = False) -> dict:
-    """got["attribution"] (and its versus), got["neurons"] and got["pushing"] against
-    transformers; with ``runner_up``, the versus is the second-highest logit. The max differences."""
+    """got["attribution"] (and its versus), got["neurons"] and got["pushing"] (where asked for)
+    against transformers; with ``runner_up``, the versus is the second-highest logit. The max
+    differences."""
     a, v = got["attribution"], got["attribution"]["versus"]
     run = hf_run(m, ids)
     want, logit, pushes = hf_parts(m, run, a["token_id"])
@@ -180,11 +183,19 @@ def test_inspect_explains_the_token_that_is_there(request, hf, loaded, model):
         heads = [r for r in mine if r.kind.endswith("attn.c_proj")]
         assert all(r.queries == c.n_head + 1 for r in heads)  # H masked queries and the zero one (the bias)
         rows = [r for r in mine if r.kind.endswith("mlp.c_proj")]
-        assert all(r.queries == 4 * c.n_embd + 1 for r in rows)  # a one-hot query a neuron and the zero one
+        assert all(r.queries == attribution.NEURONS + 1 for r in rows)  # a one-hot query a neuron listed, a zero one
         assert mine[0].rows == 2  # wte[c] and wte[r], one fetch
+        assert got["pushing"] is None
         # Asked again: kept, no request.
         _, again, recomputed = inspector.inspect(t, p, 5)
         assert again == [] and not recomputed
+        # The neurons pushing the token most: every neuron's row, a search a layer; the attribution kept.
+        got, again, _ = inspector.inspect(t, p, 5, pushing=True)
+        assert [r.kind for r in again] == (["wte.fetch"] + [f"h.{l}.mlp.c_proj" for l in range(c.n_layer)]
+                                           + ["wte.promotes"])
+        assert all(r.queries == 4 * c.n_embd + 1 for r in again[1:-1])  # a one-hot query a neuron and the zero one
+        assert again[-1].queries == 2 * attribution.NEURONS * c.n_layer
+        check(f"{model} inspect at {p}, pushing", hf(ckpt), ckpt, ids[:p], got)
         # Why this token and not the lens's fourth: the attribution again, the neurons kept.
         other = int(got["lens"][-1]["ids"][3])
         got, again, _ = inspector.inspect(t, p, 5, versus=other)
@@ -202,13 +213,17 @@ def test_inspect_explains_the_token_that_is_there(request, hf, loaded, model):
 
 
 def test_numpy_and_search_make_the_same_requests_and_numbers(loaded, tiny):
-    """One code path: the same parts from numpy and from the searches."""
+    """One code path: the same parts, versus and neurons both ways from numpy and from the searches."""
     ids = tokenizer.encode(PROMPTS[1])
     runs = {}
     for kind in ("numpy", "search"):
-        step = list(completion.complete(products_for(kind, loaded, tiny), ids, 1, Sampling(0, 40), inspect=5,
-                                        explain=True))[0]
-        runs[kind] = step.inspect
+        t = Text(products_for(kind, loaded, tiny)())
+        try:
+            t.append(ids)
+            list(inspector.generate(t, 1, Sampling(0, 40), 5))
+            runs[kind] = inspector.inspect(t, len(ids), 5, pushing=True)[0]
+        finally:
+            t.close()
     a, b = runs["numpy"]["attribution"], runs["search"]["attribution"]
     assert_close("numpy vs search parts", [p["value"] for p in a["parts"]], [p["value"] for p in b["parts"]], 1e-4)
     assert a["versus"]["token_id"] == b["versus"]["token_id"]
@@ -233,7 +248,8 @@ def test_the_neurons_pushes_and_the_bias_sum_to_the_mlps_part(tiny):
     p = NumpyProducts(tiny)
     text = Text(p)
     text.append(tokenizer.encode(PROMPTS[0]))
-    got = list(inspector.generate(text, 1, Sampling(0, 40), 5, explain=True))[0].inspect
+    step = list(inspector.generate(text, 1, Sampling(0, 40), 5))[0]
+    got = attribution.explain(p, step.inspect, step.token_id, pushing=True)
     tr, a = got["trace"], got["attribution"]
     w = tiny.params["wte.weight"][a["token_id"]].astype(np.float64)
     read = attribution.Reading(p, tr)
@@ -287,11 +303,12 @@ def test_the_inspect_route_gives_the_page_its_shape(loaded, hf, demo):
             assert labels[1:c.n_head + 3] == [f"L0 H{h}" for h in range(c.n_head)] + ["L0 attn bias", "L0 MLP"]
             assert abs(sum(x["value"] for x in a["parts"]) - a["logit"]) < 1e-3
             ids = tokenizer.encode(PROMPTS[0])[:p] if p < n else tokenizer.encode(PROMPTS[0])
+            assert v["pushing"] is None
             check(f"demo route at {p}", hf(demo), demo, ids, v, runner_up=p == n)
             assert a["versus"]["token"]["text"] == tokenizer.token_text(a["versus"]["token_id"])
             assert [x["label"] for x in a["versus"]["parts"]] == labels
             assert all(set(tok["token"]) >= {"token_id", "text"}
-                       for way in ("neurons", "pushing") for layer in v[way] for nn in layer for tok in nn["promotes"])
+                       for layer in v["neurons"] for nn in layer for tok in nn["promotes"])
             kinds = [q["kind"] for q in v["requests"]]
             want = (["wte.fetch"] + [f"h.{l}.attn.c_proj" for l in range(c.n_layer)]
                     + [f"h.{l}.mlp.c_proj" for l in range(c.n_layer)] + ["wte.promotes"])
@@ -299,8 +316,12 @@ def test_the_inspect_route_gives_the_page_its_shape(loaded, hf, demo):
             assert all(q["extra"] for q in v["requests"])
         # ?versus=ID: the parts of the difference from that token; a bad one is a 400 that names it.
         other = v["lens"][-1]["top"][2]["token_id"]
-        w = client.get(f"/api/texts/{t['id']}/steps/3/inspect", params={"lens_k": 5, "versus": other}).json()
+        w = client.get(f"/api/texts/{t['id']}/steps/3/inspect",
+                       params={"lens_k": 5, "versus": other, "pushing": "true"}).json()
         assert w["attribution"]["versus"]["token_id"] == other
+        assert all(len(layer) == attribution.NEURONS for layer in w["pushing"])
+        assert all(set(tok["token"]) >= {"token_id", "text"} for layer in w["pushing"] for nn in layer
+                   for tok in nn["promotes"])
         check("demo route versus", hf(demo), demo, tokenizer.encode(PROMPTS[0])[:3], w)
         r = client.get(f"/api/texts/{t['id']}/steps/3/inspect", params={"versus": 60000})
         assert r.status_code == 400 and "versus: token id 60000 is outside the vocabulary" in r.json()["detail"]
@@ -309,7 +330,7 @@ def test_the_inspect_route_gives_the_page_its_shape(loaded, hf, demo):
 @pytest.mark.parametrize("engine", ["reference", "search"])
 def test_generate_json_inspect_contract(tmp_path_factory, tiny, tiny_dir, hf, engine):
     """`puffergpt generate --json --inspect`: each token line has attribution (with its versus,
-    the runner-up), neurons and pushing as docs/cli.md's contract says, equal to transformers
+    the runner-up) and neurons as docs/cli.md's contract says, equal to transformers
     within 1e-3, the versus's parts summing to the difference within 1e-4; `--versus ID` sets it."""
     from click.testing import CliRunner
 
@@ -337,8 +358,7 @@ def test_generate_json_inspect_contract(tmp_path_factory, tiny, tiny_dir, hf, en
             assert a["versus"]["token_id"] == int(versus[1])
         kinds = {p["kind"] for p in a["parts"]}
         assert kinds == {"embed", "attn", "attn_bias", "mlp", "ln_f_bias"} == {p["kind"] for p in a["versus"]["parts"]}
-        assert all(set(n) == {"neuron", "activation", "push", "promotes"}
-                   for way in ("neurons", "pushing") for layer in line[way] for n in layer)
+        assert all(set(n) == {"neuron", "activation", "push", "promotes"} for layer in line["neurons"] for n in layer)
         assert isinstance(line["decided_layer"], int) and line["final_top1"]["token_id"] == line["token_id"]
         check(f"cli {engine} token {i}", hf(tiny), tiny, ids + [t["token_id"] for t in tokens[:i]], line,
               runner_up=not versus)

@@ -283,6 +283,20 @@ def test_data_that_cannot_be_a_directory(cli_ckpt, tmp_path):
     assert f.read_text() == "x"
 
 
+def test_generate_ablate_and_versus_refuse_by_name(cli_ckpt):
+    """A part the model lacks, a part misspelt, a token id outside the vocabulary: one line naming it."""
+    args = ["--model", str(cli_ckpt), "--engine", "reference", "-n", "1"]
+    assert_clear_error(run("generate", PROMPT, *args, "--ablate", "mlp 0", "--ablate", "attn 2.0"),
+                       "--ablate: 'attn 2.0' is not in this model", "layers 0..1", "heads 0..3")
+    assert_clear_error(run("generate", PROMPT, *args, "--ablate", "L2 H0"), "'L2 H0' is not a part", "'attn L.H'")
+    assert_clear_error(run("generate", PROMPT, *args, "--json", "--inspect", "--versus", "50257"),
+                       "--versus: token id 50257 is outside the vocabulary")
+    assert_clear_error(run("generate", PROMPT, *args, "--versus", "5"), "--versus", "--json --inspect")
+    r = run("generate", PROMPT, *args, "--ablate", "attn 1.3", "--temperature", "0")
+    assert r.exit_code == 0, r.output
+    assert "[switched off at every position: attn 1.3]" in r.stderr
+
+
 def test_gpt2_offline_names_the_alternatives(monkeypatch, tmp_path):
     import huggingface_hub
 

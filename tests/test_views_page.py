@@ -291,17 +291,121 @@ def test_the_mlp_as_a_memory_lists_neurons_their_tokens_and_searches(page):
             t["token_id"] for t in want[0]["promotes"]
         ]
         expect(blocks.nth(l).locator(".neuron-searches")).to_contain_text(f"h.{l}.mlp.c_proj")
+    assert v["pushing"] is None  # asked for apart: it reads every neuron's row
+    expect(p.locator("#neurons .neuron-differ")).to_contain_text("Most active is not most pushing")
+    for l, want in enumerate(layers):  # each active neuron's push on the token, signed
+        pushes = blocks.nth(l).locator(".neuron").evaluate_all("rs => rs.map(r => Number(r.dataset.push))")
+        assert pushes == pytest.approx([n["push"] for n in want], abs=1e-9)
     kinds = [r["kind"] for r in v["requests"]]
     assert "wte.promotes" in kinds
     expect(p.locator("#neurons .neuron-promotes-search")).to_contain_text("wte.promotes")
+    assert "every neuron of every layer" not in p.locator("#neurons").inner_text()
     # The searches are in the waterfall's extra requests too.
     extra = p.locator("#waterfall .wf-extra tr.wf-row[data-kind]")
     expect(extra).to_have_count(len(v["requests"]))
     expect(p.locator('#waterfall .wf-extra tr.wf-row[data-kind="wte.promotes"]')).to_have_count(
         kinds.count("wte.promotes")
     )
+    assert_chips_beside_their_label(p)
     shot(p, "neurons-1400", p.locator("#neurons"))
     shot(p, "inside-1400", p.locator("#inside"))
+
+    # Ranked the other way: the neurons that push the token most (every neuron's row, asked for),
+    # and the page says how the two lists differ.
+    with p.expect_response(lambda r: "pushing=true" in r.url) as got:
+        p.locator('#neurons button[data-rank="pushing"]').click()
+    w = got.value.json()
+    assert w["attribution"]["versus"]["token_id"] == v["attribution"]["versus"]["token_id"]
+    cproj = [r for r in w["requests"] if r["kind"].endswith("mlp.c_proj")]
+    width = api_get(p, "/api/info")["config"]["n_embd"]
+    assert len(cproj) == len(layers) and all(r["queries"] == 4 * width + 1 for r in cproj)  # every neuron's row
+    shared = sum(len({n["neuron"] for n in a} & {n["neuron"] for n in b}) for a, b in zip(w["neurons"], w["pushing"],
+                                                                                          strict=True))
+    expect(p.locator("#neurons .neuron-differ")).to_contain_text(
+        f"The two rankings differ: {shared} of the {sum(map(len, w['neurons']))} most active neurons")
+    expect(p.locator('#neurons button[data-rank="pushing"]')).to_have_attribute("aria-pressed", "true")
+    for l, want in enumerate(w["pushing"]):
+        pushes = [n["push"] for n in want]
+        assert pushes == sorted(pushes, reverse=True)
+        rows = blocks.nth(l).locator(".neuron")
+        assert rows.evaluate_all("rs => rs.map(r => Number(r.dataset.neuron))") == [n["neuron"] for n in want]
+    assert_chips_beside_their_label(p)
+    shot(p, "neurons-pushing-1400", p.locator("#neurons"))
+    p.locator('#neurons button[data-rank="active"]').click()
+    expect(blocks.first.locator(".neuron").first).to_have_attribute("data-neuron", str(w["neurons"][0][0]["neuron"]))
+
+
+def assert_chips_beside_their_label(p: Page) -> None:
+    """Each neuron's promoted tokens lie inside its own row, wrapped or not: between its label's
+    top and the next neuron's label."""
+    bad = p.evaluate("""() => [...document.querySelectorAll('#neurons .neuron')].filter(row => {
+        const r = row.getBoundingClientRect(), label = row.querySelector('.neuron-id').getBoundingClientRect();
+        return [...row.querySelectorAll('.lens-chip')].some(c => { const b = c.getBoundingClientRect();
+          return b.top < label.top - 1 || b.bottom > r.bottom + 1; }); }).map(row => row.dataset.neuron)""")
+    assert bad == [], f"chips outside their neuron's row: {bad}"
+
+
+# --- 2b. switch a part off; why this token and not that one ---
+
+@pytest.mark.parametrize("width", [1400, 400])
+def test_switching_the_copying_head_off_breaks_the_copy_and_the_versus_sums(request, width, demo):
+    """On the copy starter, switching off the card's copying head (L2 H2) on the " 3" turns it
+    into another token: the one numpy's forward pass with that head zeroed answers. The versus
+    chart (the runner-up by default, another candidate on a click) sums to the difference shown."""
+    import numpy as np
+
+    from puffergpt import tokenizer
+    from puffergpt.reference import Ablation, Cache, NumpyProducts, forward
+    from test_demo_model import COPY_HEAD, COPY_LAYER, COPY_PROMPT
+
+    p = request.getfixturevalue("page" if width == 1400 else "phone").page
+    generate(p, COPY_PROMPT, n=1)
+    assert generated(p).first.text_content().replace("·", " ") == " 3"
+    _, v = open_inside(p, 0)
+    a, vs = v["attribution"], v["attribution"]["versus"]
+    assert vs["token_id"] == next(t["token_id"] for t in v["lens"][-1]["top"] if t["token_id"] != a["token_id"])
+    box = p.locator("#versus")
+    for turn in range(2):  # the runner-up, then the candidate after it, asked for by a click
+        expect(box.locator("button.versus-chip[aria-pressed=true]")).to_have_attribute("data-token-id", str(vs["token_id"]))
+        diff = a["logit"] - vs["logit"]
+        assert abs(sum(x["value"] for x in vs["parts"]) - diff) < 1e-4
+        assert abs(number(box.locator(".versus-sum .sum").inner_text()) - diff) <= 1e-4
+        assert abs(number(box.locator(".versus-sum .diff").inner_text()) - diff) <= 1e-4
+        expect(box.locator(".part")).to_have_count(min(12, len(vs["parts"])))
+        nxt = box.locator("button.versus-chip[aria-pressed=false]").nth(0)
+        if turn == 0:
+            with p.expect_response(lambda r: "versus=" in r.url) as got:
+                nxt.click()
+            a, vs = got.value.json()["attribution"], got.value.json()["attribution"]["versus"]
+    shot(p, f"versus-{width}", box)
+
+    # Switch the copying head off: the page's after equals numpy's forward pass with it zeroed.
+    part = f"attn {COPY_LAYER}.{COPY_HEAD}"
+    ids = tokenizer.encode(COPY_PROMPT)
+    np_p = NumpyProducts(demo)
+    logits = np_p.logits(forward(np_p, np.asarray(ids), 0, Cache(), None, Ablation.of([part], demo.config))[-1])
+    want = [int(i) for i in np.argsort(-logits, kind="stable")[:10]]
+    off = p.locator("#ablate")
+    off.locator(f'button[data-part="{part}"]').click()
+    expect(off.locator(f'button[data-part="{part}"]')).to_have_attribute("aria-pressed", "true")
+    with p.expect_response(lambda r: r.url.endswith("/ablate")) as got:
+        off.locator(".ablate-run").click()
+    rerun = got.value.json()
+    result = off.locator(".ablate-result")
+    expect(result).to_have_attribute("data-changed", "true")
+    assert tokenizer.token_text(want[0]) != " 3"
+    assert off.locator(".ablate-list.after li").evaluate_all("ls => ls.map(l => Number(l.dataset.tokenId))") == want
+    expect(result.locator(".ablate-says")).to_contain_text("becomes")
+    expect(result.locator(".ablate-says")).to_contain_text(f"L{COPY_LAYER} H{COPY_HEAD}")
+    expect(p.locator("#waterfall .wf-ablate tr.wf-row[data-kind]")).to_have_count(len(rerun["requests"]))
+    shot(p, f"ablate-{width}", off)
+    if width == 400:
+        assert_chips_beside_their_label(p)
+        shot(p, "neurons-400", p.locator("#neurons"))
+        wide = p.evaluate("""() => { const vw = document.documentElement.clientWidth;
+          return [...document.querySelectorAll('#inside *')].filter(e => e.getClientRects().length
+            && e.getBoundingClientRect().right > vw + 0.5).map(e => e.className); }""")
+        assert wide == [], wide
 
 
 # --- 3. attention in words ---

@@ -11,12 +11,13 @@
 - Why c and not r (``versus``): the same parts read against wte[c] - wte[r]; they sum to
   logit(c) - logit(r). wte[r] comes in the same fetch as wte[c].
 - The MLP as a memory (Geva et al. 2021, 2022): what neuron n writes is row n of
-  mlp.c_proj (c_proj of the one-hot e_n, minus the bias), every neuron of a layer in one
+  mlp.c_proj (c_proj of the one-hot e_n, minus the bias): a layer's listed neurons in one
   search. Each layer's neurons ranked two ways: the most active (the largest GELU outputs
-  of the c_fc product the forward pass searched) and those that push c most (activation x
-  the row read through ln_f as a part is: their pushes and c_proj's bias sum to the MLP's
-  part). The tokens each promotes are one top-k search over wte with those rows as
-  queries, for every layer at once.
+  of the c_fc product the forward pass searched), each with its push on c (activation x
+  the row read through ln_f as a part is: over every neuron, the pushes and c_proj's bias
+  sum to the MLP's part), and, when asked, those that push c most, which takes every
+  neuron's row (4C one-hot queries a layer: the whole of c_proj). The tokens each promotes
+  are one top-k search over wte with those rows as queries, for every layer at once.
 
 All of it runs on any ``Products`` (numpy or searches): one code path.
 """
@@ -100,28 +101,37 @@ def attribution_of(p: Products, trace: Trace, ids: list[int], rows: np.ndarray) 
     return out
 
 
-def neuron_rows(p: Products, layer: int) -> np.ndarray:
-    """What every neuron of a layer writes: row n of mlp.c_proj, c_proj of the one-hot e_n
-    minus its bias. One search, 4C one-hot queries (and the zero one): (4C, C) float64."""
-    return without_bias(p, f"h.{layer}.mlp.c_proj", np.eye(4 * p.config.n_embd, dtype=np.float32))[0]
+def neuron_rows(p: Products, layer: int, ids: np.ndarray | None = None) -> np.ndarray:
+    """What neurons ``ids`` of a layer (default: every one) write: row n of mlp.c_proj, c_proj of
+    the one-hot e_n minus its bias. One search, a one-hot query a neuron (and the zero one):
+    -> (n, C) float64"""
+    eye = np.eye(4 * p.config.n_embd, dtype=np.float32)  # (4C, 4C)
+    return without_bias(p, f"h.{layer}.mlp.c_proj", eye if ids is None else eye[ids])[0]
 
 
-def neurons(p: Products, trace: Trace, w: np.ndarray, n: int = NEURONS, k: int = PROMOTES
-            ) -> tuple[list[list[dict]], list[list[dict]]]:
-    """Each layer's neurons ranked two ways, for the token c whose wte row is w: the n most
-    active, and the n that push c most (push: activation x the neuron's row read as a part of
-    c's logit), each with the k tokens its row promotes most. Requests: one search a layer
-    (every neuron's row), one top-k over wte for every neuron shown.
-    -> (most active, most pushing), per layer"""
+def neurons(p: Products, trace: Trace, w: np.ndarray, pushing: bool = False, n: int = NEURONS,
+            k: int = PROMOTES) -> tuple[list[list[dict]], list[list[dict]] | None]:
+    """Each layer's n most active neurons, for the token c whose wte row is w, with each one's
+    push (activation x its row read as a part of c's logit) and the k tokens its row promotes
+    most; with ``pushing``, also the n that push c most, which takes every neuron's row. Requests:
+    one search a layer (the listed neurons' rows, or every neuron's), one top-k over wte for
+    every neuron listed. -> (most active, most pushing or None), per layer"""
     read = Reading(p, trace)
     picked, rows = [], []
     for layer, a in enumerate(trace.layers("mlp.gelu")):
-        written = neuron_rows(p, layer)  # (4C, C)
         acts = np.asarray(a, np.float64)  # (4C,)
-        push = acts * read.values(written, w)  # (4C,)
-        ways = [np.argsort(-acts, kind="stable")[:n], np.argsort(-push, kind="stable")[:n]]
-        picked.append([[(int(i), acts[i], push[i]) for i in way] for way in ways])
-        rows += [written[way] for way in ways]
+        active = np.argsort(-acts, kind="stable")[:n]
+        if pushing:
+            written = neuron_rows(p, layer)  # (4C, C)
+            push = acts * read.values(written, w)  # (4C,)
+            ways = [active, np.argsort(-push, kind="stable")[:n]]
+            picked.append([[(int(i), acts[i], push[i]) for i in way] for way in ways])
+            rows += [written[way] for way in ways]
+        else:
+            written = neuron_rows(p, layer, active)  # (n, C)
+            push = acts[active] * read.values(written, w)  # (n,)
+            picked.append([[(int(i), acts[i], ps) for i, ps in zip(active, push, strict=True)]])
+            rows.append(written)
     promoted = iter(p.top_k_many(np.vstack(rows).astype(np.float32), k, kind="wte.promotes"))
     out: tuple[list, list] = ([], [])
     for layer in picked:
@@ -130,7 +140,7 @@ def neurons(p: Products, trace: Trace, w: np.ndarray, n: int = NEURONS, k: int =
                               "promotes": [{"token_id": int(t), "score": float(v)} for t, v in zip(*next(promoted),
                                                                                                    strict=True)]}
                              for i, act, ps in chosen])
-    return out
+    return out[0], (out[1] if pushing else None)
 
 
 def runner_up(p: Products, got: dict, token_id: int) -> int:
@@ -145,19 +155,21 @@ def runner_up(p: Products, got: dict, token_id: int) -> int:
     return next(int(i) for i in ids if int(i) != int(token_id))
 
 
-def explain(p: Products, got: dict, token_id: int, versus: int | None = None) -> dict:
+def explain(p: Products, got: dict, token_id: int, versus: int | None = None, pushing: bool = False) -> dict:
     """Fill an inspection (``inside.inspection``) with the attribution of ``token_id`` against
-    ``versus`` (default: the runner-up) and the neurons ranked both ways for it, unless it has
-    them already. The requests go to whatever ``p.recording`` block is open."""
+    ``versus`` (default: the runner-up) and the most active neurons, and with ``pushing`` those
+    pushing the token most, unless it has them already. The requests go to whatever
+    ``p.recording`` block is open."""
     ids = [int(token_id), runner_up(p, got, token_id) if versus is None else int(versus)]
     a = got.get("attribution")
     again = a is None or [a["token_id"], a["versus"]["token_id"]] != ids
-    if not again and got.get("neurons_for") == ids[0]:
+    neurons_again = got.get("neurons_for") != ids[0] or (pushing and got.get("pushing") is None)
+    if not again and not neurons_again:
         return got
     rows = np.asarray(p.token_rows(np.asarray(ids)), np.float64)  # (2, C): one fetch
     if again:
         got["attribution"] = attribution_of(p, got["trace"], ids, rows)
-    if got.get("neurons_for") != ids[0]:
-        got["neurons"], got["pushing"] = neurons(p, got["trace"], rows[0])
+    if neurons_again:
+        got["neurons"], got["pushing"] = neurons(p, got["trace"], rows[0], pushing)
         got["neurons_for"] = ids[0]
     return got

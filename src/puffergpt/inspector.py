@@ -42,13 +42,14 @@ def check_versus(versus, n_vocab: int) -> int | None:
     return int(versus)
 
 
-def inspect(text: Text, p: int, k: int = 10, explain: bool = True, versus: int | None = None
-            ) -> tuple[dict, list, bool]:
+def inspect(text: Text, p: int, k: int = 10, explain: bool = True, versus: int | None = None,
+            pushing: bool = False) -> tuple[dict, list, bool]:
     """The view from the token at p - 1 (see the module's docstring). Kept from a generation
     that asked, else recomputed: that token through the layers again (``Text.trace``).
     ``explain`` adds the attribution of the token at p (the final top-1 when p is past the
-    end) against ``versus`` (default: the runner-up) and the MLP's neurons ranked both ways.
-    -> (inspection, the requests it cost, marked extra; recomputed?)"""
+    end) against ``versus`` (default: the runner-up) and the MLP's most active neurons, and
+    ``pushing`` the neurons pushing that token most (every neuron's row: the whole of each
+    c_proj). -> (inspection, the requests it cost, marked extra; recomputed?)"""
     k = check_k(k)
     versus = check_versus(versus, text.config.n_vocab)
     with text.lock:
@@ -58,7 +59,7 @@ def inspect(text: Text, p: int, k: int = 10, explain: bool = True, versus: int |
             got, recomputed = _view(text, p, k)
             if explain:  # the token at p, or the model's own prediction past the end
                 chosen = text.tokens[p] if p < text.length else inside.final_top1(got["lens"])
-                attribution.explain(text.products, got, chosen, versus)
+                attribution.explain(text.products, got, chosen, versus, pushing)
         return got, requests, recomputed
 
 

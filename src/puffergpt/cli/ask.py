@@ -140,7 +140,7 @@ def step_line(step) -> dict:
         d["decided_layer"] = inside.decided_layer(got["lens"])
         d["final_top1"] = tokenizer.token_dict(inside.final_top1(got["lens"]))
         if "attribution" in got:
-            d["attribution"], d["neurons"], d["pushing"] = got["attribution"], got["neurons"], got["pushing"]
+            d["attribution"], d["neurons"] = got["attribution"], got["neurons"]
     return d
 
 

@@ -34,7 +34,8 @@ def part_label(part: dict) -> str:
 
 
 def explained_json(got: dict) -> dict:
-    """The attribution and its versus (each part labelled) and the neurons both ways, tokens as text."""
+    """The attribution and its versus (each part labelled) and the neurons (most active; most
+    pushing when asked, else None), tokens as text."""
     a, v = got["attribution"], got["attribution"]["versus"]
 
     def labelled(parts: list[dict]) -> list[dict]:
@@ -48,7 +49,7 @@ def explained_json(got: dict) -> dict:
                             "parts": labelled(a["parts"]),
                             "versus": {"token_id": v["token_id"], "token": token_json(v["token_id"]),
                                        "logit": v["logit"], "parts": labelled(v["parts"])}},
-            "neurons": neurons(got["neurons"]), "pushing": neurons(got["pushing"])}
+            "neurons": neurons(got["neurons"]), "pushing": None if got["pushing"] is None else neurons(got["pushing"])}
 
 
 def candidates_json(ids, logits) -> list[dict]:

@@ -138,12 +138,13 @@ def generate(body: SamplingBodyInspect, t: TextDep, config: ConfigDep, generatio
 # --- inside the transformer: each view is searches, counted ---
 
 @router.get("/{text_id}/steps/{position}/inspect", response_model=responses.Inspection)
-def inspect(position: int, t: TextDep, lens_k: int = 10, versus: int | None = None) -> dict:
+def inspect(position: int, t: TextDep, lens_k: int = 10, versus: int | None = None, pushing: bool = False) -> dict:
     """The view from the token at position - 1, whose output predicts ``position``:
     attention per layer and head over 0..position-1, the logit lens, what each part adds to
     the token's logit and to its lead over ``versus`` (a token id; default: the runner-up),
-    and the MLP's neurons, most active and most pushing the token."""
-    got, requests, recomputed = inspector.inspect(t, position, lens_k, versus=versus)
+    the MLP's most active neurons, and with ``pushing`` those pushing the token most (one
+    search a layer over every neuron's row)."""
+    got, requests, recomputed = inspector.inspect(t, position, lens_k, versus=versus, pushing=pushing)
     with t.lock:
         return inspect_json(got, t, position, requests, recomputed)
 

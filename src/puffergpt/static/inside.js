@@ -17,13 +17,14 @@ import { S, insideKey, keepInside, nLayer, render, view } from "./state.js";
 const LENS_K = 10;
 let loading = null; // the inside key being fetched
 
-// versus: the token id the attribution is compared with (default: the runner-up).
-async function lookInside(p, versus = null) {
+// versus: the token id the attribution is compared with (default: the runner-up); pushing: the
+// neurons pushing the token most too (every neuron's row: a search a layer over all of c_proj).
+async function lookInside(p, { versus = null, pushing = false } = {}) {
   const key = insideKey(p);
   loading = key;
   render("inside");
   try {
-    const ask = `/steps/${p}/inspect?lens_k=${LENS_K}` + (versus === null ? "" : `&versus=${versus}`);
+    const ask = `/steps/${p}/inspect?lens_k=${LENS_K}` + (versus === null ? "" : `&versus=${versus}`) + (pushing ? "&pushing=true" : "");
     const v = await withText(() => api("GET", textPath(S.textId, ask)));
     keepInside(p, v);
   } catch (e) {
@@ -66,7 +67,7 @@ function renderInside() {
     onclick: () => lookInside(p) }, v && !v.live ? "Look again" : "Look inside this token");
   const kids = [headline(p)];
   if (!v) {
-    kids.push(h("p", { class: "note", text: `Costs extra searches: the lens is ${plural(lensSearches, "top-k search", "top-k searches")} over the token vectors (one a layer, sent together where the store allows), what each part adds needs the token's wte row and one search a layer (each head's write), the MLP's neurons one search a layer and one over wte for the tokens they promote, and a step whose attention is no longer kept is recomputed. Each is counted in the waterfall.` }),
+    kids.push(h("p", { class: "note", text: `Costs extra searches: the lens is ${plural(lensSearches, "top-k search", "top-k searches")} over the token vectors (one a layer, sent together where the store allows), what each part adds needs the token's and the runner-up's wte rows (one fetch) and one search a layer (each head's write), the MLP's neurons one search a layer (every neuron's row) and one over wte for the tokens they promote, and a step whose attention is no longer kept is recomputed. Each is counted in the waterfall.` }),
       h("div", { class: "actions" }, button, loading ? h("span", { class: "status", text: "looking inside…" }) : ""));
     box.replaceChildren(...kids);
     return;
@@ -79,16 +80,18 @@ function renderInside() {
   const mlp = h("div", { id: "neurons", class: "neurons-view" });
   kids.push(h("p", { class: "note inside-cost", text: cost(v) }), attn, lens, parts, versus, off, mlp);
   if (v.live && !v.attribution) {
-    kids.push(h("p", { class: "note", text: "“Look inside” adds what each part adds to this token and the MLP's most active neurons (more searches, counted)." }),
+    kids.push(h("p", { class: "note", text: "“Look inside” adds what each part adds to this token, why it and not the runner-up, and the MLP's neurons (more searches, counted)." }),
       h("div", { class: "actions" }, button));
   }
   box.replaceChildren(...kids);
   const openHead = renderAttention(attn, v);
   renderLens(lens, v);
   renderAttribution(parts, v, openHead);
-  renderVersus(versus, v, openHead, (id) => lookInside(p, id), loading !== null || S.generating);
+  const busy = loading !== null || S.generating;
+  const shown = v.attribution && v.attribution.versus ? v.attribution.versus.token_id : null;
+  renderVersus(versus, v, openHead, (id) => lookInside(p, { versus: id, pushing: !!v.pushing }), busy);
   renderAblate(off, p, S.info && S.info.config);
-  renderNeurons(mlp, v);
+  renderNeurons(mlp, v, () => lookInside(p, { versus: shown, pushing: true }), busy);
 }
 
 export function initInside() {

@@ -15,16 +15,17 @@ const KIND_HELP = [
   [/mlp\.c_proj$/, "MLP down-projection"],
   [/^wte\.top_k$/, "next token: top-k over the vocabulary"],
   [/lens/, "the lens: top-k over the token vectors"],
-  [/^wte\.promotes$/, "the tokens each top neuron promotes: top-k over wte"],
-  [/^wte\.fetch$/, "fetch the token's own wte row (attribution)"],
+  [/^wte\.promotes$/, "the tokens each neuron shown promotes: top-k over wte"],
+  [/^wte\.fetch$/, "fetch the token's wte row and the one it is compared with (attribution)"],
   [/wte/, "a search over the token vectors"],
 ];
 // The same kind asked for by a view (not needed for the token) does another job.
 const EXTRA_HELP = [
   [/attn\.c_proj$/, "what each head writes: one masked query a head (attribution)"],
-  [/mlp\.c_proj$/, "what each top neuron writes: row n of c_proj (the MLP as a memory)"],
+  [/mlp\.c_proj$/, "what every neuron writes: row n of c_proj, a one-hot query each (the MLP as a memory)"],
 ];
-const kindHelp = (r) => ((r.extra && EXTRA_HELP.find(([re]) => re.test(r.kind))) || KIND_HELP.find(([re]) => re.test(r.kind)) || [null, ""])[1];
+// view: the request was a learning view's own (a rerun with parts off does the forward pass's jobs).
+const kindHelp = (r, view) => ((view && r.extra && EXTRA_HELP.find(([re]) => re.test(r.kind))) || KIND_HELP.find(([re]) => re.test(r.kind)) || [null, ""])[1];
 
 // Where each request sits in time. The searches run one after another: each waits for
 // the answer of the one before (a round trip), so they follow a cursor. A concurrent
@@ -45,8 +46,8 @@ export function timeline(log) {
 // first (a concurrent write, however slow, makes no token wait).
 const largest = (log) => log.reduce((best, r, i) => (r.concurrent ? best : best < 0 || r.ms > log[best].ms ? i : best), -1);
 
-function requestRow(r, i, left, width, isLargest) {
-  const what = kindHelp(r) + (r.concurrent ? " · runs beside the searches: no round trip of its own" : "") +
+function requestRow(r, i, left, width, isLargest, view) {
+  const what = kindHelp(r, view) + (r.concurrent ? " · runs beside the searches: no round trip of its own" : "") +
     (isLargest ? " · the slowest round trip" : "");
   return h("tr", { class: "wf-row op-" + r.op + (isLargest ? " largest" : "") + (r.concurrent ? " concurrent" : ""), dataset: { kind: r.kind } },
     h("td", { class: "num idx", text: String(i + 1) }),
@@ -77,13 +78,14 @@ function serverRow(rest, left, width) {
 }
 
 // The table of a request log, laid out in time over `total` ms (at least the log's own
-// end); `server` ms of the server's arithmetic is drawn after the critical path.
-export function requestTable(log, total, server = 0) {
+// end); `server` ms of the server's arithmetic is drawn after the critical path. `view`: a
+// request marked extra is a learning view's own job (false for a rerun with parts off).
+export function requestTable(log, total, server = 0, view = true) {
   const big = largest(log);
   const tl = timeline(log);
   // The server's arithmetic is drawn after the critical path; a write beside it may end later still.
   const span = Math.max(total, tl.end, tl.path + Math.max(0, server), 1e-9);
-  const rows = log.map((r, i) => requestRow(r, i, (tl.starts[i] / span) * 100, Math.max(0.6, (r.ms / span) * 100), i === big));
+  const rows = log.map((r, i) => requestRow(r, i, (tl.starts[i] / span) * 100, Math.max(0.6, (r.ms / span) * 100), i === big, view));
   if (server > 0) rows.push(serverRow(server, (tl.path / span) * 100, Math.max(0.6, (server / span) * 100)));
   return labelled(h("table", { class: "wf-table" },
     h("thead", null, h("tr", null,
@@ -139,8 +141,8 @@ function extraSection(p) {
   const inside = S.inside.get(insideKey(p));
   const extra = inside && inside.requests ? inside.requests : [];
   const rerun = S.ablations.get(insideKey(p));
-  if (!inside && !rerun) return "";
-  const table = (log) => h("div", { class: "table-scroll wf-scroll" }, requestTable(log, timeline(log).end));
+  if (!inside && !rerun) return [];
+  const table = (log, view = true) => h("div", { class: "table-scroll wf-scroll" }, requestTable(log, timeline(log).end, 0, view));
   return [
     inside ? h("div", { class: "wf-extra" },
       h("h3", { text: `Looking inside: ${plural(extra.length, "extra request")}, ${plural(roundTrips(extra), "round trip")}` }),
@@ -151,7 +153,7 @@ function extraSection(p) {
     rerun ? h("div", { class: "wf-ablate" },
       h("h3", { text: `Switching parts off: ${plural(rerun.requests.length, "extra request")}, ${plural(roundTrips(rerun.requests), "round trip")}` }),
       h("p", { class: "note", text: "The step run again with parts switched off: the tokens before it read in one prefill on a copy, then the top-k search." }),
-      table(rerun.requests)) : ""];
+      table(rerun.requests, false)) : ""];
 }
 
 function renderWaterfall() {
@@ -161,13 +163,13 @@ function renderWaterfall() {
   if (!step) {
     box.replaceChildren(placeholder(p === null
       ? "Every search, write and fetch that produced the selected token, as a waterfall."
-      : "A prompt token costs no requests of its own: it was read with the rest of the prompt."), p ? extraSection(p) : "");
+      : "A prompt token costs no requests of its own: it was read with the rest of the prompt."), ...(p ? extraSection(p) : []));
     return;
   }
   const log = step.request_log || [];
   const path = timeline(log).path;
   const scroller = log.length ? h("div", { class: "table-scroll wf-scroll" }, requestTable(log, step.ms, step.ms - path)) : "";
-  box.replaceChildren(summary(step, log), h("p", { class: "note wf-note", text: stepNote(step, log) }), scroller, extraSection(p));
+  box.replaceChildren(summary(step, log), h("p", { class: "note wf-note", text: stepNote(step, log) }), scroller, ...extraSection(p));
   if (scroller) revealLargest(scroller);
 }
 
