@@ -49,6 +49,43 @@ def hooked(m, ablation: Ablation):
             h.remove()
 
 
+@contextlib.contextmanager
+def hooked_mean(m, ids, ablation: Ablation):
+    """transformers' model with the parts' outputs replaced, at every position, by their means
+    over ``ids``' positions in a pass with every part on (mean ablation)."""
+    hd = m.config.n_embd // m.config.n_head
+    seen, hooks = {}, []
+    for layer in ablation.heads:
+        hooks.append(m.transformer.h[layer].attn.c_proj.register_forward_pre_hook(
+            lambda mod, args, layer=layer: seen.__setitem__(("attn", layer), args[0][0].double().mean(0))))
+    for layer in ablation.mlps:
+        hooks.append(m.transformer.h[layer].mlp.register_forward_hook(
+            lambda mod, args, out, layer=layer: seen.__setitem__(("mlp", layer), out[0].double().mean(0))))
+    with torch.no_grad():
+        m(torch.tensor([ids]))
+    for h in hooks:
+        h.remove()
+    hooks = []
+    for layer, heads in ablation.heads.items():
+        mean = seen[("attn", layer)].float()
+
+        def mean_heads(mod, args, heads=heads, mean=mean):
+            z = args[0].clone()  # (B, T, C): the heads' outputs, merged, before c_proj
+            for h in heads:
+                z[..., h * hd:(h + 1) * hd] = mean[h * hd:(h + 1) * hd]
+            return (z,)
+        hooks.append(m.transformer.h[layer].attn.c_proj.register_forward_pre_hook(mean_heads))
+    for layer in ablation.mlps:
+        mean = seen[("mlp", layer)].float()
+        hooks.append(m.transformer.h[layer].mlp.register_forward_hook(
+            lambda mod, args, out, mean=mean: mean.expand_as(out).clone()))
+    try:
+        yield m
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def hf_logits(m, ids, ablation: Ablation) -> np.ndarray:
     """The last position's logits (V,) with the parts off, float64."""
     with hooked(m, ablation), torch.no_grad():
@@ -165,6 +202,18 @@ def test_the_rerun_route_answers_before_and_after_and_leaves_the_text(loaded, de
         nxt = client.post(f"{url}/generate", json={"max_tokens": 1, "temperature": 0})
         assert nxt.status_code == 200
         assert client.get(url).json()["tokens"][-1]["token_id"] == numpy_top(demo, ids + [three], Ablation(), 1)[0][0]
+        # Mean ablation: the parts' outputs replaced by their means over positions 0..n-1 of an
+        # unablated pass (one more prefill, first), as transformers with mean hooks has it.
+        parts = [part, "mlp 1"]
+        mean = client.post(f"{url}/steps/{n}/ablate", json={"parts": parts, "mode": "mean"}).json()
+        with hooked_mean(m, ids, Ablation.of(parts, demo.config)), torch.no_grad():
+            want = m(torch.tensor([ids])).logits[0, -1].double().numpy()
+        top = [int(i) for i in np.argsort(-want, kind="stable")[:10]]
+        assert mean["mode"] == "mean" and [c["token_id"] for c in mean["after"]] == top
+        assert_close("mean ablation after", [c["logit"] for c in mean["after"]], want[top], TOL)
+        zeroed = hf_logits(m, ids, Ablation.of(parts, demo.config))
+        assert np.abs(zeroed - want).max() > 0.1, "mean and zero ablation agree: the test would not tell them apart"
+        assert len(mean["requests"]) == 2 * requests_per_token(demo.config) - 1  # a prefill, then the rerun
         # A prompt position: its candidates before from one top-k search, as numpy has them.
         b = client.post(f"{url}/steps/5/ablate", json={"parts": ["mlp 0"]}).json()
         assert [c["token_id"] for c in b["before"]] == numpy_top(demo, ids[:5], Ablation(), 10)[0]
@@ -177,6 +226,7 @@ def test_the_rerun_route_answers_before_and_after_and_leaves_the_text(loaded, de
                                    ({"parts": []}, 422, "at least 1 item"),
                                    ({"parts": ["attn " + "1" * 40]}, 422, "at most 32"),
                                    ({"parts": ["mlp 0"], "k": 0}, 422, "greater than or equal to 1"),
+                                   ({"parts": ["mlp 0"], "mode": "median"}, 422, "'zero' or 'mean'"),
                                    ({"parts": ["mlp 0"], "extra": 1}, 422, "xtra")):
             r = client.post(f"{url}/steps/{n}/ablate", json=body)
             assert r.status_code == status and says in r.text, (body, r.status_code, r.text)

@@ -399,6 +399,17 @@ def test_switching_the_copying_head_off_breaks_the_copy_and_the_versus_sums(requ
     expect(result.locator(".ablate-says")).to_contain_text(f"L{COPY_LAYER} H{COPY_HEAD}")
     expect(p.locator("#waterfall .wf-ablate tr.wf-row[data-kind]")).to_have_count(len(rerun["requests"]))
     shot(p, f"ablate-{width}", off)
+    if width == 1400:  # mean ablation: the page asks for it and shows what the server answered
+        off.locator('button.ablate-mode[data-mode="mean"]').click()
+        with p.expect_response(lambda r: r.url.endswith("/ablate")) as got:
+            off.locator(".ablate-run").click()
+        mean = got.value.json()
+        assert got.value.request.post_data_json["mode"] == "mean" and mean["mode"] == "mean"
+        expect(result.locator(".ablate-says")).to_contain_text("set to their means")
+        assert off.locator(".ablate-list.after li").evaluate_all("ls => ls.map(l => Number(l.dataset.tokenId))") == [
+            c["token_id"] for c in mean["after"]]
+        assert len(mean["requests"]) > len(rerun["requests"])  # the unablated prefill for the means, first
+        shot(p, "ablate-mean-1400", off)
     if width == 400:
         assert_chips_beside_their_label(p)
         shot(p, "neurons-400", p.locator("#neurons"))

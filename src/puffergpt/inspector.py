@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from puffergpt import attribution, inside
-from puffergpt.reference import Ablation, Products, Trace
+from puffergpt.reference import Ablation, Averaging, Products, Trace
 from puffergpt.sampling import Sampling
 from puffergpt.text import Step, Text, TextBusy, TextError, check_token_ids, opened
 
@@ -104,14 +104,22 @@ def _observe(text: Text, step: Step, trace: Trace | None, k: int, explain: bool,
     step.inspect = got
 
 
-def ablate(text: Text, p: int, parts: list[str], open_products: Callable[[], Products], k: int = 10) -> dict:
+ABLATION_MODES = ("zero", "mean")
+
+
+def ablate(text: Text, p: int, parts: list[str], open_products: Callable[[], Products], k: int = 10,
+           mode: str = "zero") -> dict:
     """The step at p run again with ``parts`` switched off (``reference.Ablation``: "attn L.H",
     "mlp L") at every position: tokens[:p] read in one prefill on products of its own, opened
     from ``open_products`` and closed after, so the text, its cache and its keys stay as they
     are; beside it the text's own k best candidates at p (the step's, or one top-k search).
-    Every request is marked extra. -> {"position", "parts" (as read), "chosen" (the token at p,
-    None past the end), "before" and "after" ((ids, logits), best first), "requests"}"""
+    ``mode`` "zero" zeroes each part's output; "mean" puts its mean over positions 0..p-1 of an
+    unablated pass (one more prefill, first). Every request is marked extra.
+    -> {"position", "parts" (as read), "mode", "chosen" (the token at p, None past the end),
+    "before" and "after" ((ids, logits), best first), "requests"}"""
     k = check_k(k)
+    if mode not in ABLATION_MODES:
+        raise TextError(f"ablate: mode {str(mode)[:20]!r} is not one of {', '.join(ABLATION_MODES)}")
     try:
         ablation = Ablation.of(parts, text.config)
     except ValueError as e:
@@ -127,8 +135,14 @@ def ablate(text: Text, p: int, parts: list[str], open_products: Callable[[], Pro
         ids, chosen = list(text.tokens[:p]), (text.tokens[p] if p < text.length else None)
         with text.products.recording(extra=True) as requests:
             before = text.candidates(p, k)
+    if mode == "mean":  # the parts' means over the same tokens, every part on
+        averaging = Averaging(ablation)
+        with opened(open_products, ids, averaging) as clean, clean.products.recording(extra=True) as first:
+            with clean.products.slot():
+                clean.read()
+        requests, ablation = requests + first, averaging.ablation()
     with opened(open_products, ids, ablation) as other, other.products.recording(extra=True) as rerun:
         with other.products.slot():  # a turn among the texts generating, as a generation takes
             after = other.candidates(p, k)
-    return {"position": p, "parts": ablation.parts, "chosen": chosen, "before": before, "after": after,
+    return {"position": p, "parts": ablation.parts, "mode": mode, "chosen": chosen, "before": before, "after": after,
             "requests": requests + rerun}

@@ -163,9 +163,13 @@ class Ablation:
     (``h.{L}.mlp.gelu``, ``h.{L}.mlp.c_proj``). The forward pass hands each of those values to
     ``apply`` as it makes it; the empty ablation (``NO_ABLATION``) hands every value back."""
 
-    def __init__(self, heads: dict[int, tuple[int, ...]] | None = None, mlps: tuple[int, ...] = ()):
+    def __init__(self, heads: dict[int, tuple[int, ...]] | None = None, mlps: tuple[int, ...] = (),
+                 means: dict[str, np.ndarray] | None = None):
+        """``means``: mean ablation, each value switched off replaced by its mean over positions
+        (``Averaging``: heads (H, hd), the MLP's (4C,) and (C,)); None: zero ablation."""
         self.heads = {l: tuple(sorted(set(hs))) for l, hs in (heads or {}).items() if hs}
         self.mlps = tuple(sorted(set(mlps)))
+        self.means = means
         # name -> what of the value is zeroed: the heads' rows, or all of it (...)
         self._off: dict[str, object] = {f"h.{l}.attn.heads": list(hs) for l, hs in self.heads.items()}
         for l in self.mlps:
@@ -200,15 +204,47 @@ class Ablation:
             out += [f"attn {l}.{h}" for h in self.heads.get(l, ())] + ([f"mlp {l}"] if l in self.mlps else [])
         return out
 
+    @property
+    def mode(self) -> str:
+        return "zero" if self.means is None else "mean"
+
     def apply(self, name: str, value: np.ndarray) -> np.ndarray:
-        """``value`` as the forward pass goes on with it: zeroed where a part is off. Heads:
-        (H, T, hd) with the heads' rows zeroed; the MLP's values: all zero."""
+        """``value`` as the forward pass goes on with it: zeroed (or its mean put) where a part is
+        off. Heads: (H, T, hd) with the heads' rows replaced; the MLP's values: all of them."""
         off = self._off.get(name)
         if off is None:
             return value
         value = np.array(value, np.float32)  # a copy: the caller's array stays as it was
-        value[off] = 0
+        if self.means is None:
+            value[off] = 0
+        elif off is ...:  # the MLP's (T, 4C) or (T, C) <- (4C,) or (C,) at every position
+            value[...] = self.means[name]
+        else:  # the heads' rows of (H, T, hd) <- their (hd,) means at every position
+            value[off] = self.means[name][off][:, None, :]
         return value
+
+
+class Averaging(Ablation):
+    """A pass with every part on that keeps, for an ablation's parts, the mean of each value
+    over the positions it reads: ``ablation()`` is then that ablation as mean ablation (each
+    part's output replaced by its mean, as TransformerLens' mean ablation does)."""
+
+    def __init__(self, off: Ablation):
+        super().__init__(off.heads, off.mlps)
+        self.sums: dict[str, np.ndarray] = {}
+        self.counts: dict[str, int] = {}
+
+    def apply(self, name: str, value: np.ndarray) -> np.ndarray:
+        if name in self._off:
+            axis = 1 if name.endswith(".attn.heads") else 0  # heads (H, T, hd); the MLP's (T, n)
+            self.sums[name] = self.sums.get(name, 0) + np.asarray(value, np.float64).sum(axis)
+            self.counts[name] = self.counts.get(name, 0) + value.shape[axis]
+        return value
+
+    def ablation(self) -> Ablation:
+        """The parts switched off, each to its mean over the positions this pass read."""
+        means = {n: (s / self.counts[n]).astype(np.float32) for n, s in self.sums.items()}
+        return Ablation(self.heads, self.mlps, means)
 
 
 NO_ABLATION = Ablation()

@@ -309,6 +309,11 @@ class Text:
         self.generating = False
 
     # --- reading and writing: these cost requests ---
+    def read(self) -> int:
+        """Read every unread token now, in one prefill; how many were read."""
+        with self.lock:
+            return self._read()
+
     def _read(self, trace: Trace | None = None) -> int:
         """Read every unread token of the text in one batched forward; how many were read."""
         n = self.length - self.read_upto

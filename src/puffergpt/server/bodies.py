@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -197,6 +198,7 @@ class AblateBody(Strict):
     against the model by ``reference.Ablation``), and how many candidates to show before and after."""
     parts: list[str] = Field(..., min_length=1, max_length=MAX_ABLATE_PARTS)
     k: int = Field(10, ge=1, le=MAX_VIEW_K)
+    mode: Literal["zero", "mean"] = "zero"  # zero: the part's output zeroed; mean: its mean over the text's positions
 
     @model_validator(mode="after")
     def short_parts(self):

@@ -67,7 +67,7 @@ def ablation_json(got: dict) -> dict:
         hit = [i for i, t in enumerate(ids) if int(t) == chosen]
         return hit[0] if hit else None
 
-    return {"position": got["position"], "parts": got["parts"],
+    return {"position": got["position"], "parts": got["parts"], "mode": got["mode"],
             "chosen": None if chosen is None else token_json(chosen),
             "before": candidates_json(before, before_logits), "after": candidates_json(after, after_logits),
             "top1_before": token_json(int(before[0])), "top1_after": token_json(int(after[0])),

@@ -98,6 +98,7 @@ class Ablated(Response):
 
     position: int
     parts: list[str]
+    mode: str
     chosen: dict[str, Any] | None
     before: list[dict[str, Any]]
     after: list[dict[str, Any]]

@@ -154,7 +154,7 @@ def ablate(position: int, body: AblateBody, t: TextDep, texts: TextsDep) -> dict
     """The step at ``position`` run again with ``parts`` switched off at every position (a
     prefill of the tokens before it, on products of its own: the text is left as it was): the
     k best candidates before and after, and whether the model's top choice changed."""
-    return ablation_json(inspector.ablate(t, position, body.parts, texts.open_products, body.k))
+    return ablation_json(inspector.ablate(t, position, body.parts, texts.open_products, body.k, body.mode))
 
 
 @router.get("/{text_id}/kv", response_model=responses.KV)

@@ -1,7 +1,8 @@
 // Switch parts off: the selected token's step run again with some heads and MLPs zeroed at
-// every position (a head's mixed values before c_proj, an MLP's whole output), the tokens
-// before it read again in one prefill on a copy (the text itself is untouched), then the
-// top-k search. The candidates before and after, and whether the model's top choice changed.
+// every position (a head's mixed values before c_proj, an MLP's whole output), or set to their
+// mean over the text's positions (mean ablation: one more prefill, with every part on, first),
+// the tokens before it read again in one prefill on a copy (the text itself is untouched), then
+// the top-k search. The candidates before and after, and whether the model's top choice changed.
 // Every rerun is searches, counted in the waterfall with the view's extra requests.
 import { api, textPath } from "./api.js";
 import { h, showError, visibleToken } from "./dom.js";
@@ -12,6 +13,7 @@ import { S, insideKey, keepAblation, render } from "./state.js";
 const K = 10; // candidates shown before and after
 const picked = new Map(); // inside key -> Set of parts ("attn L.H", "mlp L") the learner switched off
 let running = null; // the inside key being rerun
+let mode = "zero"; // "zero": a part off writes nothing; "mean": it writes its mean over the text's positions
 
 const partName = (part) => part.startsWith("attn ") ? `L${part.slice(5).replace(".", " H")}` : `L${part.slice(4)} MLP`;
 const namesOf = (parts) => parts.map(partName).join(", ");
@@ -21,7 +23,7 @@ async function run(p, parts) {
   running = key;
   render("inside");
   try {
-    const got = await withText(() => api("POST", textPath(S.textId, `/steps/${p}/ablate`), { parts, k: K }));
+    const got = await withText(() => api("POST", textPath(S.textId, `/steps/${p}/ablate`), { parts, k: K, mode }));
     keepAblation(key, got);
   } catch (e) {
     showError(e);
@@ -69,12 +71,23 @@ function result(got) {
     : got.chosen_rank_after !== got.chosen_rank_before
       ? [" The token here, ", visibleToken(chosen.text, chosen.bytes_hex), `, is now rank ${got.chosen_rank_after + 1}.`] : "";
   return h("div", { class: "ablate-result", dataset: { changed: String(got.changed) } },
-    h("p", { class: "ablate-says " + (got.changed ? "changed" : "same") }, h("b", { text: `With ${namesOf(got.parts)} off: ` }), said, where),
+    h("p", { class: "ablate-says " + (got.changed ? "changed" : "same") }, h("b", { text: `With ${namesOf(got.parts)} off${got.mode === "mean" ? " (set to their means)" : ""}: ` }), said, where),
     h("div", { class: "ablate-lists" },
       candidateList("Before (all parts on)", got.before, chosen ? chosen.token_id : null, "before"),
       candidateList(`After (${plural(got.parts.length, "part")} off)`, got.after, chosen ? chosen.token_id : null, "after")),
     h("p", { class: "note", text: `This rerun cost ${plural(got.requests.length, "extra request")}: the ${plural(got.position, "token")} before position ${got.position} ` +
-      "read again with those parts off, in one prefill of their own (your text and its keys are untouched), and the top-k search; listed in the waterfall." }));
+      (got.mode === "mean" ? "read once with every part on (for the parts' means) and again with those parts set to their means, in prefills of their own" : "read again with those parts off, in one prefill of their own") +
+      " (your text and its keys are untouched), and the top-k search; listed in the waterfall." }));
+}
+
+// Zero or mean ablation, for every rerun from here on.
+function modeSwitch(box, p, cfg) {
+  const button = (name, label, title) => h("button", { type: "button", class: "ablate-mode" + (mode === name ? " on" : ""),
+    "aria-pressed": String(mode === name), dataset: { mode: name }, title, onclick: () => { mode = name; renderAblate(box, p, cfg); } }, label);
+  return h("div", { class: "ablate-modes", role: "group", "aria-label": "what a part switched off writes" },
+    h("span", { text: "Off means:" }),
+    button("zero", "zero", "the part writes nothing"),
+    button("mean", "its mean", "the part writes its mean over this text's positions, from a pass with every part on (one more prefill)"));
 }
 
 // The switch-off part of a token's inside view (position p), into `box`.
@@ -93,7 +106,10 @@ export function renderAblate(box, p, cfg) {
     h("h3", { text: "Switch parts off" }),
     h("p", { class: "note", text: "Test a cause: switch heads or MLPs off (click to toggle, several at once) and run this step again. " +
       "A head switched off mixes nothing (its values are zeroed before c_proj); an MLP switched off writes nothing (its output and bias zeroed); " +
-      `both at every position. The tokens before position ${p} are read again that way on a copy, so it costs one prefill's requests, counted.` }),
+      `both at every position. The tokens before position ${p} are read again that way on a copy, so it costs one prefill's requests, counted. ` +
+      "Zero is a big change the model never saw in training; “its mean” instead puts each part's average output over this text's positions " +
+      "(mean ablation), which removes what the part says about this token and keeps what it always says (a second prefill, with every part on, for the means)." }),
+    modeSwitch(box, p, cfg),
     grid(set, box, p, cfg),
     h("div", { class: "actions" }, go, clear, running === key ? h("span", { class: "status", text: "running again…" }) : ""),
     got ? result(got) : "");
