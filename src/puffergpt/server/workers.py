@@ -217,7 +217,8 @@ def worker_main() -> None:
     spec = WorkerSpec(**json.loads(sys.stdin.readline()))
     _watch_parent(os.getppid())
     config = ServerConfig(**{**spec.config, "trusted_hosts": tuple(spec.config["trusted_hosts"] or ()) or None,
-                             "cors_origins": tuple(spec.config.get("cors_origins") or ())})
+                             "cors_origins": tuple(spec.config.get("cors_origins") or ()),
+                             "api_keys": tuple(spec.config.get("api_keys") or ())})
     store = open_store(spec.backend, Path(spec.data_dir) if spec.data_dir else None, **spec.store_options)
     try:
         engine = loading.open_engine(store, spec.model, scheduler=Scheduler(spec.max_running),
