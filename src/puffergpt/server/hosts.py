@@ -4,7 +4,9 @@ rebinding (a name of the attacker's that resolves to 127.0.0.1), and the names
 ``serve --allowed-host`` adds: ``host.docker.internal`` for a container on Docker's
 default network, a reverse proxy's public name. On another address, any Host unless
 ``--allowed-host`` names some (then those and the loopback names only). Another Host is
-a 400 naming the flag that admits it."""
+a 400 naming the flag that admits it. The probes (``/health``, ``/ready``, ``/metrics``)
+answer any Host: a balancer or an orchestrator asks by address, and they tell nothing a
+page could use."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from puffergpt.server.errors import refuse
 
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "::1")
 FLAG = "puffergpt serve --allowed-host"
+PROBES = frozenset({"/health", "/ready", "/metrics"})
 
 
 def is_loopback(host: str) -> bool:
@@ -71,7 +74,7 @@ class TrustedHosts:
         self.names = frozenset(host_name(n) for n in names)
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["path"] in PROBES:
             return await self.app(scope, receive, send)
         sent = Headers(scope=scope).get("host")
         if sent is not None and host_name(sent) in self.names:
