@@ -99,6 +99,20 @@ def test_public_read_only_generates_for_anyone_and_writes_no_notebook(apps):
     assert c.post("/api/insights", json=INSIGHT, headers=bearer(KEYS[0])).status_code == 201
 
 
+def test_mcp_server_sends_the_key(apps):
+    """`puffergpt mcp --server URL --api-key KEY` drives a server started with that key."""
+    from puffergpt.mcp_server import Remote, RemoteError
+    from puffergpt.sampling import Sampling
+    from puffergpt.server.app import serving
+
+    c, _ = apps["keys"]
+    with serving(c.app) as url:
+        with pytest.raises(RemoteError, match="401"):
+            Remote(url).generate("hello", 2, Sampling(0.0, 5, None), 3)
+        got = Remote(url, api_key=KEYS[1]).generate("hello", 2, Sampling(0.0, 5, None), 3)
+        assert len(got["steps"]) == 2, got
+
+
 @pytest.mark.parametrize("args, env, words", [
     (["--host", "0.0.0.0"], {}, ["reachable from other machines", "--api-key", "--public-read-only", "--no-auth"]),
     (["--host", "192.168.1.20", "--no-auth", "--api-key", KEYS[0]], {}, ["can't go with"]),

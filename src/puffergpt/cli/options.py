@@ -64,21 +64,34 @@ def workers_option(f, default: str = "1"):
                              "Many learners at once need many (docs/how-it-works.md#every-core)")(f)
 
 
+def _api_keys(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    """--api-key's values, else PUFFERGPT_API_KEY's keys (separated by commas), each checked."""
+    from puffergpt.server.auth import check_key
+
+    got = values or tuple(k.strip() for k in os.environ.get("PUFFERGPT_API_KEY", "").split(",") if k.strip())
+    try:
+        return tuple(dict.fromkeys(check_key(k) for k in got))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--api-key / PUFFERGPT_API_KEY") from None
+
+
 def api_key_option(f):
     """serve --api-key KEY (repeatable), else PUFFERGPT_API_KEY's keys, separated by commas."""
-    def keys(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
-        from puffergpt.server.auth import check_key
-
-        got = values or tuple(k.strip() for k in os.environ.get("PUFFERGPT_API_KEY", "").split(",") if k.strip())
-        try:
-            return tuple(dict.fromkeys(check_key(k) for k in got))
-        except ValueError as e:
-            raise click.BadParameter(str(e), param_hint="--api-key / PUFFERGPT_API_KEY") from None
-
-    return click.option("--api-key", "api_keys", multiple=True, callback=keys, metavar="KEY",
+    return click.option("--api-key", "api_keys", multiple=True, callback=_api_keys, metavar="KEY",
                         help="require this key (Authorization: Bearer KEY) on /v1 and on every request that changes "
                              "state or costs work; repeat for more [env PUFFERGPT_API_KEY, keys separated by "
                              "commas] (docs/deploy.md#keys)")(f)
+
+
+def client_key_option(f):
+    """mcp --server URL --api-key KEY: the key to send, else PUFFERGPT_API_KEY's first."""
+    def first(ctx, param, values: tuple[str, ...]) -> str | None:
+        keys = _api_keys(ctx, param, values)
+        return keys[0] if keys else None
+
+    return click.option("--api-key", "api_key", multiple=True, callback=first, metavar="KEY",
+                        help="with --server: the key the server was started with, sent as Authorization: Bearer "
+                             "[env PUFFERGPT_API_KEY: its first key]")(f)
 
 
 def notebook_option(f):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
@@ -94,7 +94,7 @@ class Counted:
         await self.app(scope, receive, counted)
 
 
-@router.get("/health")
+@router.get("/health", operation_id="health", summary="Liveness: the process answers")
 def health() -> dict:
     """Liveness: the process answers."""
     return {"status": "ok"}
@@ -112,7 +112,13 @@ def readiness(engine: Engine) -> str | None:
     return None
 
 
-@router.get("/ready")
+READY_RESPONSES = {200: {"description": '`{"status": "ready"}`'},
+                   503: {"description": '`{"status": "unavailable", "reason": "..."}`: the store failed, or no '
+                                        'longer holds the model served'}}
+
+
+@router.get("/ready", operation_id="ready", summary="Readiness: the store answers a one-row search",
+            responses=READY_RESPONSES)
 async def ready(served: ServedDep) -> JSONResponse:
     """Readiness: the store answers a one-row search, and holds the manifest served."""
     try:
@@ -124,7 +130,9 @@ async def ready(served: ServedDep) -> JSONResponse:
     return JSONResponse({"status": "ready"})
 
 
-@router.get("/metrics")
+@router.get("/metrics", operation_id="metrics", summary="Prometheus metrics (text format)",
+            response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
 def metrics(request: Request) -> Response:
     """Prometheus' text format."""
     return Response(request.app.state.metrics.text(), media_type=CONTENT_TYPE_LATEST)
