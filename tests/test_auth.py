@@ -125,6 +125,18 @@ def test_serve_on_an_open_address_without_a_key_refuses_to_start(args, env, word
     assert "Traceback" not in r.output and "loading" not in r.output  # refused before anything loads
 
 
+def test_workers_serve_with_the_keys_and_hosts_given():
+    """serve --workers N: each worker's config is the parent's, through its stdin's JSON."""
+    import json
+    from dataclasses import asdict
+
+    from puffergpt.server.workers import worker_config
+
+    config = ServerConfig(api_keys=KEYS, public_read_only=True, trusted_hosts=("127.0.0.1", "host.docker.internal"),
+                          cors_origins=("http://localhost:3000",))
+    assert worker_config(json.loads(json.dumps(asdict(config)))) == config
+
+
 def test_what_may_serve_where():
     for host in ("127.0.0.1", "127.0.0.5", "localhost", "::1", "[::1]"):
         check_exposure(host, (), False, False)  # loopback: anyone here is the user
