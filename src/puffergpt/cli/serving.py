@@ -77,6 +77,8 @@ def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, m
         trusted = trusted_hosts(host, allowed_hosts)  # no DNS rebinding onto a local server
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    if no_auth:
+        click.echo(f"puffergpt: --no-auth: anyone who reaches {host} may generate and write the notebook", err=True)
     model, fallback = resolve_model(model)
     with clear_errors(held=SHARED):
         opened, notebook = open_served(model, backend, data_dir, dsn, notebook_path, max_running, text_ttl)
