@@ -61,6 +61,17 @@ def test_v1_wants_a_key_in_openais_shape(apps):
         assert c.get("/v1/models", headers=bearer(k)).status_code == 200
         r = c.post("/v1/completions", json=COMPLETION, headers=bearer(k))
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+    # the openai SDK, as a client meets it: its own AuthenticationError, then the answer with the key
+    import openai
+
+    def sdk(key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{c.base_url}/v1", api_key=key, http_client=c, max_retries=0)
+
+    model = sdk(KEYS[0]).models.list().data[0].id
+    with pytest.raises(openai.AuthenticationError) as e:
+        sdk("not-the-key-000").completions.create(model=model, **COMPLETION)
+    assert e.value.code == "invalid_api_key"
+    assert sdk(KEYS[1]).completions.create(model=model, **COMPLETION).usage.completion_tokens == 2
 
 
 def test_every_write_wants_the_key_and_reads_of_the_page_do_not(apps):
