@@ -72,6 +72,9 @@ def test_models_list_and_retrieve(servers, tiny):
     client, _ = servers(tiny)
     assert [m.id for m in client.models.list()] == [Path(tiny.name).name]  # never the full path
     assert client.models.retrieve(tiny.name).id == Path(tiny.name).name
+    listed = httpx.get(f"{servers(tiny)[1]}/models").json()["data"][0]
+    assert listed["max_model_len"] == tiny.config.n_ctx  # as vLLM gives it: the context, in tokens
+    assert client.models.retrieve(tiny.name).model_extra["max_model_len"] == tiny.config.n_ctx
     with pytest.raises(openai.NotFoundError) as e:
         client.models.retrieve("gpt-4")
     assert e.value.body["code"] == "model_not_found"

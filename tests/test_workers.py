@@ -150,6 +150,38 @@ def test_every_other_route_answers_through_the_front(served):
     assert status == 404 and json.loads(body)["code"] == "text_not_found"
 
 
+def test_probes_and_metrics_add_up_through_the_front(served):
+    """/health is the front's, /ready is ready when a worker is, /metrics adds up the workers'
+    (each request lands on one of them: the sums move by exactly one request's figures)."""
+    from test_probes import samples, value
+
+    port, _ = served
+    assert json.loads(call(port, "GET", "/health")[1]) == {"status": "ok"}
+    status, body = call(port, "GET", "/ready")
+    assert status == 200 and json.loads(body) == {"status": "ready", "workers": 2, "of": 2}, body
+    status, raw = call(port, "GET", "/metrics")
+    assert status == 200, raw
+    before = samples(raw.decode())
+    assert value(before, "puffergpt_workers") == 2
+    done = []
+    for _ in range(2):  # the front sends them to the workers in turn
+        status, body = call(port, "POST", "/v1/completions", {"prompt": "hello", "max_tokens": 3, "temperature": 0})
+        assert status == 200, body
+        done.append(json.loads(body)["usage"]["completion_tokens"])
+    after = samples(call(port, "GET", "/metrics")[1].decode())
+    route = {"method": "POST", "route": "/v1/completions", "status": "200"}
+    assert value(after, "puffergpt_http_requests_total", **route) - value(before, "puffergpt_http_requests_total",
+                                                                          **route) == 2
+    assert value(after, "puffergpt_tokens_generated_total") - value(before, "puffergpt_tokens_generated_total") \
+        == sum(done)
+    search = {"op": "search", "outcome": "ok"}
+    moved = value(after, "puffergpt_store_requests_total", **search) - value(before, "puffergpt_store_requests_total",
+                                                                             **search)
+    assert moved > 0 and moved == value(after, "puffergpt_store_request_seconds_count", op="search") - value(
+        before, "puffergpt_store_request_seconds_count", op="search")
+    assert not any(name.endswith("_created") for name, _ in after)  # start times are not added up
+
+
 def test_a_killed_worker_costs_only_its_texts_and_starts_again(tiny_dir, tiny, tmp_path):
     """kill -9 a worker: its text answers text_not_found and is reopened from its ids on the
     other worker with the same tokens as numpy; the other worker's text never noticed; the

@@ -123,6 +123,16 @@ class Engine:
             raise ValueError(f"the text TTL must be a positive number of seconds, got {text_ttl_s!r}")
         self.text_ttl_s, self.clock = float(text_ttl_s), clock
 
+    def probe(self) -> None:
+        """One search of one row, the first token's (/ready: the store answers with the model's
+        documents); StoreError if it does not."""
+        ns = documents.namespace(self.key, self.config.n_embd)
+        q = self.encoding.queries(np.ones((1, self.config.n_embd), np.float32))[0]  # (1, C) -> (dim,)
+        hits = self.store.search(ns, [Query(q, (("matrix", "=", "wte"), ("row", "=", 0)), 1)], self.encoding.metric,
+                                 ("row",))
+        if len(hits.query) != 1:
+            raise StoreError(f"a search of one row of {ns} returned {len(hits.query)}: run `puffergpt verify`")
+
     def status(self) -> dict:
         """How busy the engine is: texts generating and waiting (``Scheduler.status``), how many
         of their searches went to the store shared with another text's."""
@@ -246,6 +256,9 @@ class SearchProducts:
     def stepping(self):
         """A step computed inside the block: other texts' searches of the weights wait for its own."""
         return self.engine.batcher.stepping()
+
+    def wrote_token(self) -> None:
+        self.engine.scheduler.wrote_token()
 
     def _wait_keys(self, layer: int) -> None:
         """Block until this layer's last key write has landed; a failed write fails here."""

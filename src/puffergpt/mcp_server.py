@@ -155,13 +155,15 @@ class RemoteError(Exception):
 
 
 class Remote:
-    """A running ``puffergpt serve`` at ``url``: its texts, and its notebook."""
+    """A running ``puffergpt serve`` at ``url``: its texts, and its notebook; ``api_key``: the
+    key it was started with (``serve --api-key``), sent with every request."""
 
-    def __init__(self, url: str, timeout: float = HTTP_TIMEOUT_S):
+    def __init__(self, url: str, timeout: float = HTTP_TIMEOUT_S, api_key: str | None = None):
         import httpx
 
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, timeout=timeout)
+        headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+        self.http = httpx.Client(base_url=self.url, timeout=timeout, headers=headers)
 
     def call(self, method: str, path: str, **kw) -> Any:
         import httpx

@@ -98,6 +98,9 @@ class Extras(Protocol):
     def stepping(self) -> AbstractContextManager[None]:
         """A step computed inside the block, in lockstep with other texts' (``scheduler.Batcher``)."""
 
+    def wrote_token(self) -> None:
+        """A generation wrote a token: counted where the server reports it (``/metrics``)."""
+
     def key_counts(self) -> list[int] | None:
         """Keys stored per layer (the KV cache view); None where there is no store to count."""
 
@@ -385,6 +388,9 @@ class NumpyProducts:
 
     def stepping(self):
         return nullcontext()
+
+    def wrote_token(self) -> None:
+        pass
 
     def key_counts(self):
         return None

@@ -248,6 +248,7 @@ class Scheduler:
         self._cond = threading.Condition()
         self._running = 0
         self._queue: list[object] = []  # tickets of the waiting generations, oldest first
+        self.tokens = 0  # tokens the generations wrote, ever (/metrics)
 
     @contextlib.contextmanager
     def slot(self, should_stop: Callable[[], bool] | None = None) -> Iterator[bool]:
@@ -276,6 +277,10 @@ class Scheduler:
             finally:
                 self._queue.remove(ticket)
                 self._cond.notify_all()
+
+    def wrote_token(self) -> None:
+        with self._cond:
+            self.tokens += 1
 
     def status(self) -> dict:
         with self._cond:

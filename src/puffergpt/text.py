@@ -430,6 +430,7 @@ class Text:
                 with self.lock, self.products.stepping():
                     step = self._next(s, rng, full, observe)
                     tok = step.token_id
+                self.products.wrote_token()
                 yield step
                 if tok == tokenizer.EOT:
                     return

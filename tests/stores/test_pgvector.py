@@ -538,3 +538,27 @@ def test_the_server_stopping_mid_generation(pg, tiny_pg, tiny, mode, monkeypatch
     text.close()
     store.close()
     again.close()
+
+
+def test_ready_is_503_while_postgresql_is_stopped(pg, tiny_pg, tiny):
+    """/ready (server/probes.py) on pgvector: 200 while PostgreSQL answers, 503 with the
+    store's reason while it is stopped, 200 again once it is back; /health answers throughout."""
+    from fastapi.testclient import TestClient
+
+    from puffergpt.server import create_app
+
+    dsn, _, key, _ = tiny_pg
+    store = open_store("pgvector", dsn=dsn)
+    try:
+        with TestClient(create_app(open_engine(store, tiny.name, key))) as c:
+            assert c.get("/ready").json() == {"status": "ready"}
+            pg.stop("fast")
+            try:
+                r = c.get("/ready")
+                assert r.status_code == 503 and "PostgreSQL" in r.json()["reason"], r.text
+                assert c.get("/health").status_code == 200
+            finally:
+                pg.start()
+            assert c.get("/ready").status_code == 200, c.get("/ready").text  # it reconnects
+    finally:
+        store.close()

@@ -18,6 +18,7 @@ from puffergpt.cli.options import (
     MODEL_HELP,
     backend_option,
     clear_errors,
+    client_key_option,
     data_option,
     fail,
     notebook_option,
@@ -33,7 +34,8 @@ from puffergpt.cli.options import (
 @backend_option
 @data_option
 @notebook_option
-def mcp(server_url, model, backend, dsn, data_dir, notebook_path) -> None:
+@client_key_option
+def mcp(server_url, model, backend, dsn, data_dir, notebook_path, api_key) -> None:
     """Serve the tools generate, inspect, save_insight, list_insights and replay_insight over MCP (stdio)."""
     import anyio
 
@@ -49,7 +51,7 @@ def mcp(server_url, model, backend, dsn, data_dir, notebook_path) -> None:
                  f"leave out {', '.join(given)} (give them to serve), or leave out --server")
         if not server_url.startswith(("http://", "https://")):
             fail(f"--server must be an http:// or https:// URL, got {server_url!r}")
-        backend_ = mcp_server.Remote(server_url)
+        backend_ = mcp_server.Remote(server_url, api_key=api_key)
     else:
         backend_ = open_local(model, backend, dsn, data_dir, notebook_path)
     try:  # the SDK's stdio transport, with a screen that answers every malformed line (mcp_stdio)

@@ -1,6 +1,6 @@
 """What every command shares: the options, the data directory, one way to open a store and one
 to open a model on it, and clear errors. The project's environment is read here and nowhere
-else: PUFFERGPT_DATA and PUFFERGPT_DSN through the options, TURBOPUFFER_API_KEY,
+else: PUFFERGPT_DATA, PUFFERGPT_DSN and PUFFERGPT_API_KEY through the options, TURBOPUFFER_API_KEY,
 TURBOPUFFER_REGION and TURBOPUFFER_BASE_URL in ``open_store``."""
 
 from __future__ import annotations
@@ -62,6 +62,36 @@ def workers_option(f, default: str = "1"):
     return click.option("--workers", default=default, show_default=True, callback=check, metavar="N|auto",
                         help="server processes, each on a core of its own, behind one address; auto: one a core. "
                              "Many learners at once need many (docs/how-it-works.md#every-core)")(f)
+
+
+def _api_keys(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
+    """--api-key's values, else PUFFERGPT_API_KEY's keys (separated by commas), each checked."""
+    from puffergpt.server.auth import check_key
+
+    got = values or tuple(k.strip() for k in os.environ.get("PUFFERGPT_API_KEY", "").split(",") if k.strip())
+    try:
+        return tuple(dict.fromkeys(check_key(k) for k in got))
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--api-key / PUFFERGPT_API_KEY") from None
+
+
+def api_key_option(f):
+    """serve --api-key KEY (repeatable), else PUFFERGPT_API_KEY's keys, separated by commas."""
+    return click.option("--api-key", "api_keys", multiple=True, callback=_api_keys, metavar="KEY",
+                        help="require this key (Authorization: Bearer KEY) on /v1 and on every request that changes "
+                             "state or costs work; repeat for more [env PUFFERGPT_API_KEY, keys separated by "
+                             "commas] (docs/deploy.md#keys)")(f)
+
+
+def client_key_option(f):
+    """mcp --server URL --api-key KEY: the key to send, else PUFFERGPT_API_KEY's first."""
+    def first(ctx, param, values: tuple[str, ...]) -> str | None:
+        keys = _api_keys(ctx, param, values)
+        return keys[0] if keys else None
+
+    return click.option("--api-key", "api_key", multiple=True, callback=first, metavar="KEY",
+                        help="with --server: the key the server was started with, sent as Authorization: Bearer "
+                             "[env PUFFERGPT_API_KEY: its first key]")(f)
 
 
 def notebook_option(f):

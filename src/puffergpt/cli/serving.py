@@ -15,6 +15,7 @@ from puffergpt import checkpoints
 from puffergpt.cli.options import (
     MODEL_HELP,
     SERVING,
+    api_key_option,
     backend_option,
     clear_errors,
     data_option,
@@ -49,25 +50,42 @@ from puffergpt.cli.options import (
               metavar="ORIGIN", help="a page elsewhere allowed to drive the API, as scheme://host[:port] (repeat for "
                                      "more); none by default: only the server's own page and clients that send no "
                                      "Origin (curl, SDKs). Never the notebook's routes")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="HOST",
+              help="another name clients may reach the server by (the Host header), beside 127.0.0.1 and "
+                   "localhost: host.docker.internal for a container, a reverse proxy's name; repeat for more")
+@api_key_option
+@click.option("--public-read-only", is_flag=True,
+              help="anyone may generate; the notebook's writes need the key (with none set: no one may write)")
+@click.option("--no-auth", is_flag=True,
+              help="on an address other machines reach, without a key: let anyone do anything, notebook included")
 @click.option("--max-request-seconds", type=click.FloatRange(1, 86400), default=600, show_default=True,
               help="a generation or completion running longer is ended with an error naming this limit")
 @click.option("--max-request-tokens", type=click.IntRange(1, 10**7), default=8192, show_default=True,
               help="tokens a /v1 request may compute over its choices (prompt tokens read, scored, new); "
                    "more is refused up front")
 def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, max_running, idle_minutes,
-          text_ttl, workers, cors_origins, max_request_seconds, max_request_tokens) -> None:
+          text_ttl, workers, cors_origins, allowed_hosts, api_keys, public_read_only, no_auth, max_request_seconds,
+          max_request_tokens) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
+    from puffergpt.server.auth import check_exposure
+    from puffergpt.server.hosts import trusted_hosts
     from puffergpt.server.state import ServerConfig
     from puffergpt.server.workers import WorkerSpec, share
 
+    try:  # before anything loads: a server open to anyone, a bad name
+        check_exposure(host, api_keys, public_read_only, no_auth)
+        trusted = trusted_hosts(host, allowed_hosts)  # no DNS rebinding onto a local server
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    if no_auth:
+        click.echo(f"puffergpt: --no-auth: anyone who reaches {host} may generate and write the notebook", err=True)
     model, fallback = resolve_model(model)
     with clear_errors(held=SHARED):
         opened, notebook = open_served(model, backend, data_dir, dsn, notebook_path, max_running, text_ttl)
-    loopback = host in ("127.0.0.1", "localhost", "::1")
-    trusted = ("127.0.0.1", "localhost", "[::1]") if loopback else None  # no DNS rebinding onto a local server
     config = ServerConfig(max_open_texts=share(max_texts, workers), idle_s=idle_minutes * 60,
                           trusted_hosts=trusted, fallback=fallback, cors_origins=cors_origins,
-                          max_request_s=max_request_seconds, max_request_tokens=max_request_tokens)
+                          max_request_s=max_request_seconds, max_request_tokens=max_request_tokens,
+                          api_keys=api_keys, public_read_only=public_read_only)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
     url = f"http://{shown}:{port}/"
     serving = default_data(data_dir) / SERVING if backend == "embedded" else None

@@ -9,8 +9,10 @@ router per resource. Thin: each route parses, calls the application layer, and r
 - ``tokenize_routes.py``: /tokenize, /detokenize and /tokenizer_info, as vLLM has them;
 - ``notebook.py``: the notebook of insights, when the server has one;
 - ``static_routes.py``: the page, its files and the API's docs;
+- ``probes.py``: /health, /ready and /metrics, for balancers and Prometheus;
 - ``errors.py``: how errors become responses; ``body_limit.py``: the bound on a body;
   ``cross_site.py``: only this server's page and the origins it allows drive it;
+  ``auth.py``: who may (``serve --api-key``, ``--public-read-only``);
 - ``streaming.py``: generations in worker threads, streamed or whole, and how they end.
 """
 
@@ -26,14 +28,24 @@ from collections.abc import Callable, Iterator
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
-from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from puffergpt import sweeper, tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import Products
-from puffergpt.server import errors, model_routes, openai, static_routes, texts_routes, tokenize_routes, views_routes
+from puffergpt.server import (
+    errors,
+    model_routes,
+    openai,
+    probes,
+    static_routes,
+    texts_routes,
+    tokenize_routes,
+    views_routes,
+)
+from puffergpt.server.auth import Auth
 from puffergpt.server.body_limit import MAX_BODY, BoundedBody
 from puffergpt.server.cross_site import CrossSite
+from puffergpt.server.hosts import TrustedHosts
 from puffergpt.server.state import Served, ServerConfig
 from puffergpt.server.streaming import SHUTDOWN, Generations
 from puffergpt.text import Texts, log
@@ -81,10 +93,11 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
                   servers=[{"url": "/", "description": "the server that serves this document"}])
     app.state.served = served
     app.state.texts, app.state.generations = served.texts, served.generations  # for tests and shutdown
+    app.state.metrics = probes.Metrics(engine, served.texts)
     add_middleware(app, config)
     errors.add_handlers(app)
-    for router in (static_routes.router, model_routes.router, texts_routes.router, views_routes.router,
-                   tokenize_routes.router, openai.router):
+    for router in (static_routes.router, probes.router, model_routes.router, texts_routes.router,
+                   views_routes.router, tokenize_routes.router, openai.router):
         app.include_router(router)
     if notebook is not None:
         from puffergpt import notebook as nb
@@ -95,16 +108,21 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
 
 
 def add_middleware(app: FastAPI, config: ServerConfig) -> None:
-    """Before any route, outermost first: the Host (no DNS rebinding onto a local server),
-    CORS for the ``--cors-origin`` origins only, no request forged by another site and no
-    body but JSON (``cross_site.py``), then the body's bound."""
+    """Before any route, outermost first: the count of answers (``probes.py``), the Host (no
+    DNS rebinding onto a local server: ``hosts.py``), CORS for the ``--cors-origin`` origins
+    only (a refusal below still carries its headers, so a page there reads why), no request
+    forged by another site and no body but JSON (``cross_site.py``), the API key
+    (``auth.py``), then the body's bound."""
     app.add_middleware(BoundedBody, read_timeout_s=config.read_timeout_s)
+    app.add_middleware(Auth, keys=config.api_keys, read_only=config.public_read_only)
     app.add_middleware(CrossSite, allowed=config.cors_origins)
     if config.cors_origins:  # none: every preflight unanswered, a page elsewhere sends only what CrossSite refuses
+        # "*" headers: Content-Type and Authorization (a key, serve --api-key) among them
         app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins),
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"], max_age=600)
-    if config.trusted_hosts:  # a page elsewhere can't drive this API by DNS rebinding
-        app.add_middleware(TrustedHostMiddleware, allowed_hosts=list(config.trusted_hosts))
+    if config.trusted_hosts:  # a page elsewhere can't drive this API by DNS rebinding (hosts.py)
+        app.add_middleware(TrustedHosts, names=config.trusted_hosts)
+    app.add_middleware(probes.Counted, metrics=app.state.metrics)  # every answer counted, refusals too
 
 
 def server(app: FastAPI, host: str, port: int):

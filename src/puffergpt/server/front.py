@@ -6,7 +6,9 @@ the worker that should answer it (``workers.py``), its answer passed back as it 
   (``/api/texts/{id}/...``) goes there. A text whose worker died (or one the front never saw)
   is answered ``404 text_not_found``, as any server answers a text it does not hold: the page
   reopens it from its token ids (docs/deploy.md);
-- ``GET /api/status`` adds up every worker's, and says how many workers answer;
+- ``GET /api/status`` adds up every worker's, and says how many workers answer; so does
+  ``GET /metrics`` (``probes.summed``: each sample added up); ``GET /ready`` is ready when a
+  worker is, and ``GET /health`` is the front's own;
 - anything else (``/v1``, the views, the notebook, the page's files) goes to the next worker
   in turn, and to another if that one can't be reached.
 
@@ -20,6 +22,7 @@ request to the worker, which ends the generation as it does for a client of its 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import re
 from collections import OrderedDict
@@ -174,9 +177,54 @@ async def status(request: Request) -> Response:
     return JSONResponse(out)
 
 
+async def each_worker(request: Request, path: str) -> list[httpx.Response | None]:
+    """GET ``path`` of every live worker, with the client's Host; None where one did not answer."""
+    front: Front = request.app.state.front
+
+    async def one(i: int) -> httpx.Response | None:
+        try:
+            return await front.client.get(f"{front.pool.url(i)}{path}", headers={"host": request.headers["host"]})
+        except httpx.TransportError:
+            return None
+
+    return list(await asyncio.gather(*(one(i) for i in front.pool.alive())))
+
+
+async def metrics(request: Request) -> Response:
+    """Every worker's /metrics added up (``probes.summed``)."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    from puffergpt.server.probes import summed
+
+    got = [r.text for r in await each_worker(request, "/metrics") if r is not None and r.status_code == 200]
+    if not got:
+        return unavailable("no worker answered")
+    return Response(summed(got), media_type=CONTENT_TYPE_LATEST)
+
+
+async def ready(request: Request) -> Response:
+    """Ready when a worker is: ``workers`` ready of ``of``; else the first worker's reason."""
+    got = await each_worker(request, "/ready")
+    n = sum(r is not None and r.status_code == 200 for r in got)
+    if n:
+        return JSONResponse({"status": "ready", "workers": n, "of": request.app.state.front.pool.n})
+    why = "no worker answered"
+    for r in got:
+        if r is not None and r.status_code == 503:
+            with contextlib.suppress(ValueError, AttributeError):
+                why = str(r.json()["reason"])
+                break
+    return JSONResponse({"status": "unavailable", "reason": why}, status_code=503)
+
+
+async def health(request: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
 def create_front(pool: Pool, read_timeout_s: float = 10.0) -> Starlette:
     """The front's app over a started pool of workers."""
-    app = Starlette(routes=[Route("/api/status", status, methods=["GET"]),
+    app = Starlette(routes=[Route("/api/status", status, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
+                            Route("/ready", ready, methods=["GET"]), Route("/health", health, methods=["GET"]),
                             Route("/{path:path}", forward, methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE",
                                                                       "OPTIONS"])])
     app.state.front = Front(pool)

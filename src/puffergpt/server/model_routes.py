@@ -30,7 +30,8 @@ def info(served: ServedDep) -> dict:
             "about": model_info.about(name, c), "starters": model_info.starters(engine.model),
             "embedding_words": model_info.embedding_words(engine.model),
             "context_starters": model_info.context_starters(),
-            "fallback": config.fallback}
+            "fallback": config.fallback,
+            "auth": {"api_key": bool(config.api_keys), "public_read_only": config.public_read_only}}
 
 
 @router.get("/status", response_model=responses.Status)

@@ -128,7 +128,8 @@ def check_work(config: ServerConfig, lengths: list[int], choices: int, max_token
 # --- the routes ---
 
 def model_card(engine: Engine) -> dict:
-    return {"id": model_name(engine.model), "object": "model", "created": 0, "owned_by": "puffergpt"}
+    return {"id": model_name(engine.model), "object": "model", "created": 0, "owned_by": "puffergpt",
+            "max_model_len": engine.config.n_ctx}
 
 
 @router.get("/v1/models", operation_id="listModels", responses={200: {"model": ModelList}})

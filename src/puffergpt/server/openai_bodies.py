@@ -135,6 +135,7 @@ class ModelCard(Shape):
     object: Literal["model"]
     created: int
     owned_by: str
+    max_model_len: int  # the context in tokens, as vLLM gives it: lm-eval's max_length, a client's budget
 
 
 class ModelList(Shape):

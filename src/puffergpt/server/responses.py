@@ -36,6 +36,7 @@ class Info(Response):
     embedding_words: dict[str, Any]
     context_starters: list[dict[str, Any]]
     fallback: str | None
+    auth: dict[str, bool]  # api_key: writes and /v1 need one (the page asks); public_read_only: no notebook writes
 
 
 class Status(Response):

@@ -12,6 +12,7 @@ from fastapi import Depends, Request
 
 from puffergpt.engine import Engine
 from puffergpt.reference import Products
+from puffergpt.server.auth import check_key
 from puffergpt.server.bodies import MAX_NEW_TOKENS
 from puffergpt.server.cross_site import check_origin
 from puffergpt.server.streaming import Generations
@@ -35,9 +36,12 @@ class ServerConfig:
     cors_origins: tuple[str, ...] = ()  # pages elsewhere allowed to drive the API (serve --cors-origin)
     max_request_s: float | None = MAX_REQUEST_S  # a generation's wall-clock bound; None: none
     max_request_tokens: int = MAX_REQUEST_TOKENS  # tokens a /v1 request computes, over its choices
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # serve --api-key: who may write and use /v1 (auth.py)
+    public_read_only: bool = False  # serve --public-read-only: anyone generates, no one writes the notebook
 
     def __post_init__(self):
         object.__setattr__(self, "cors_origins", tuple(check_origin(o) for o in self.cors_origins))
+        object.__setattr__(self, "api_keys", tuple(check_key(k) for k in self.api_keys))
         if self.max_request_s is not None and not self.max_request_s > 0:
             raise ValueError(f"max_request_s must be above 0 (or None), got {self.max_request_s}")
         if not 1 <= self.max_request_tokens <= 10**7:

@@ -204,6 +204,15 @@ def _watch_parent(parent: int) -> None:
     threading.Thread(target=watch, name="puffergpt-parent", daemon=True).start()
 
 
+def worker_config(fields: dict):
+    """The ServerConfig a worker serves with, from its fields as JSON carried them (lists
+    where the config holds tuples): the parent's, keys and hosts included."""
+    from puffergpt.server.state import ServerConfig
+
+    tuples = {k: tuple(fields.get(k) or ()) for k in ("cors_origins", "api_keys")}
+    return ServerConfig(**{**fields, **tuples, "trusted_hosts": tuple(fields.get("trusted_hosts") or ()) or None})
+
+
 def worker_main() -> None:
     """A worker: its WorkerSpec on stdin; the store opened beside the parent's, the app served
     on a free loopback port, written as {"port": P} on stdout; until SIGTERM or the parent goes."""
@@ -211,13 +220,11 @@ def worker_main() -> None:
     from puffergpt.reference import NumpyProducts
     from puffergpt.scheduler import Scheduler
     from puffergpt.server.app import create_app, run, server
-    from puffergpt.server.state import ServerConfig
     from puffergpt.stores import open_store
 
     spec = WorkerSpec(**json.loads(sys.stdin.readline()))
     _watch_parent(os.getppid())
-    config = ServerConfig(**{**spec.config, "trusted_hosts": tuple(spec.config["trusted_hosts"] or ()) or None,
-                             "cors_origins": tuple(spec.config.get("cors_origins") or ())})
+    config = worker_config(spec.config)
     store = open_store(spec.backend, Path(spec.data_dir) if spec.data_dir else None, **spec.store_options)
     try:
         engine = loading.open_engine(store, spec.model, scheduler=Scheduler(spec.max_running),

@@ -1,7 +1,24 @@
 // This server's API: JSON calls and the server-sent events of a generation.
 // An error becomes an Error whose message is the server's own `detail`, with the answer's
 // `status` and `code` (a text this server does not hold: "text_not_found"), and `lost` set
-// when the server could not be reached or went away mid-answer.
+// when the server could not be reached or went away mid-answer. Every request carries the
+// server's API key (serve --api-key) when the learner gave one: kept in this browser only.
+
+const KEY = "puffergpt.apiKey";
+
+export function apiKey() {
+  try { return localStorage.getItem(KEY) || ""; } catch (_) { return ""; }
+}
+
+export function setApiKey(value) {
+  try { if (value) localStorage.setItem(KEY, value); else localStorage.removeItem(KEY); } catch (_) { /* private mode */ }
+}
+
+// The headers with `Authorization: Bearer KEY` added when there is a key.
+export function withKey(headers = {}) {
+  const k = apiKey();
+  return k ? { ...headers, authorization: `Bearer ${k}` } : headers;
+}
 
 function detailOf(data, res) {
   const d = data && data.detail;
@@ -30,7 +47,7 @@ function lost(message) {
 
 async function send(path, opts) {
   try {
-    return await fetch(path, opts);
+    return await fetch(path, { ...opts, headers: withKey(opts.headers) });
   } catch (e) {
     throw lost("the server could not be reached: " + e.message);
   }

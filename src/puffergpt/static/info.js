@@ -1,6 +1,7 @@
 // The header: which model is loaded and what it is (for the demo: how to get GPT-2
 // small), the model's figures, and the starter prompts chosen for this model.
 import { generate } from "./actions.js";
+import { apiKey, setApiKey } from "./api.js";
 import { $, h } from "./dom.js";
 import { baseName, int } from "./format.js";
 
@@ -69,7 +70,20 @@ function embeddingWords(info) {
   if (Array.isArray(w.map)) set("map-words", w.map.join("\n"));
 }
 
+// A server started with --api-key: the field for its key, which stays in this browser
+// (localStorage) and goes with every request as a Bearer token.
+function renderKeyField(info) {
+  const form = $("key-form");
+  if (!form || !(info.auth && info.auth.api_key)) return;
+  const input = $("api-key");
+  input.value = apiKey();
+  input.addEventListener("change", () => setApiKey(input.value.trim()));
+  form.addEventListener("submit", (e) => { e.preventDefault(); setApiKey(input.value.trim()); });
+  form.hidden = false;
+}
+
 export function renderInfo(info) {
+  renderKeyField(info);
   embeddingWords(info);
   renderFigures(info);
   renderAbout(info);

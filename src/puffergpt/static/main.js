@@ -1,7 +1,7 @@
 // puffergpt's pages: plain ES modules, no framework, no network but this server's
 // API. One module a panel; this one wires them up.
 import { generate, stop, stepBack, stepForward, cut } from "./actions.js";
-import { api, textPath } from "./api.js";
+import { api, textPath, withKey } from "./api.js";
 import { $, showError } from "./dom.js";
 import { initCandidates, updateProbs } from "./candidates.js";
 import { initCompare } from "./compare.js";
@@ -47,7 +47,7 @@ function initControls() {
   });
   window.addEventListener("beforeunload", () => {
     // Close the text so the server drops its keys.
-    if (S.textId) fetch(textPath(S.textId), { method: "DELETE", keepalive: true }).catch(() => {});
+    if (S.textId) fetch(textPath(S.textId), { method: "DELETE", keepalive: true, headers: withKey() }).catch(() => {});
   });
 }
 

@@ -23,12 +23,15 @@ database and nothing else. docs/backends.md walks through writing one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import json
 import numbers
 import re
 import threading
+import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -182,14 +185,31 @@ def _vectors(vectors, n: int, dim: int, what: str = "vectors") -> np.ndarray:
     return v
 
 
+_nested = threading.local()  # public calls under way in this thread: one inside another is not told apart
+
+
 def _serial(method):
-    """A public method, one call at a time unless the backend says it is thread_safe."""
+    """A public method, one call at a time unless the backend says it is thread_safe; each
+    call (not one made inside another, as search reads the layout) timed for the store's
+    watchers (``Store.watch``)."""
+    op = method.__name__
+
     @functools.wraps(method)
     def run(self, *args, **kwargs):
-        if self.thread_safe:
-            return method(self, *args, **kwargs)
-        with self._serial_lock:
-            return method(self, *args, **kwargs)
+        t, ok, depth = time.perf_counter(), False, getattr(_nested, "depth", 0)
+        _nested.depth = depth + 1
+        try:
+            if self.thread_safe:
+                out = method(self, *args, **kwargs)
+            else:
+                with self._serial_lock:
+                    out = method(self, *args, **kwargs)
+            ok = True
+            return out
+        finally:
+            _nested.depth = depth
+            if self._watchers and depth == 0:
+                self._tell(op, time.perf_counter() - t, ok)
     return run
 
 
@@ -219,7 +239,22 @@ class Store(ABC):
             raise TypeError(f"{cls.__name__}: a store sets `name` (a str) and `metrics` (a tuple of metric names)")
         store = super().__new__(cls)
         store._serial_lock = threading.RLock()
+        store._watchers = []  # weak references to bound methods: (op, seconds, ok) after each call
         return store
+
+    def watch(self, observer: Callable[[str, float, bool], None]) -> None:
+        """Call ``observer(op, seconds, ok)`` after each public call (search, fetch, upsert, ...):
+        a server's metrics. Held weakly (a bound method): an app that is gone stops watching."""
+        self._watchers.append(weakref.WeakMethod(observer))
+
+    def _tell(self, op: str, seconds: float, ok: bool) -> None:
+        for ref in list(self._watchers):
+            observer = ref()
+            if observer is None:
+                with contextlib.suppress(ValueError):  # another thread removed it first
+                    self._watchers.remove(ref)
+            else:
+                observer(op, seconds, ok)
 
     # --- what a backend writes: each talks to the database, nothing else ---
     @abstractmethod

@@ -1,0 +1,86 @@
+"""What balancers and Prometheus ask (issue 33, item 4: ``server/probes.py``): ``/health``
+answers while the process does; ``/ready`` is 200 while the store answers a one-row search
+and holds the manifest served, and 503 with the reason while the store fails; ``/metrics``
+(prometheus_client's text format, read back with its own parser) moves with a request:
+the request counted by route and status, the tokens the completion reports, the store's
+searches in the counter and the latency histogram alike. Behind ``serve --workers 2``:
+tests/test_workers.py::test_probes_and_metrics_add_up_through_the_front."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+
+from puffergpt.loading import open_engine
+from puffergpt.server import ServerConfig, create_app
+from puffergpt.stores.base import StoreError
+
+
+def samples(text: str) -> dict[tuple, float]:
+    """(sample name, sorted labels) -> value, from Prometheus' text format."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def value(got: dict, name: str, **labels) -> float:
+    return got.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@pytest.fixture(scope="module")
+def probed(loaded, tiny):
+    store, key = loaded(tiny)
+    app = create_app(open_engine(store, tiny.name, key), ServerConfig(trusted_hosts=("127.0.0.1", "localhost")))
+    with TestClient(app, base_url="http://127.0.0.1:8000") as c:
+        yield c, store
+
+
+def test_health_and_ready_and_ready_fails_while_the_store_is_down(probed, monkeypatch):
+    c, store = probed
+    assert (c.get("/health").status_code, c.get("/health").json()) == (200, {"status": "ok"})
+    r = c.get("/ready")
+    assert (r.status_code, r.json()) == (200, {"status": "ready"})
+
+    def down(*args, **kwargs):
+        raise StoreError("connection refused (the database is stopped)")
+
+    monkeypatch.setattr(store, "search", down)  # the store stops answering searches
+    r = c.get("/ready")
+    assert r.status_code == 503 and r.json()["status"] == "unavailable", r.text
+    assert "connection refused" in r.json()["reason"], r.text
+    assert c.get("/health").status_code == 200  # alive, not ready: a balancer sends nothing, nobody restarts it
+    monkeypatch.setattr(store, "get_meta", lambda key: None)  # and the model's manifest gone from it
+    assert "not loaded" in c.get("/ready").json()["reason"]
+    monkeypatch.undo()
+    assert c.get("/ready").status_code == 200
+    # probes answer any Host (a balancer asks by address); the API does not
+    with TestClient(c.app, base_url="http://10.0.0.7:8000") as other:
+        assert other.get("/health").status_code == 200 and other.get("/ready").status_code == 200
+        assert other.get("/api/info").status_code == 400
+
+
+def test_metrics_move_with_a_request(probed):
+    c, _ = probed
+    r = c.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.text[:200]
+    before = samples(r.text)
+    r = c.post("/v1/completions", json={"prompt": "hello there", "max_tokens": 3, "temperature": 0})
+    assert r.status_code == 200, r.text
+    tokens = r.json()["usage"]["completion_tokens"]
+    after = samples(c.get("/metrics").text)
+
+    def moved(name, **labels):
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert moved("puffergpt_http_requests_total", method="POST", route="/v1/completions", status="200") == 1
+    assert tokens > 0 and moved("puffergpt_tokens_generated_total") == tokens
+    searches = moved("puffergpt_store_requests_total", op="search", outcome="ok")
+    assert searches > 0 and moved("puffergpt_store_request_seconds_count", op="search") == searches
+    assert moved("puffergpt_store_request_seconds_bucket", op="search", le="+Inf") == searches
+    assert moved("puffergpt_text_searches_total") >= searches  # asked by the text, some may share a request
+    for gauge in ("puffergpt_texts_running", "puffergpt_texts_queued", "puffergpt_texts_open"):
+        assert value(after, gauge) == 0, gauge  # the completion's text ran and closed
+    # a refusal is counted too, by its status
+    assert c.post("/v1/completions", json={"prompt": "hi", "max_tokens": -1}).status_code == 400
+    got = samples(c.get("/metrics").text)
+    assert value(got, "puffergpt_http_requests_total", method="POST", route="/v1/completions", status="400") == 1
