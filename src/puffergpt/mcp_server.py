@@ -231,9 +231,7 @@ def detail(r) -> str:
         d = r.json()
     except ValueError:
         return r.text[:500] or r.reason_phrase
-    if isinstance(d, dict) and "detail" in d:
-        return d["detail"] if isinstance(d["detail"], str) else json.dumps(d["detail"])[:1000]
-    if isinstance(d, dict) and isinstance(d.get("error"), dict):
+    if isinstance(d, dict) and isinstance(d.get("error"), dict):  # every error of serve's: {"error": {"message"}}
         return str(d["error"].get("message"))
     return json.dumps(d)[:1000]
 

@@ -9,6 +9,7 @@ router per resource. Thin: each route parses, calls the application layer, and r
 - ``tokenize_routes.py``: /tokenize, /detokenize and /tokenizer_info, as vLLM has them;
 - ``notebook.py``: the notebook of insights, when the server has one;
 - ``static_routes.py``: the page, its files and the API's docs;
+- ``openapi_doc.py``: ``/openapi.json`` with an absolute server, whole or by tags (an action's);
 - ``errors.py``: how errors become responses; ``body_limit.py``: the bound on a body;
   ``cross_site.py``: only this server's page and the origins it allows drive it;
 - ``streaming.py``: generations in worker threads, streamed or whole, and how they end.
@@ -28,12 +29,22 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from puffergpt import sweeper, tokenizer
+from puffergpt import __version__, sweeper, tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import Products
-from puffergpt.server import errors, model_routes, openai, static_routes, texts_routes, tokenize_routes, views_routes
+from puffergpt.server import (
+    errors,
+    model_routes,
+    openai,
+    openapi_doc,
+    static_routes,
+    texts_routes,
+    tokenize_routes,
+    views_routes,
+)
 from puffergpt.server.body_limit import MAX_BODY, BoundedBody
 from puffergpt.server.cross_site import CrossSite
+from puffergpt.server.openapi_doc import add_document
 from puffergpt.server.state import Served, ServerConfig
 from puffergpt.server.streaming import SHUTDOWN, Generations
 from puffergpt.text import Texts, log
@@ -77,8 +88,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
     served = Served(engine, config, Texts(engine.open, max_open=config.max_open_texts, idle_s=config.idle_s),
                     Generations(), reference)
     app = FastAPI(title="puffergpt", description="GPT-2 where every matrix multiply is a vector search.",
-                  version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,  # ours: local assets
-                  servers=[{"url": "/", "description": "the server that serves this document"}])
+                  version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,  # ours: local assets
+                  openapi_url=None, openapi_tags=openapi_doc.TAGS)  # ours: an absolute server (openapi_doc.py)
+    add_document(app, config.public_url)
     app.state.served = served
     app.state.texts, app.state.generations = served.texts, served.generations  # for tests and shutdown
     add_middleware(app, config)
