@@ -27,11 +27,13 @@ import numpy as np
 import pytest
 from aiopenapi3 import OpenAPI
 from aiopenapi3.errors import HTTPClientError
+from click.testing import CliRunner
 from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 
 from puffergpt import notebook as nb
 from puffergpt import tokenizer
+from puffergpt.cli import main
 from puffergpt.loading import open_engine
 from puffergpt.reference import Reference
 from puffergpt.server import ServerConfig, create_app
@@ -283,3 +285,5 @@ def test_public_url_fills_servers_and_is_checked(loaded, demo):
                        ("https://me:pw@x.org", "password"), ("https://x.org:99999", "not a URL")):
         with pytest.raises(ValueError, match=words):
             ServerConfig(public_url=bad)
+        r = CliRunner().invoke(main, ["serve", "--model", "demo", "--public-url", bad], env={"PUFFERGPT_DATA": None})
+        assert r.exit_code == 2 and "--public-url" in r.output and words in r.output, r.output  # before any loading
