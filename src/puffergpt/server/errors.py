@@ -44,6 +44,7 @@ def error(status: int, message: str, kind: str | None = None, param: str | None 
 
 def refusal(request: Request, status: int, message: str, kind: str | None = None,
             code: str | None = None, headers: dict | None = None) -> JSONResponse:
+    """A handler's answer to ``request``: the same shape whatever its path."""
     return error(status, message, kind, code=code, headers=headers)
 
 
