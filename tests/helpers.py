@@ -18,6 +18,13 @@ LOGIT_BOUNDS = {"inner_product": 1e-3, "euclidean_squared": 5e-3, "cosine_distan
 STORE_BOUNDS = {"inner_product": 1e-4, "euclidean_squared": 4e-3, "cosine_distance": 1e-4}
 
 
+def message(r) -> str:
+    """An error answer's message: every error, on every path, is {"error": {"message", ...}}."""
+    got = r.json()
+    assert set(got) == {"error"} and set(got["error"]) == {"message", "type", "param", "code"}, got
+    return got["error"]["message"]
+
+
 def layer(rng, n_in=768, n_out=3072):
     """A layer with GPT-2-like scales and a layer-normed input: w (out, in), b (out,), x (4, in)."""
     w = (0.14 * rng.standard_normal((n_out, n_in))).astype(np.float32)

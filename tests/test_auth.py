@@ -74,6 +74,18 @@ def test_v1_wants_a_key_in_openais_shape(apps):
     assert sdk(KEYS[1]).completions.create(model=model, **COMPLETION).usage.completion_tokens == 2
 
 
+def test_the_openapi_document_says_how_to_send_the_key(apps):
+    """With keys, every operation the key guards declares its 401 and a bearer scheme (what a
+    GPT action's importer asks for); the page's reads declare neither."""
+    doc = apps["keys"][0].get("/openapi.json").json()
+    assert doc["components"]["securitySchemes"] == {"apiKey": {"type": "http", "scheme": "bearer"}}
+    ops = {(p, m): op for p, item in doc["paths"].items() for m, op in item.items()}
+    guarded = {k for k, op in ops.items() if "security" in op}
+    assert guarded == {(p, m) for p, m in ops if m != "get" or p.startswith("/v1")}, guarded ^ set(ops)
+    assert all("401" in ops[k]["responses"] for k in guarded)
+    assert "security" not in ops[("/api/info", "get")] and "401" not in ops[("/api/info", "get")]["responses"]
+
+
 def test_every_write_wants_the_key_and_reads_of_the_page_do_not(apps):
     c, book = apps["keys"]
     before = commits(book)

@@ -95,7 +95,7 @@ def test_a_text_that_could_not_be_closed_is_reported(served, monkeypatch):
 
     def no_close(conn, server, method, path, body=None, jar=None):
         if method == "DELETE":
-            raise bc.Refused(f"{method} {path}", 503, b'{"detail": "the store failed"}')
+            raise bc.Refused(f"{method} {path}", 503, b'{"error": {"message": "the store failed"}}')
         return real(conn, server, method, path, body, jar)
 
     monkeypatch.setattr(bc, "call", no_close)

@@ -153,7 +153,7 @@ def test_a_page_on_an_allowed_origin_drives_the_api_but_not_the_notebook(browser
     status, completion = got["completion"]
     assert status == 200 and completion["choices"][0]["finish_reason"] == "length", got
     assert got["text"][0] == 201 and got["closed"] == 200, got
-    assert got["push"][0] == 403 and "notebook only from its own page" in got["push"][1]["detail"], got
+    assert got["push"][0] == 403 and "notebook only from its own page" in got["push"][1]["error"]["message"], got
     assert served.state()[2:] == commits  # no commit, nothing pushed
 
 

@@ -5,6 +5,7 @@ inside, insights saved (each one git commit) and replayed; the same through a ru
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
+import puffergpt
 from puffergpt import mcp_server, tokenizer
 from puffergpt import notebook as nb
 from puffergpt.loading import open_engine
@@ -85,7 +87,8 @@ async def tour(client, ckpt, model: str) -> dict:
     assert got["final_top1"]["token_id"] == want[0] and len(got["lens"]) >= ckpt.config.n_layer
     assert got["searches"] > 0 and "attribution" in got
 
-    assert "less than or equal to 512" in await error(client, "generate", prompt=PROMPT, max_tokens=MAX_NEW_TOKENS + 1)
+    too_many = await error(client, "generate", prompt=PROMPT, max_tokens=MAX_NEW_TOKENS + 1)
+    assert "max_tokens: Input should be less than or equal to 512" in too_many and "pydantic" not in too_many
     assert "no open text 'nope'" in await error(client, "inspect", text_id="nope", position=1)
     assert "the title is empty" in await error(client, "save_insight", title="   ")
 
@@ -203,3 +206,64 @@ def test_bad_text_ids_are_tool_errors_through_a_running_server(tmp_path, tiny, l
         is_error, text, structured = got[bad]
         assert is_error and "no open text" in text and named in text, (bad[:50], text[:300], structured)
         assert "Listed" not in text  # the notebook's list never answers an inspection
+
+
+# --- the tools as a client sees them (issue 33): strict, described, annotated, versioned ---
+
+READ_ONLY = {"generate": True, "inspect": True, "list_insights": True, "replay_insight": True, "save_insight": False}
+
+
+def in_process(backend, script) -> dict:
+    """``script(client)`` on the SDK's client connected in-process to our server over ``backend``."""
+    async def main():
+        async with Client(mcp_server.make_server(backend)) as client:
+            return await script(client)
+
+    return anyio.run(main)
+
+
+def test_tools_are_strict_described_annotated_and_versioned():
+    """No model needed: the schemas, descriptions and argument errors come before any backend
+    (here a server at the discard port, which nothing reaches)."""
+    async def script(client):
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        bad = {"bogus": await error(client, "generate", prompt=PROMPT, bogus=1),
+               "bounds": await error(client, "generate", prompt=PROMPT, max_tokens=0, temperature="hot"),
+               "missing": await error(client, "save_insight", tags=[""])}
+        return client.server_info, tools, bad
+
+    info, tools, bad = in_process(mcp_server.Remote("http://127.0.0.1:9"), script)
+    assert info.name == "puffergpt" and info.version == puffergpt.__version__ != ""
+    assert set(tools) == TOOLS
+    for name, t in tools.items():
+        assert t.input_schema["additionalProperties"] is False, (name, t.input_schema)
+        assert t.description == inspect.cleandoc(t.description), name
+        assert not [line for line in t.description.splitlines() if line[:1].isspace()], (name, t.description)
+        assert t.annotations.read_only_hint is READ_ONLY[name], (name, t.annotations)
+    assert tools["save_insight"].annotations.destructive_hint is False  # a commit added, nothing lost
+    assert "generate: bogus: generate takes no such argument (it takes prompt, max_tokens," in bad["bogus"]
+    assert "max_tokens: Input should be greater than or equal to 1" in bad["bounds"] and "temperature:" in bad["bounds"]
+    assert "title: Field required" in bad["missing"] and "tags.0:" in bad["missing"]
+    for said in bad.values():
+        assert "pydantic" not in said and "For further information" not in said and "\n" not in said, said
+
+
+ENDS = ("The cat sat on the mat.", 9)  # the demo model at temperature 1, top_k 40, seed 9: it writes <|endoftext|>
+
+
+def test_generate_ends_at_endoftext_as_v1_does(loaded, demo, tmp_path):
+    """The same seed through /v1/completions and MCP's generate (through a running serve):
+    the same tokens, ending with <|endoftext|>, and the same text and finish_reason, with no
+    literal <|endoftext|> in it."""
+    store, key = loaded(demo)
+    prompt, seed = ENDS
+    with serving(create_app(open_engine(store, demo.name, key), ServerConfig())) as base:
+        v1 = httpx.post(f"{base}/v1/completions", json={"model": "demo", "prompt": prompt, "max_tokens": 24,
+                                                        "temperature": 1, "top_k": 40, "seed": seed}, timeout=120)
+        got = in_process(mcp_server.Remote(base), lambda c: call(c, "generate", prompt=prompt, max_tokens=24,
+                                                                 temperature=1, top_k=40, seed=seed))
+    (choice,) = v1.json()["choices"]
+    assert got["tokens"][-1] == tokenizer.EOT and len(got["tokens"]) < 24, "seed 9 no longer ends: choose another"
+    assert got["tokens"][:-1] == tokenizer.encode(got["text"]) and "<|endoftext|>" not in got["text"]
+    assert (got["text"], got["finish_reason"]) == (choice["text"], choice["finish_reason"]) == (got["text"], "stop")
+    assert v1.json()["usage"]["completion_tokens"] == len(got["tokens"])

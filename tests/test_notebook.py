@@ -17,6 +17,7 @@ from click.testing import CliRunner
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from helpers import message
 from puffergpt import notebook as nb
 from puffergpt import tokenizer
 from puffergpt.cli.notebook import notebook as notebook_cli
@@ -24,6 +25,7 @@ from puffergpt.loading import open_engine
 from puffergpt.notebook import GitError, InsightNotFound, InvalidInsight, Notebook, NotebookError
 from puffergpt.reference import NumpyProducts, Reference
 from puffergpt.sampling import Sampling
+from puffergpt.server import errors
 from puffergpt.server.notebook import notebook_router
 from puffergpt.text import Text
 
@@ -420,6 +422,7 @@ def test_a_tampered_logit_is_reported_as_a_mismatch(tmp_path, engine_evidence, t
 def client(tmp_path, tiny):
     book = Notebook(tmp_path / "nb")
     app = FastAPI()
+    errors.add_handlers(app)  # as create_app has them: every error an ErrorBody
     app.include_router(notebook_router(book, numpy_candidates_at(tiny), model=tiny.name))
     with TestClient(app) as c:
         yield c, book
@@ -466,20 +469,20 @@ def test_http_errors_are_4xx_with_a_message(client, evidence, tiny):
     other = {**evidence, "model": "gpt2"}
     saved = c.post("/api/insights", json={**ok, "evidence": other}).json()
     r = c.post(f"/api/insights/{saved['id']}/replay")
-    assert r.status_code == 400 and "saved from model 'gpt2'" in r.json()["detail"]
+    assert r.status_code == 400 and "saved from model 'gpt2'" in message(r)
     (book.path / ".git" / "index.lock").write_text("")
     r = c.post("/api/insights", json=ok)
-    assert r.status_code == 503 and "index is locked" in r.json()["detail"]
+    assert r.status_code == 503 and "index is locked" in message(r)
 
 
 def test_http_push(client, evidence, tmp_path):
     c, book = client
     saved = c.post("/api/insights", json={"title": "t", "body": "", "tags": [], "evidence": evidence}).json()
     r = c.post("/api/insights/push")
-    assert r.status_code == 409 and "has no remote" in r.json()["detail"]
+    assert r.status_code == 409 and "has no remote" in message(r)
     git(book.path, "remote", "add", "origin", "file:///nonexistent/remote.git")
     r = c.post("/api/insights/push")
-    assert r.status_code == 503 and "could not push the notebook to origin" in r.json()["detail"]
+    assert r.status_code == 503 and "could not push the notebook to origin" in message(r)
     assert commits(book.path) == [saved["commit"]]
     remote = tmp_path / "ok.git"
     subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)

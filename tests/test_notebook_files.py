@@ -20,9 +20,11 @@ from click.testing import CliRunner
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
+from helpers import message
 from puffergpt import notebook as nb
 from puffergpt.cli.notebook import notebook as notebook_cli
 from puffergpt.notebook import Notebook, NotebookError
+from puffergpt.server import errors
 from puffergpt.server.notebook import notebook_router
 
 DIR_ID = "2099-01-01-000000-dir-abcdef"  # the probe's name: newest first, so listed before the rest
@@ -49,6 +51,7 @@ def odd(tmp_path):
 def client(odd):
     book, good = odd
     app = FastAPI()
+    errors.add_handlers(app)  # as create_app has them: every error an ErrorBody
     app.include_router(notebook_router(book, no_replay))
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c, book, good
@@ -74,7 +77,7 @@ def test_a_directory_named_like_an_insight_leaks_no_descriptor_over_1000_request
 def test_a_directory_named_like_an_insight_is_409_by_id_and_skipped_in_the_list(client, caplog):
     c, book, good = client
     for r in (c.get(f"/api/insights/{DIR_ID}"), c.post(f"/api/insights/{DIR_ID}/replay")):
-        detail = r.json()["detail"]
+        detail = message(r)
         assert r.status_code == 409, (r.status_code, r.text[:300])
         assert f"insights/{DIR_ID}.md" in detail and "is a directory" in detail and "move it out" in detail, detail
     with caplog.at_level(logging.WARNING, logger="puffergpt.notebook"):

@@ -4,6 +4,11 @@ server serves and makes an operation of each operation id, with pydantic models 
 body and of its responses, errors included. Through it, every OpenAI and tokenizer operation is
 called on the demo model and checked against the numpy reference (``reference.Reference``).
 
+The notebook's document (``/openapi.json?tags=notebook``) is checked as a Custom GPT's action
+import checks one (``action_problems``: the spec valid, an absolute server, at most 30
+operations, each with an operationId, a summary and a description of at most 300 characters,
+every reference resolved), and a client built from it saves and lists an insight.
+
 Why not a code generator here: openapi-python-client 0.29.1 pins httpx<0.29 and typer<0.28, older
 than this project's environment has (in a venv of its own it generates a working client from the
 same document: docs/openai.md has the command); aiopenapi3 needs nothing older.
@@ -11,13 +16,24 @@ same document: docs/openai.md has the command); aiopenapi3 needs nothing older.
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+from urllib.parse import urlsplit
+
+import httpx
 import httpx2
 import numpy as np
 import pytest
 from aiopenapi3 import OpenAPI
 from aiopenapi3.errors import HTTPClientError
+from click.testing import CliRunner
+from fastapi.testclient import TestClient
+from openapi_spec_validator import validate
 
+from puffergpt import notebook as nb
 from puffergpt import tokenizer
+from puffergpt.cli import main
 from puffergpt.loading import open_engine
 from puffergpt.reference import Reference
 from puffergpt.server import ServerConfig, create_app
@@ -32,12 +48,19 @@ OPERATIONS = {"openai": {"listModels", "retrieveModel", "createCompletion", "cre
 
 
 @pytest.fixture(scope="module")
-def api(loaded, demo):
-    """The client aiopenapi3 builds from the /openapi.json of a server (uvicorn, in this process)
-    of the demo model; operations grouped by their tags: ``api._.openai.createCompletion``."""
+def server(loaded, demo, tmp_path_factory):
+    """A server (uvicorn, in this process) of the demo model with a notebook: (its URL, the notebook)."""
     store, key = loaded(demo)
-    with serving(create_app(open_engine(store, demo.name, key), ServerConfig())) as base:
-        yield OpenAPI.load_sync(f"{base}/openapi.json", session_factory=httpx2.Client, use_operation_tags=True)
+    book = nb.Notebook(tmp_path_factory.mktemp("openapi") / "notebook")
+    with serving(create_app(open_engine(store, demo.name, key), ServerConfig(), notebook=book)) as base:
+        yield base, book
+
+
+@pytest.fixture(scope="module")
+def api(server):
+    """The client aiopenapi3 builds from the server's /openapi.json; operations grouped by
+    their tags: ``api._.openai.createCompletion``."""
+    return OpenAPI.load_sync(f"{server[0]}/openapi.json", session_factory=httpx2.Client, use_operation_tags=True)
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -128,3 +151,141 @@ def test_a_bad_request_is_parsed_as_the_declared_error(api):
     with pytest.raises(HTTPClientError) as e:
         api._.openai.retrieveModel(parameters={"model_id": "gpt-4"})
     assert e.value.status_code == 404 and e.value.data.error.code == "model_not_found"
+
+
+# --- the document as a GPT action or a generator imports it (issue 33) ---
+
+METHODS = ("get", "put", "post", "delete", "patch", "options", "head", "trace")
+ACTION_OPERATIONS = {"saveInsight", "listInsights", "getInsight", "replayInsight"}
+
+
+def operations(doc: dict) -> dict:
+    """(path, method) -> operation."""
+    return {(path, m): op for path, item in doc["paths"].items() for m, op in item.items() if m in METHODS}
+
+
+def resolves(doc: dict, ref: str) -> bool:
+    node = doc
+    for part in ref.removeprefix("#/").split("/"):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def action_problems(doc: dict, max_operations: int | None = 30) -> list[str]:
+    """What a Custom GPT's action import refuses in ``doc``, as a list of problems (none: it
+    imports): a valid OpenAPI 3.1 document with one absolute http(s) server, at most
+    ``max_operations`` operations, each with a unique operationId of letters, digits and _,
+    a summary and a description of at most 300 characters, every reference resolved, request
+    bodies JSON, every response described."""
+    try:
+        validate(doc)
+    except Exception as e:  # the validator's own error: the problem, with its path
+        return [f"not a valid OpenAPI document: {str(e)[:300]}"]
+    problems = []
+    url = doc.get("servers", [{}])[0].get("url", "")
+    if urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).netloc:
+        problems.append(f"servers[0].url is not absolute: {url!r}")
+    ops = operations(doc)
+    if max_operations is not None and len(ops) > max_operations:
+        problems.append(f"{len(ops)} operations, over {max_operations}")
+    ids = [op.get("operationId") for op in ops.values()]
+    problems += [f"operationId {i!r} repeated" for i in {i for i in ids if ids.count(i) > 1}]
+    for (path, m), op in ops.items():
+        where = f"{m.upper()} {path}"
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", op.get("operationId") or ""):
+            problems.append(f"{where}: operationId {op.get('operationId')!r}")
+        if not op.get("summary") or not op.get("description") or len(op["description"]) > 300:
+            problems.append(f"{where}: a summary and a description of at most 300 characters")
+        content = op.get("requestBody", {}).get("content", {})
+        if content and set(content) != {"application/json"}:
+            problems.append(f"{where}: a request body not JSON ({sorted(content)})")
+        problems += [f"{where}: response {c} undescribed" for c, r in op["responses"].items()
+                     if not r.get("description")]
+    refs = set(re.findall(r'"\$ref": "([^"]+)"', json.dumps(doc)))
+    problems += [f"$ref {r} does not resolve" for r in sorted(refs) if not resolves(doc, r)]
+    return problems
+
+
+def schema_of(response: dict, media: str = "application/json") -> str:
+    return response["content"][media]["schema"]["$ref"].rsplit("/", 1)[-1]
+
+
+def test_the_notebook_document_imports_as_a_gpt_action(server):
+    base, _ = server
+    doc = httpx.get(f"{base}/openapi.json", params={"tags": "notebook"}).json()
+    assert action_problems(doc) == []
+    assert doc["servers"][0]["url"] == base  # absolute: the address the request came to
+    ops = operations(doc)
+    assert {op["operationId"] for op in ops.values()} == ACTION_OPERATIONS  # not the push, nor the playground's
+    save = ops[("/api/insights", "post")]
+    assert schema_of(save["responses"]["201"]) == "InsightSummary" and "200" not in save["responses"]
+    assert {"400", "401", "409", "422", "503"} <= set(save["responses"])
+    assert {schema_of(r) for c, r in save["responses"].items() if c >= "400"} == {"ErrorBody"}
+    assert set(doc["components"]["schemas"]) >= {"InsightBody", "InsightSummary", "ErrorBody", "ErrorDetail"}
+    assert not {"TextView", "CompletionResponse", "HTTPValidationError"} & set(doc["components"]["schemas"])
+    bad = httpx.get(f"{base}/openapi.json", params={"tags": "notebok"})
+    assert bad.status_code == 400 and "notebok" in bad.json()["error"]["message"] and "notebook" in bad.text
+
+
+def test_every_operation_is_named_described_and_declares_what_it_sends(server):
+    base, _ = server
+    doc = httpx.get(f"{base}/openapi.json").json()
+    assert action_problems(doc, max_operations=None) == []
+    ops = operations(doc)
+    for (path, m), op in ops.items():  # FastAPI's generated ids end in the path and method: save_api_insights_post
+        assert not op["operationId"].endswith(f"_{m}"), (path, op["operationId"])
+        for code, r in op["responses"].items():
+            if code >= "400":  # a readiness probe's 503 is its status, the balancer's shape
+                assert schema_of(r) == ("Readiness" if (path, code) == ("/ready", "503") else "ErrorBody"), (path, code)
+            if m != "get" or path.startswith("/v1"):  # what serve --api-key guards (auth.needs_key)
+                assert "401" in op["responses"] and schema_of(op["responses"]["401"]) == "ErrorBody", (path, m)
+    assert "HTTPValidationError" not in json.dumps(doc)  # never sent: every error is an ErrorBody
+    assert "422" not in ops[("/v1/models/{model_id}", "get")]["responses"]
+    gen = ops[("/api/texts/{text_id}/generate", "post")]["responses"]
+    assert list(gen["200"]["content"]) == ["text/event-stream"] and {"404", "409"} <= set(gen)
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        assert set(ops[(path, "post")]["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+        assert "401" in ops[(path, "post")]["responses"]
+    create = ops[("/api/texts", "post")]
+    assert create["operationId"] == "createText" and "201" in create["responses"]
+
+
+def test_a_client_from_the_action_document_saves_and_lists_an_insight(server):
+    base, book = server
+    action = OpenAPI.load_sync(f"{base}/openapi.json?tags=notebook", session_factory=httpx2.Client,
+                               use_operation_tags=True)
+    saved = action._.notebook.saveInsight(data={"title": "Temperature is confidence", "tags": ["temperature"],
+                                                "body": "Dividing the logits by T < 1 sharpens the softmax."})
+    assert type(saved).__name__ == "InsightSummary" and saved.evidence is False and saved.commit
+    listed = action._.notebook.listInsights(parameters={"q": "SHARPENS"})
+    assert [i.id for i in listed.insights] == [saved.id]
+    assert action._.notebook.getInsight(parameters={"insight_id": saved.id}).body.startswith("Dividing")
+    log = subprocess.run(["git", "-C", str(book.path), "show", "--format=", "--name-only", saved.commit],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert log == [saved.path]  # one commit holding the file
+    for data, status, words in (({"title": "  "}, 400, "the title is empty"),
+                                ({"title": "t", "bogus": 1}, 422, "bogus: Extra inputs are not permitted")):
+        with pytest.raises(HTTPClientError) as e:
+            action._.notebook.saveInsight(data=data)
+        assert e.value.status_code == status and type(e.value.data).__name__ == "ErrorBody", data
+        assert words in e.value.data.error.message, e.value.data
+
+
+def test_public_url_fills_servers_and_is_checked(loaded, demo):
+    store, key = loaded(demo)
+    engine = open_engine(store, demo.name, key)
+    app = create_app(engine, ServerConfig(public_url="https://puffer.example.org/gpt/"))
+    c = TestClient(app, base_url="http://127.0.0.1:8000")
+    doc = c.get("/openapi.json?tags=openai,tokenizer").json()
+    assert doc["servers"] == [{"url": "https://puffer.example.org/gpt", "description": "this server"}]
+    assert {t for op in operations(doc).values() for t in op["tags"]} == {"openai", "tokenizer"}
+    r = c.get("/openapi.json?tags=notebook")  # this server has no notebook: it says so, not an empty document
+    assert r.status_code == 400 and "no operations are tagged notebook" in r.json()["error"]["message"]
+    for bad, words in (("ftp://x.org", "http:// or https://"), ("/gpt", "absolute"), ("https://x.org/?a=1", "query"),
+                       ("https://me:pw@x.org", "password"), ("https://x.org:99999", "not a URL")):
+        with pytest.raises(ValueError, match=words):
+            ServerConfig(public_url=bad)
+        r = CliRunner().invoke(main, ["serve", "--model", "demo", "--public-url", bad], env={"PUFFERGPT_DATA": None})
+        assert r.exit_code == 2 and "--public-url" in r.output and words in r.output, r.output  # before any loading

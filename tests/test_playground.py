@@ -436,7 +436,7 @@ def test_analogy_neighbours_and_a_multi_token_word(page, server):
     p.click("#an-go")
     bad = httpx.post(server + "/api/analogy", json={"a": "puffergpt", "b": " king", "c": " woman", "k": 5})
     assert bad.status_code == 400
-    expect(p.locator("#analogy-result .emb-error")).to_have_text(bad.json()["detail"])
+    expect(p.locator("#analogy-result .emb-error")).to_have_text(bad.json()["error"]["message"])
     p.fill("#nb-word", " king")
     p.click("#nb-go")
     expect(p.locator("#neighbours-result tbody tr")).to_have_count(10)

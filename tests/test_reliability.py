@@ -504,9 +504,8 @@ def post_raw(c, path: str, raw: bytes):
 
 
 def message(r) -> str:
-    """The error's message: OpenAI's shape on /v1, {"detail": ...} elsewhere."""
-    got = r.json()
-    return got["error"]["message"] if r.request.url.path.startswith("/v1") else got["detail"]
+    """The error's message: OpenAI's shape on every path."""
+    return r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize("path", [*GOOD, "/api/insights"])
@@ -558,7 +557,7 @@ def test_a_lone_surrogate_in_any_field_is_400_naming_it(probed, path, body, fiel
 @pytest.mark.parametrize("prefix", ["/static/", "/docs-assets/"])
 def test_a_long_or_odd_static_name_is_404(probed, prefix, name):
     r = probed.get(prefix + name)
-    assert r.status_code == 404 and r.json()["detail"] == "no such file", (r.status_code, r.text[:200])
+    assert r.status_code == 404 and message(r) == "no such file", (r.status_code, r.text[:200])
     assert probed.get("/static/main.js").status_code == 200
     assert probed.get("/docs-assets/swagger-ui.css").status_code == 200
 
@@ -599,7 +598,7 @@ def test_an_insight_file_that_is_not_utf8_is_409_naming_it(book_client):
     f.write_bytes(f.read_bytes().replace(b"words", b"w\xffrds"))
     for r in (c.get(f"/api/insights/{iid}"), c.post(f"/api/insights/{iid}/replay")):
         assert r.status_code == 409, (r.status_code, r.text[:300])
-        assert f"insights/{iid}.md" in r.json()["detail"] and "UTF-8" in r.json()["detail"], r.json()
+        assert f"insights/{iid}.md" in message(r) and "UTF-8" in message(r), r.json()
     assert c.get("/api/insights").json()["insights"] == []  # listed without it (a warning in the log)
 
 
@@ -633,7 +632,7 @@ def test_a_read_only_notebook_is_503_with_the_reason(book_client, tiny):
     with read_only(book.path / "insights"):
         r = c.post("/api/insights", json=body)
         assert r.status_code == 503, (r.status_code, r.text[:300])
-        assert "could not write" in r.json()["detail"] and "insights" in r.json()["detail"], r.json()
+        assert "could not write" in message(r) and "insights" in message(r), r.json()
         assert sorted(p.name for p in (book.path / "insights").iterdir()) == before  # nothing half-written
     assert c.post("/api/insights", json=body).status_code == 201  # writable again: saves again
 
@@ -645,11 +644,11 @@ def test_a_symlinked_insights_folder_is_never_written_through(book_client, tiny,
     (book.path / "insights").rename(tmp_path / "kept")
     (book.path / "insights").symlink_to(outside)
     r = c.post("/api/insights", json={"title": "t", "body": "", "tags": [], "evidence": evidence_of(tiny)})
-    assert r.status_code == 409 and "symbolic link" in r.json()["detail"], (r.status_code, r.text[:300])
+    assert r.status_code == 409 and "symbolic link" in message(r), (r.status_code, r.text[:300])
     assert list(outside.iterdir()) == []  # nothing written outside the notebook
     (tmp_path / "kept" / f"{iid}.md").rename(outside / f"{iid}.md")  # an insight outside, through the link
     for r in (c.get("/api/insights"), c.get(f"/api/insights/{iid}"), c.post(f"/api/insights/{iid}/replay")):
-        assert r.status_code == 409 and "symbolic link" in r.json()["detail"], (r.status_code, r.text[:300])
+        assert r.status_code == 409 and "symbolic link" in message(r), (r.status_code, r.text[:300])
 
 
 def test_a_symlinked_insight_file_is_not_served(book_client, tmp_path):
@@ -660,7 +659,7 @@ def test_a_symlinked_insight_file_is_not_served(book_client, tmp_path):
     f.symlink_to(secret)
     for r in (c.get(f"/api/insights/{iid}"), c.post(f"/api/insights/{iid}/replay")):
         assert r.status_code == 409, (r.status_code, r.text[:300])
-        assert "symbolic link" in r.json()["detail"] and f"insights/{iid}.md" in r.json()["detail"], r.json()
+        assert "symbolic link" in message(r) and f"insights/{iid}.md" in message(r), r.json()
     assert c.get("/api/insights").json()["insights"] == []  # not listed either
 
 
@@ -679,7 +678,7 @@ def test_insight_files_past_what_a_save_writes_are_refused_naming_them(book_clie
     os.mkfifo(folder / f"{fifo}.md")
     for name, words in ((bomb, "must be text"), (big, "more than"), (fifo, "not a regular file")):
         r = c.get(f"/api/insights/{name}")
-        detail = r.json()["detail"]
+        detail = message(r)
         assert r.status_code == 409 and f"insights/{name}.md" in detail and words in detail, r.text[:300]
     got = []
     listing = threading.Thread(target=lambda: got.append(c.get("/api/insights")), daemon=True)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from helpers import LOGIT_BOUNDS, assert_close
+from helpers import LOGIT_BOUNDS, assert_close, message
 from puffergpt import inspector, tokenizer
 from puffergpt.loading import open_engine
 from puffergpt.reference import NumpyProducts, Reference
@@ -147,14 +147,14 @@ def test_every_text_route_says_text_not_found_on_a_server_without_the_text(clien
     try:
         r = b.request(method, f"/api/texts/{tid}{path}", json=body)
         assert r.status_code == 404, r.text
-        assert r.json()["code"] == "text_not_found" and f"no open text {tid!r}" in r.json()["detail"]
+        assert r.json()["error"]["code"] == "text_not_found" and f"no open text {tid!r}" in message(r)
     finally:
         a.delete(f"/api/texts/{tid}")
 
 
 def test_the_map_of_a_text_the_server_does_not_hold_is_text_not_found(clients):
     r = clients[1].post("/api/map", json={"words": [" king", " queen"], "text_id": "0123456789ab", "position": 1})
-    assert r.status_code == 404 and r.json()["code"] == "text_not_found"
+    assert r.status_code == 404 and r.json()["error"]["code"] == "text_not_found"
 
 
 def test_a_text_reopened_over_http_continues_as_the_original(clients, demo):

@@ -147,7 +147,7 @@ def test_every_other_route_answers_through_the_front(served):
     status, body = call(port, "POST", "/api/texts", {"prompt": "hi"}, {"origin": "http://evil.example"})
     assert status == 403 and b"evil.example" in body, body
     status, body = call(port, "GET", "/api/texts/0123456789ab")
-    assert status == 404 and json.loads(body)["code"] == "text_not_found"
+    assert status == 404 and json.loads(body)["error"]["code"] == "text_not_found"
 
 
 def test_probes_and_metrics_add_up_through_the_front(served):
@@ -196,7 +196,7 @@ def test_a_killed_worker_costs_only_its_texts_and_starts_again(tiny_dir, tiny, t
         victim = holder(port, proc, a)
         os.kill(victim, signal.SIGKILL)
         status, body = call(port, "POST", f"/api/texts/{a}/generate", {"max_tokens": 3, "temperature": 0})
-        assert status == 404 and json.loads(body)["code"] == "text_not_found", body
+        assert status == 404 and json.loads(body)["error"]["code"] == "text_not_found", body
         ids = tokenizer.encode(PROMPTS[0]) + first
         status, body = call(port, "POST", "/api/texts", {"prompt_ids": ids})
         again = json.loads(body)["id"]

@@ -103,9 +103,9 @@ class Refused(Exception):
     """A non-2xx answer."""
 
     def __init__(self, what: str, status: int, body: bytes):
-        try:
-            detail = json.loads(body).get("detail", body.decode(errors="replace"))
-        except (ValueError, AttributeError):
+        try:  # every error answers {"error": {"message", ...}}
+            detail = json.loads(body)["error"]["message"]
+        except (ValueError, KeyError, TypeError):
             detail = body.decode(errors="replace")
         super().__init__(f"{what}: {status} {str(detail)[:300]}")
 

@@ -65,6 +65,19 @@ class Piece:
     finish: str | None = None
 
 
+def ends_choice(token_id: int) -> bool:
+    """/v1's rule for a generated ``<|endoftext|>``: it ends the choice (finish "stop") and is
+    its last token (lm-eval counts it), never its text. MCP's generate follows it too."""
+    return token_id == tokenizer.EOT
+
+
+def choice_text(ids: list[int]) -> tuple[str, str]:
+    """Generated token ids as a choice's text and finish reason, by ``ends_choice``: the
+    text of the ids before an ending token, "stop" if one ended them, else "length"."""
+    end = next((i for i, t in enumerate(ids) if ends_choice(t)), None)
+    return tokenizer.decode(ids[:end]), "length" if end is None else "stop"
+
+
 def _entry(step: Step, offset: int, k: int | None) -> dict:
     scored = step.logz is not None
     return {"token_id": step.token_id, "token": step.text, "offset": offset,
@@ -99,7 +112,7 @@ def choice_pieces(open_products: Callable[[], Products], ids: list[int], max_tok
                 offset += len(t)
                 continue
             taken.append(step)
-            if step.token_id == tokenizer.EOT:  # the model's end: in the tokens (lm-eval counts it), not the text
+            if ends_choice(step.token_id):  # the model's end: in the tokens (lm-eval counts it), not the text
                 finish = "stop"
                 out += utf8.decode(b"", final=True)
                 eot = [_entry(step, base + len(out), k)]

@@ -21,6 +21,7 @@ tool's error. Nothing is printed to stdout: it carries the protocol.
 from __future__ import annotations
 
 import contextlib
+import inspect as pyinspect
 import json
 import logging
 from collections import OrderedDict
@@ -28,10 +29,11 @@ from collections.abc import Iterator
 from typing import Annotated, Any, Protocol
 from urllib.parse import quote
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, ValidationError
 
-from puffergpt import inspector, tokenizer
+from puffergpt import __version__, inspector, tokenizer
 from puffergpt import notebook as nb
+from puffergpt.completion import choice_text
 from puffergpt.mcp_stdio import shown
 from puffergpt.sampling import Sampling
 from puffergpt.server.bodies import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_VIEW_K
@@ -61,11 +63,13 @@ def segment(v: str | int) -> str:
 # --- what the tools return, from the server's JSON of a step and an inspection --------------
 
 def generation_json(text_id: str, prompt_ids: list[int], steps: list[dict], k: int) -> dict:
-    """A generation as a tool returns it: the text, its new token ids, and each step's best
-    ``k`` candidates. ``steps`` are the server's step JSON (``render.step_json``)."""
+    """A generation as a tool returns it: the text (as /v1 gives it), why it ended, its new
+    token ids, and each step's best ``k`` candidates. ``steps`` are the server's step JSON
+    (``render.step_json``)."""
     ids = [s["token_id"] for s in steps]
+    text, finish = choice_text(ids)  # /v1's rule: a generated <|endoftext|> ends it, in tokens, never in text
     return {"text_id": text_id, "prompt": tokenizer.decode(prompt_ids), "prompt_ids": prompt_ids,
-            "text": tokenizer.decode(ids), "tokens": ids,
+            "text": text, "finish_reason": finish, "tokens": ids,
             "steps": [{"position": s["position"], "token_id": s["token_id"], "text": s["text"],
                        "candidates": [{"token_id": c["token_id"], "text": c["text"], "logit": c["logit"],
                                        "prob": c["prob"]} for c in s["candidates"][:k]]} for s in steps],
@@ -229,9 +233,7 @@ def detail(r) -> str:
         d = r.json()
     except ValueError:
         return r.text[:500] or r.reason_phrase
-    if isinstance(d, dict) and "detail" in d:
-        return d["detail"] if isinstance(d["detail"], str) else json.dumps(d["detail"])[:1000]
-    if isinstance(d, dict) and isinstance(d.get("error"), dict):
+    if isinstance(d, dict) and isinstance(d.get("error"), dict):  # every error of serve's: {"error": {"message"}}
         return str(d["error"].get("message"))
     return json.dumps(d)[:1000]
 
@@ -268,25 +270,60 @@ Query = Annotated[str | None, Field(max_length=nb.MAX_QUERY_CHARS)]
 OneTag = Annotated[str | None, Field(max_length=nb.MAX_TAG_CHARS)]
 
 
+def strict_tool(fn, read_only: bool):
+    """The SDK's tool of ``fn``, strict: an argument it does not take is refused
+    (``additionalProperties: false`` in its input schema, and checked), its description the
+    docstring without its indentation, its annotations saying whether it writes anything."""
+    from mcp.server.mcpserver.tools import Tool
+    from mcp_types import ToolAnnotations
+
+    hints = ToolAnnotations(read_only_hint=True, open_world_hint=False) if read_only else \
+        ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=False, open_world_hint=False)
+    tool = Tool.from_function(fn, description=pyinspect.cleandoc(fn.__doc__ or ""), annotations=hints)
+    loose = tool.fn_metadata.arg_model
+    args = type(loose.__name__, (loose,), {"model_config": ConfigDict(extra="forbid"), "__module__": __name__})
+    return tool.model_copy(update={"fn_metadata": tool.fn_metadata.model_copy(update={"arg_model": args}),
+                                   "parameters": args.model_json_schema(by_alias=True)})
+
+
+def refused(tool: str, e: ValidationError, takes: list[str]) -> str:
+    """A tool's refused arguments in words, each with where and why, without pydantic's
+    links: an unknown one says which arguments the tool takes."""
+    said = []
+    for err in e.errors(include_url=False, include_input=False):
+        where = ".".join(map(str, err["loc"])) or "the arguments"
+        if err["type"] == "extra_forbidden":
+            said.append(f"{where}: {tool} takes no such argument (it takes {', '.join(takes)})")
+        else:
+            said.append(f"{where}: {err['msg']}")
+    return f"{tool}: " + "; ".join(said)
+
+
 def make_server(backend: Backend, name: str = "puffergpt"):
     """An ``MCPServer`` with the five tools over ``backend``."""
     from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 
-    server = MCPServer(name, instructions=(
-        "puffergpt runs GPT-2 with every weight row stored in a vector database; every matrix multiply is "
-        "one vector search. generate continues a prompt and shows each step's candidates; inspect shows "
-        "attention per head, the logit lens and the attribution at a generated token; save_insight writes "
-        "what the learner understood to their notebook (a git repository), one commit each."))
+    class Server(MCPServer):
+        async def call_tool(self, name: str, arguments: dict[str, Any], context=None):
+            try:
+                return await super().call_tool(name, arguments, context)
+            except ToolError as e:  # the SDK's message of bad arguments is pydantic's, with its links
+                if isinstance(e, UnexpectedToolError) or not isinstance(e.__cause__, ValidationError):
+                    raise
+                takes = list(self._tool_manager.get_tool(name).parameters.get("properties", {}))
+                raise ToolError(refused(name, e.__cause__, takes)) from e.__cause__
 
-    @server.tool()
     def generate(prompt: Prompt, max_tokens: MaxTokens = 16, temperature: Temperature = 0.0, top_k: TopK = 40,
                  seed: Seed = None, candidates: Shown = 5) -> dict[str, Any]:
         """Continue a prompt with the model. Returns the new text, its token ids, each step's best
-        candidates (token, logit, probability) and the text_id to inspect its positions with."""
+        candidates (token, logit, prob: the softmax of the logits at this temperature over the
+        step's 100 best; at temperature 0 the chosen one has 1) and the text_id to inspect its
+        positions with. A generated <|endoftext|> ends the text (finish_reason "stop"): it is the
+        last of the tokens, never in the text, as on /v1."""
         with tool_errors():
             return backend.generate(prompt, max_tokens, Sampling(temperature, top_k, seed), candidates)
 
-    @server.tool()
     def inspect(text_id: Annotated[str, Field(description="the text_id generate returned")],
                 position: Annotated[int, Field(ge=1)],
                 lens_k: Annotated[int, Field(ge=1, le=MAX_VIEW_K)] = 5) -> dict[str, Any]:
@@ -296,7 +333,6 @@ def make_server(backend: Backend, name: str = "puffergpt"):
         with tool_errors():
             return backend.inspect(check_text_id(text_id), position, lens_k)
 
-    @server.tool()
     def save_insight(title: Title, body: Body = "", tags: Tags | None = None,
                      evidence: dict[str, Any] | None = None) -> dict[str, Any]:
         """Save what the learner understood as an insight in their notebook: one Markdown file,
@@ -305,17 +341,21 @@ def make_server(backend: Backend, name: str = "puffergpt"):
         with tool_errors():
             return backend.save_insight(title, body, list(tags or []), evidence)
 
-    @server.tool()
     def list_insights(query: Query = None, tag: OneTag = None) -> dict[str, Any]:
         """The notebook's insights, newest first; query searches titles, bodies and tags."""
         with tool_errors():
             return {"insights": backend.list_insights(query, tag)}
 
-    @server.tool()
     def replay_insight(insight_id: Annotated[str, Field(min_length=1, max_length=100)]) -> dict[str, Any]:
         """Recompute an insight's stored candidates with the model and say whether they still
         match; an insight without evidence says there is nothing to replay."""
         with tool_errors():
             return backend.replay_insight(insight_id)
 
-    return server
+    tools = [strict_tool(generate, True), strict_tool(inspect, True), strict_tool(save_insight, False),
+             strict_tool(list_insights, True), strict_tool(replay_insight, True)]
+    return Server(name, version=__version__, tools=tools, instructions=(
+        "puffergpt runs GPT-2 with every weight row stored in a vector database; every matrix multiply is "
+        "one vector search. generate continues a prompt and shows each step's candidates; inspect shows "
+        "attention per head, the logit lens and the attribution at a generated token; save_insight writes "
+        "what the learner understood to their notebook (a git repository), one commit each."))

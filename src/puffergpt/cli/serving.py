@@ -58,14 +58,18 @@ from puffergpt.cli.options import (
               help="anyone may generate; the notebook's writes need the key (with none set: no one may write)")
 @click.option("--no-auth", is_flag=True,
               help="on an address other machines reach, without a key: let anyone do anything, notebook included")
+@click.option("--public-url", default=None, callback=lambda ctx, param, v: public_url(v), metavar="URL",
+              help="the address clients reach this server at (https://puffer.example.org, behind a proxy or a "
+                   "tunnel): the OpenAPI document's server, for a GPT action or a generated client. "
+                   "[default: the address each request came to]")
 @click.option("--max-request-seconds", type=click.FloatRange(1, 86400), default=600, show_default=True,
               help="a generation or completion running longer is ended with an error naming this limit")
 @click.option("--max-request-tokens", type=click.IntRange(1, 10**7), default=8192, show_default=True,
               help="tokens a /v1 request may compute over its choices (prompt tokens read, scored, new); "
                    "more is refused up front")
 def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, max_running, idle_minutes,
-          text_ttl, workers, cors_origins, allowed_hosts, api_keys, public_read_only, no_auth, max_request_seconds,
-          max_request_tokens) -> None:
+          text_ttl, workers, cors_origins, allowed_hosts, api_keys, public_read_only, no_auth, public_url,
+          max_request_seconds, max_request_tokens) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
     from puffergpt.server.auth import check_exposure
     from puffergpt.server.hosts import trusted_hosts
@@ -85,7 +89,7 @@ def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, m
     config = ServerConfig(max_open_texts=share(max_texts, workers), idle_s=idle_minutes * 60,
                           trusted_hosts=trusted, fallback=fallback, cors_origins=cors_origins,
                           max_request_s=max_request_seconds, max_request_tokens=max_request_tokens,
-                          api_keys=api_keys, public_read_only=public_read_only)
+                          api_keys=api_keys, public_read_only=public_read_only, public_url=public_url)
     shown = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
     url = f"http://{shown}:{port}/"
     serving = default_data(data_dir) / SERVING if backend == "embedded" else None
@@ -136,6 +140,16 @@ def origins(values: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(check_origin(v) for v in values)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--cors-origin") from None
+
+
+def public_url(value: str | None) -> str | None:
+    """--public-url, checked (``openapi_doc.check_public_url``)."""
+    from puffergpt.server.openapi_doc import check_public_url
+
+    try:
+        return None if value is None else check_public_url(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--public-url") from None
 
 
 SHARED = (". Several servers can't share one data directory: give each `--backend pgvector --dsn postgresql://...` "

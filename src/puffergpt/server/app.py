@@ -10,6 +10,7 @@ router per resource. Thin: each route parses, calls the application layer, and r
 - ``notebook.py``: the notebook of insights, when the server has one;
 - ``static_routes.py``: the page, its files and the API's docs;
 - ``probes.py``: /health, /ready and /metrics, for balancers and Prometheus;
+- ``openapi_doc.py``: ``/openapi.json`` with an absolute server, whole or by tags (an action's);
 - ``errors.py``: how errors become responses; ``body_limit.py``: the bound on a body;
   ``cross_site.py``: only this server's page and the origins it allows drive it;
   ``auth.py``: who may (``serve --api-key``, ``--public-read-only``);
@@ -29,13 +30,14 @@ from collections.abc import Callable, Iterator
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from puffergpt import sweeper, tokenizer
+from puffergpt import __version__, sweeper, tokenizer
 from puffergpt.engine import Engine
 from puffergpt.reference import Products
 from puffergpt.server import (
     errors,
     model_routes,
     openai,
+    openapi_doc,
     probes,
     static_routes,
     texts_routes,
@@ -46,6 +48,7 @@ from puffergpt.server.auth import Auth
 from puffergpt.server.body_limit import MAX_BODY, BoundedBody
 from puffergpt.server.cross_site import CrossSite
 from puffergpt.server.hosts import TrustedHosts
+from puffergpt.server.openapi_doc import add_document
 from puffergpt.server.state import Served, ServerConfig
 from puffergpt.server.streaming import SHUTDOWN, Generations
 from puffergpt.text import Texts, log
@@ -89,8 +92,9 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
     served = Served(engine, config, Texts(engine.open, max_open=config.max_open_texts, idle_s=config.idle_s),
                     Generations(), reference)
     app = FastAPI(title="puffergpt", description="GPT-2 where every matrix multiply is a vector search.",
-                  version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,  # ours: local assets
-                  servers=[{"url": "/", "description": "the server that serves this document"}])
+                  version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,  # ours: local assets
+                  openapi_url=None, openapi_tags=openapi_doc.TAGS)  # ours: an absolute server (openapi_doc.py)
+    add_document(app, config.public_url, bool(config.api_keys))
     app.state.served = served
     app.state.texts, app.state.generations = served.texts, served.generations  # for tests and shutdown
     app.state.metrics = probes.Metrics(engine, served.texts)

@@ -2,10 +2,12 @@
 (400; 409 while the text generates), a text this server does not hold a 404 with the code
 ``text_not_found`` (the page reopens it), a ``StoreError`` or an unreadable reference
 checkpoint the server's (503), a request the server ended (``streaming.Ended``: its limit,
-its shutdown) says why. On the OpenAI-compatible paths (``/v1`` and vLLM's tokenizer
-routes: ``openai_shaped``) every error has OpenAI's shape
-(``{"error": {"message", "type", "param", "code"}}``), elsewhere ``{"detail": ...}``;
-``refuse`` writes the same answers for the middlewares, before any route."""
+its shutdown) says why. Every error, on every path, has one shape, OpenAI's, which the
+OpenAPI document declares as ``ErrorBody``: ``{"error": {"message", "type", "param",
+"code"}}``. Only the status of a field that breaks its type or bound differs: 400 on the
+OpenAI-compatible paths (``/v1`` and vLLM's tokenizer routes: ``openai_shaped``), as OpenAI
+answers, and 422 on ``/api``. ``refuse`` writes the same answers for the middlewares,
+before any route."""
 
 from __future__ import annotations
 
@@ -20,32 +22,36 @@ from puffergpt.server.streaming import Ended
 from puffergpt.stores.base import StoreError
 from puffergpt.text import TextBusy, TextError, TextNotFound
 
-OPENAI_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's, beside /v1: OpenAI's error shape too
+OPENAI_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's, beside /v1: a bad field is a 400 there too
 
 
 def openai_shaped(path: str) -> bool:
-    """Whether errors on ``path`` take OpenAI's shape: /v1 and the tokenizer routes."""
+    """Whether ``path`` answers as OpenAI's API does (a bad field a 400): /v1 and the tokenizer routes."""
     return path == "/v1" or path.startswith("/v1/") or path in OPENAI_PATHS
 
 
-def body(path: str, status: int, message: str, kind: str = "invalid_request_error", param: str | None = None,
+def body(status: int, message: str, kind: str | None = None, param: str | None = None,
          code: str | None = None) -> dict:
-    if openai_shaped(path):
-        return OpenAIError(status, message, param, code, kind).body()
-    return {"detail": message}
+    """An error's JSON (``ErrorBody``); ``kind`` by the status unless given."""
+    kind = kind or ("server_error" if status >= 500 else "invalid_request_error")
+    return OpenAIError(status, message, param, code, kind).body()
 
 
-def refusal(request: Request, status: int, message: str, kind: str = "invalid_request_error",
+def error(status: int, message: str, kind: str | None = None, param: str | None = None, code: str | None = None,
+          headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(body(status, message, kind, param, code), status_code=status, headers=headers)
+
+
+def refusal(request: Request, status: int, message: str, kind: str | None = None,
             code: str | None = None, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(body(request.url.path, status, message, kind, code=code), status_code=status,
-                        headers=headers)
+    """A handler's answer to ``request``: the same shape whatever its path."""
+    return error(status, message, kind, code=code, headers=headers)
 
 
 async def refuse(scope, send, status: int, message: str, param: str | None = None, code: str | None = None,
                  headers: dict | None = None) -> None:
     """The answer of a middleware that refuses a request before any route (ASGI)."""
-    content = body(scope["path"], status, message, param=param, code=code)
-    await JSONResponse(content, status_code=status, headers=headers)(scope, None, send)
+    await error(status, message, param=param, code=code, headers=headers)(scope, None, send)
 
 
 async def openai_error(_, e: OpenAIError) -> JSONResponse:
@@ -58,7 +64,7 @@ async def text_error(request: Request, e: TextError) -> JSONResponse:
 
 async def text_not_found(_, e: TextNotFound) -> JSONResponse:
     # the code tells a page to reopen the text from its ids on whichever server answers
-    return JSONResponse({"detail": str(e), "code": "text_not_found"}, status_code=404)
+    return error(404, str(e), code="text_not_found")
 
 
 async def store_error(request: Request, e: StoreError) -> JSONResponse:
@@ -74,21 +80,21 @@ async def ended(request: Request, e: Ended) -> JSONResponse:
 
 
 async def http_error(request: Request, e: HTTPException) -> JSONResponse:
-    # Starlette's own (404, 405, ...) and the routes': OpenAI's shape where the path takes it
-    if not isinstance(e.detail, str):
-        return JSONResponse({"detail": e.detail}, status_code=e.status_code, headers=e.headers)
-    kind = "server_error" if e.status_code >= 500 else "invalid_request_error"
-    return refusal(request, e.status_code, e.detail, kind, headers=e.headers)
+    # Starlette's own (404, 405, ...) and the routes'
+    message = e.detail if isinstance(e.detail, str) else str(e.detail)
+    return refusal(request, e.status_code, message, headers=e.headers)
 
 
 async def invalid(request: Request, e: RequestValidationError) -> JSONResponse:
-    # FastAPI's own handler echoes the input back, and NaN or Infinity can't be JSON: say where and what only
-    errs = [{"loc": list(map(str, err.get("loc", ()))), "msg": str(err.get("msg", "")),
-             "type": str(err.get("type", ""))} for err in e.errors()]
-    if openai_shaped(request.url.path):  # the /v1 routes parse their own bodies: a parameter in the path or query
-        first = errs[0] if errs else {"loc": [], "msg": "invalid"}
-        return refusal(request, 400, f"{'.'.join(first['loc']) or 'the request'}: {first['msg']}")
-    return JSONResponse({"detail": errs}, status_code=422)
+    # FastAPI's own handler echoes the input back, and NaN or Infinity can't be JSON: say where and what
+    # only, every field at fault ("param": the first), in the one shape
+    said, first = [], None
+    for err in e.errors():
+        loc = [str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path")]
+        first = first or (loc[0] if loc else None)
+        said.append(f"{'.'.join(loc) or 'the request'}: {err.get('msg', 'invalid')}")
+    status = 400 if openai_shaped(request.url.path) else 422  # the /v1 routes parse their own bodies
+    return error(status, "; ".join(said) or "the request is invalid", param=first)
 
 
 async def not_unicode(request: Request, e: UnicodeEncodeError) -> JSONResponse:

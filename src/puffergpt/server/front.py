@@ -35,6 +35,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from puffergpt.server.body_limit import BoundedBody
+from puffergpt.server.errors import error
 from puffergpt.server.workers import Pool
 
 TEXT = re.compile(r"^/api/texts/([^/]+)")
@@ -88,12 +89,12 @@ class Front:
 
 def not_held(text_id: str) -> JSONResponse:
     """What a worker answers for a text it does not hold (``errors.text_not_found``)."""
-    return JSONResponse({"detail": f"no open text {text_id!r} on this server (it may have restarted): "
-                                   f"reopen it from its token ids", "code": "text_not_found"}, status_code=404)
+    return error(404, f"no open text {text_id!r} on this server (it may have restarted): reopen it from its token ids",
+                 code="text_not_found")
 
 
 def unavailable(why: str) -> JSONResponse:
-    return JSONResponse({"detail": f"no worker could answer ({why}): try again in a moment"}, status_code=503)
+    return error(503, f"no worker could answer ({why}): try again in a moment")
 
 
 async def send(front: Front, worker: int, request: Request, body: bytes) -> httpx.Response:

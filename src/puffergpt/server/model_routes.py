@@ -10,13 +10,16 @@ from puffergpt import completion, costs, loading, model_info, tokenizer
 from puffergpt.engine import requests_per_token, round_trips_per_token
 from puffergpt.server import responses
 from puffergpt.server.bodies import CompareBody
+from puffergpt.server.responses import BODY, errors
 from puffergpt.server.state import ServedDep
 
-router = APIRouter(prefix="/api")
+router = APIRouter(prefix="/api", tags=["model"])
 
 
-@router.get("/info", response_model=responses.Info)
+@router.get("/info", response_model=responses.Info, operation_id="getInfo", summary="The model served and its costs")
 def info(served: ServedDep) -> dict:
+    """The model served, what it holds in the store and costs, and the server's limits: what
+    the page reads first."""
     engine, config = served.engine, served.config
     m, c = engine.manifest, engine.config
     nbytes = loading.stored_bytes(m)
@@ -34,7 +37,7 @@ def info(served: ServedDep) -> dict:
             "auth": {"api_key": bool(config.api_keys), "public_read_only": config.public_read_only}}
 
 
-@router.get("/status", response_model=responses.Status)
+@router.get("/status", response_model=responses.Status, operation_id="getStatus", summary="How busy the server is")
 def status(served: ServedDep) -> dict:
     """How busy the server is: texts generating and waiting their turn, texts open, and how
     many of the texts' searches went to the store shared with another text's."""
@@ -42,7 +45,10 @@ def status(served: ServedDep) -> dict:
             "max_open_texts": served.config.max_open_texts}
 
 
-@router.post("/compare", response_model=responses.Compare)
+@router.post("/compare", response_model=responses.Compare, operation_id="compareWithReference",
+             summary="The engine's candidates beside the numpy reference's",
+             responses=errors(*BODY, 501, 503, why={503: "a comparison is running (try again when it ends), "
+                                                      "or the store failed"}))
 def compare(body: CompareBody, served: ServedDep) -> dict:
     """The prompt through the engine and through the numpy reference: top-k side by side."""
     if served.reference is None:

@@ -15,17 +15,19 @@ from pydantic import Field, StringConstraints
 from puffergpt import notebook as nb
 from puffergpt.notebook import CandidatesAt, Notebook
 from puffergpt.server.bodies import Strict
+from puffergpt.server.responses import BODY, Insight, InsightList, InsightSummary, Pushed, Replay, errors
 from puffergpt.stores.base import StoreError
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=nb.MAX_TAG_CHARS)]
 
 
 class InsightBody(Strict):
-    title: str = Field(..., min_length=1, max_length=nb.MAX_TITLE_CHARS)
-    body: str = Field("", max_length=nb.MAX_BODY_CHARS)
-    tags: list[Tag] = Field(default_factory=list, max_length=nb.MAX_TAGS)
+    title: str = Field(..., min_length=1, max_length=nb.MAX_TITLE_CHARS, description="a short title")
+    body: str = Field("", max_length=nb.MAX_BODY_CHARS, description="what the learner understood, in their words")
+    tags: list[Tag] = Field(default_factory=list, max_length=nb.MAX_TAGS, description="one-word tags")
     # None: an insight from a conversation; else checked by the notebook (check_evidence), which names the problem
-    evidence: dict[str, Any] | None = None
+    evidence: dict[str, Any] | None = Field(None, description="the playground's token and candidates, to replay; "
+                                                              "leave it out for an insight from a conversation")
 
 
 @contextlib.contextmanager
@@ -61,24 +63,42 @@ def book(request: Request) -> Book:
 
 
 BookDep = Annotated[Book, Depends(book)]
-router = APIRouter(prefix="/api/insights", tags=["notebook"])
+router = APIRouter(prefix="/api/insights")  # tags per route: an action imports "notebook", never the push
+# The notebook's own errors (http_errors): a file of it that does not read, its disk or git failing
+UNREADABLE = {409: "a file of the notebook does not read (not UTF-8, a symbolic link, damaged): the message names it",
+              503: "the notebook could not be written or read (its disk, git): nothing saved was lost"}
+NO_INSIGHT = {404: "no insight with this id"}
 
 
-@router.post("", status_code=201)
+@router.post("", status_code=201, response_model=InsightSummary, operation_id="saveInsight", tags=["notebook"],
+             summary="Save an insight to the notebook",
+             responses=errors(*BODY, 401, 409, 503, why=UNREADABLE | {400: "a bad title, body, tag or evidence: the "
+                                                                           "message names it"}))
 def save(body: InsightBody, b: BookDep) -> dict:
+    """Save what the learner understood as an insight: one Markdown file and one git commit
+    in their notebook. Give a short title, the learner's words as body, and one-word tags.
+    Returns the new insight's id, file path and commit."""
     with http_errors():
         ins = b.notebook.save(body.title, body.body, body.tags, body.evidence)
     return ins.summary()
 
 
-@router.get("")
-def list_insights(b: BookDep, q: Annotated[str | None, Query(max_length=nb.MAX_QUERY_CHARS)] = None,
-                  tag: Annotated[str | None, Query(max_length=nb.MAX_TAG_CHARS)] = None) -> dict:
+@router.get("", response_model=InsightList, operation_id="listInsights", tags=["notebook"],
+            summary="List the notebook's insights", responses=errors(409, 422, 503, why=UNREADABLE))
+def list_insights(b: BookDep,
+                  q: Annotated[str | None, Query(max_length=nb.MAX_QUERY_CHARS,
+                                                 description="words to find in titles, bodies and tags")] = None,
+                  tag: Annotated[str | None, Query(max_length=nb.MAX_TAG_CHARS,
+                                                   description="only the insights with this tag")] = None) -> dict:
+    """The notebook's insights, newest first; q searches titles, bodies and tags, tag keeps
+    those with that tag."""
     with http_errors():
         return {"insights": [i.summary() for i in b.notebook.list(query=q, tag=tag)]}
 
 
-@router.post("/push")
+@router.post("/push", response_model=Pushed, operation_id="pushNotebook", tags=["notebook-git"],
+             summary="Push the notebook to its git remote", responses=errors(401, 403, 409, 503, why={
+                 409: "the notebook has no remote, or no insights yet", 503: "git could not push: the commits stay"}))
 def push(b: BookDep) -> dict:
     """Push the notebook to its remote (the user's git setup); 409 without a remote,
     503 with git's reason when the push fails (the commits stay)."""
@@ -86,15 +106,21 @@ def push(b: BookDep) -> dict:
         return b.notebook.push()
 
 
-@router.get("/{insight_id}")
+@router.get("/{insight_id}", response_model=Insight, operation_id="getInsight", tags=["notebook"],
+            summary="Read one insight", responses=errors(404, 409, 503, why=UNREADABLE | NO_INSIGHT))
 def show(insight_id: str, b: BookDep) -> dict:
+    """One insight whole: its title, body, tags and any evidence."""
     with http_errors():
         return b.notebook.get(insight_id).to_json()
 
 
-@router.post("/{insight_id}/replay")
+@router.post("/{insight_id}/replay", response_model=Replay, operation_id="replayInsight", tags=["notebook"],
+             summary="Replay an insight's evidence with the model", responses=errors(400, 403, 404, 409, 503, why={
+                 400: "the insight was saved from another model, or the model can't read its prompt",
+                 **UNREADABLE, **NO_INSIGHT}))
 def replay(insight_id: str, b: BookDep) -> dict:
-    """The stored candidates recomputed now, and whether they still match."""
+    """The stored candidates recomputed now, and whether they still match; an insight
+    without evidence says there is nothing to replay."""
     with http_errors():
         ins = b.notebook.get(insight_id)
         try:

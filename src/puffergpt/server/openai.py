@@ -45,6 +45,7 @@ from puffergpt.server.openai_bodies import (
     CommonBody,
     CompletionBody,
     CompletionResponse,
+    ErrorBody,
     ModelCard,
     ModelList,
     OpenAIError,
@@ -68,6 +69,16 @@ from puffergpt.text import TextError, check_generation, check_token_ids
 # Each operation id is OpenAI's own (its OpenAPI document's), so a client generated from
 # /openapi.json names its methods as one generated from OpenAI's: create_completion, list_models, ...
 router = APIRouter(tags=["openai"])
+# with serve --api-key, every /v1 request wants it: OpenAI's 401
+UNAUTHORIZED = {401: {"model": ErrorBody, "description": "no or a wrong API key (serve --api-key): send "
+                                                         "Authorization: Bearer KEY"}}
+V1_ERRORS = {**ERROR_RESPONSES, **UNAUTHORIZED}
+
+
+def streamed_too(shape: type[BaseModel], chunks: str) -> dict:
+    """A 200 that is ``shape`` as JSON, or with ``stream: true`` server-sent events."""
+    return {"model": shape, "description": f"the {shape.__name__}; with stream: true, server-sent events instead",
+            "content": {"text/event-stream": {"schema": {"type": "string", "description": chunks}}}}
 
 
 # --- checks: each names the field at fault, in OpenAI's error shape ---
@@ -132,22 +143,28 @@ def model_card(engine: Engine) -> dict:
             "max_model_len": engine.config.n_ctx}
 
 
-@router.get("/v1/models", operation_id="listModels", responses={200: {"model": ModelList}})
+@router.get("/v1/models", operation_id="listModels", summary="List the models",
+            responses={200: {"model": ModelList}, **UNAUTHORIZED})
 async def models(engine: EngineDep):
+    """The one model this server has, as OpenAI lists models."""
     return {"object": "list", "data": [model_card(engine)]}
 
 
-@router.get("/v1/models/{model_id:path}", operation_id="retrieveModel",
-            responses={200: {"model": ModelCard}, 404: ERROR_RESPONSES[404]})
+@router.get("/v1/models/{model_id:path}", operation_id="retrieveModel", summary="Retrieve a model",
+            responses={200: {"model": ModelCard}, 404: ERROR_RESPONSES[404], **UNAUTHORIZED})
 async def model(model_id: str, engine: EngineDep):
+    """The model of this id, or a 404 (code model_not_found) naming the one this server has."""
     check_model(engine, model_id)
     return model_card(engine)
 
 
 @router.post("/v1/completions", operation_id="createCompletion", openapi_extra=body_schema(CompletionBody),
-             responses={200: {"model": CompletionResponse}, **ERROR_RESPONSES})
+             summary="Create a completion", responses={200: streamed_too(CompletionResponse, "data: lines, each a "
+                                                       "CompletionResponse chunk, then data: [DONE]"), **V1_ERRORS})
 async def completions(body: Annotated[CompletionBody, Depends(body_of(CompletionBody))], engine: EngineDep,
                       config: ConfigDep, generations: GenerationsDep, request: Request):
+    """OpenAI's legacy completions: a prompt (or several, or token ids) continued, with exact
+    log-probabilities, echo, stop strings and n choices."""
     n, best_of = body.choices()
     prompts = body.prompt_ids()
     if len(prompts) * best_of > MAX_CHOICES:
@@ -166,9 +183,12 @@ async def completions(body: Annotated[CompletionBody, Depends(body_of(Completion
 
 
 @router.post("/v1/chat/completions", operation_id="createChatCompletion", openapi_extra=body_schema(ChatBody),
-             responses={200: {"model": ChatResponse}, **ERROR_RESPONSES})
+             summary="Create a chat completion", responses={200: streamed_too(ChatResponse, "data: lines, each a "
+                                                            "chat.completion.chunk, then data: [DONE]"), **V1_ERRORS})
 async def chat(body: Annotated[ChatBody, Depends(body_of(ChatBody))], engine: EngineDep, config: ConfigDep,
                generations: GenerationsDep, request: Request):
+    """The messages written as a plain-text transcript that GPT-2 continues as the
+    assistant, stopping at the next turn."""
     ids = tokenizer.encode(chat_prompt(body.messages))
     check_prompt(engine, config, ids, body, body.new_tokens())
     check_work(config, [len(ids)], body.n or 1, body.new_tokens(), False)

@@ -186,6 +186,7 @@ ERROR_RESPONSES = {400: {"model": ErrorBody, "description": "a value out of boun
                    403: {"model": ErrorBody, "description": "sent by a page on an origin not allowed "
                                                           "(serve --cors-origin)"},
                    404: {"model": ErrorBody, "description": "no such model on this server"},
+                   413: {"model": ErrorBody, "description": "a body over the server's bound"},
                    415: {"model": ErrorBody, "description": "a body that is not Content-Type: application/json"}}
 
 

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel
 
 from puffergpt import loading
 from puffergpt.engine import Engine
@@ -112,9 +113,16 @@ def readiness(engine: Engine) -> str | None:
     return None
 
 
-READY_RESPONSES = {200: {"description": '`{"status": "ready"}`'},
-                   503: {"description": '`{"status": "unavailable", "reason": "..."}`: the store failed, or no '
-                                        'longer holds the model served'}}
+class Readiness(BaseModel):
+    """A readiness probe's answer: "ready", or "unavailable" and why (not an error: a status)."""
+
+    status: str
+    reason: str | None = None
+
+
+READY_RESPONSES = {200: {"model": Readiness, "description": '`{"status": "ready"}`'},
+                   503: {"model": Readiness, "description": '`{"status": "unavailable", "reason": "..."}`: the store '
+                                                             'failed, or no longer holds the model served'}}
 
 
 @router.get("/ready", operation_id="ready", summary="Readiness: the store answers a one-row search",

@@ -2,13 +2,42 @@
 names their fields. Each allows extra keys, and declares only keys every response has
 (a key present only sometimes, such as an inspection's ``attribution``, stays an extra):
 the JSON the page reads (``static/*.js``) is exactly what the routes render
-(``render.py``, ``views.py``, ``completion.py``)."""
+(``render.py``, ``views.py``, ``completion.py``). ``errors`` declares the error answers a
+route really sends, each in the one error shape (``ErrorBody``, ``errors.py``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
+
+from puffergpt.server.openai_bodies import ErrorBody
+
+WHY = {  # what each error status means on /api (a route may say it more exactly)
+    400: "a value the route refuses (the message names it and what to do), or a body that is not JSON",
+    401: "a write without the server's API key (serve --api-key): send Authorization: Bearer KEY",
+    403: "sent by a page on an origin not allowed (serve --cors-origin; the notebook takes only its own page)",
+    404: "no open text with this id on this server (code text_not_found: open it again)",
+    409: "the text is generating: stop it or wait for its end",
+    413: "a body over the server's bound",
+    415: "a body that is not Content-Type: application/json",
+    422: "a field of the wrong type or out of its bounds (param names it)",
+    501: "this server has no reference checkpoint",
+    503: "the store (or the notebook's disk or git) failed: the message says why; try again",
+}
+BODY = (400, 403, 413, 415, 422)  # a route with a JSON body: the body's checks, before the route runs
+
+
+def errors(*codes: int, why: dict[int, str] | None = None) -> dict:
+    """The ``responses`` of a route for these error statuses, each an ``ErrorBody``;
+    ``why`` says one more exactly than ``WHY``."""
+    said = WHY | (why or {})
+    return {c: {"model": ErrorBody, "description": said[c]} for c in sorted(set(codes))}
+
+
+def event_stream(what: str) -> dict:
+    """A 200 that is server-sent events (``text/event-stream``), ``what`` saying which."""
+    return {"description": what, "content": {"text/event-stream": {"schema": {"type": "string", "description": what}}}}
 
 
 class Response(BaseModel):
@@ -180,3 +209,55 @@ class Compare(Response):
     max_abs_diff: float | None
     search: dict[str, Any]
     reference: dict[str, Any]
+
+
+# --- the notebook's (routes in notebook.py) ---
+
+class InsightSummary(Response):
+    """An insight as the notebook lists it; ``commit`` is the git commit that holds its file."""
+
+    id: str
+    path: str
+    title: str
+    tags: list[str]
+    date: str
+    model: str | None
+    kind: str | None
+    evidence: bool
+    commit: str | None
+
+
+class InsightList(Response):
+    insights: list[InsightSummary]
+
+
+class Insight(Response):
+    """An insight whole: its words and, if it has any, its evidence (notebook.md's shape)."""
+
+    id: str
+    path: str
+    title: str
+    body: str
+    tags: list[str]
+    date: str
+    model: str | None
+    evidence: dict[str, Any] | None
+    commit: str | None
+
+
+class Replay(Response):
+    """The stored candidates recomputed now: whether they still match (``replayable`` False
+    with the ``reason`` when there is nothing to replay)."""
+
+    id: str
+    model: str | None
+    position: int | None
+    replayable: bool
+    matches: bool | None
+
+
+class Pushed(Response):
+    remote: str
+    branch: str
+    commit: str
+    output: str

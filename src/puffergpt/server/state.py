@@ -15,6 +15,7 @@ from puffergpt.reference import Products
 from puffergpt.server.auth import check_key
 from puffergpt.server.bodies import MAX_NEW_TOKENS
 from puffergpt.server.cross_site import check_origin
+from puffergpt.server.openapi_doc import check_public_url
 from puffergpt.server.streaming import Generations
 from puffergpt.text import Text, Texts
 
@@ -38,10 +39,13 @@ class ServerConfig:
     max_request_tokens: int = MAX_REQUEST_TOKENS  # tokens a /v1 request computes, over its choices
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # serve --api-key: who may write and use /v1 (auth.py)
     public_read_only: bool = False  # serve --public-read-only: anyone generates, no one writes the notebook
+    public_url: str | None = None  # the URL clients reach (serve --public-url): the OpenAPI document's server
 
     def __post_init__(self):
         object.__setattr__(self, "cors_origins", tuple(check_origin(o) for o in self.cors_origins))
         object.__setattr__(self, "api_keys", tuple(check_key(k) for k in self.api_keys))
+        if self.public_url is not None:
+            object.__setattr__(self, "public_url", check_public_url(self.public_url))
         if self.max_request_s is not None and not self.max_request_s > 0:
             raise ValueError(f"max_request_s must be above 0 (or None), got {self.max_request_s}")
         if not 1 <= self.max_request_tokens <= 10**7:

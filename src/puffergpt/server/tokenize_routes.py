@@ -68,17 +68,20 @@ class DetokenizeResponse(BaseModel):
     prompt: str
 
 
-@router.post("/tokenize", operation_id="tokenize", openapi_extra=body_schema(TokenizeBody),
+@router.post("/tokenize", operation_id="tokenize", openapi_extra=body_schema(TokenizeBody), summary="Tokenize",
              responses={200: {"model": TokenizeResponse}, **ERROR_RESPONSES})
 async def tokenize(body: Annotated[TokenizeBody, Depends(body_of(TokenizeBody))], engine: EngineDep):
+    """A prompt (or a chat, as /v1/chat/completions writes it) as GPT-2's token ids, with the
+    model's context (max_model_len), as vLLM answers."""
     ids = tokenizer.encode(body.text())
     return {"count": len(ids), "max_model_len": engine.config.n_ctx, "tokens": ids,
             "token_strs": [tokenizer.token_text(i) for i in ids] if body.return_token_strs else None}
 
 
 @router.post("/detokenize", operation_id="detokenize", openapi_extra=body_schema(DetokenizeBody),
-             responses={200: {"model": DetokenizeResponse}, **ERROR_RESPONSES})
+             summary="Detokenize", responses={200: {"model": DetokenizeResponse}, **ERROR_RESPONSES})
 async def detokenize(body: Annotated[DetokenizeBody, Depends(body_of(DetokenizeBody))], engine: EngineDep):
+    """Token ids as text, as vLLM answers."""
     try:
         check_token_ids(body.tokens, min(engine.config.n_vocab, tokenizer.VOCAB_SIZE))
     except TextError as e:
@@ -86,7 +89,7 @@ async def detokenize(body: Annotated[DetokenizeBody, Depends(body_of(DetokenizeB
     return {"prompt": tokenizer.decode(body.tokens)}
 
 
-@router.get("/tokenizer_info", operation_id="tokenizerInfo")
+@router.get("/tokenizer_info", operation_id="tokenizerInfo", summary="The tokenizer's configuration")
 async def tokenizer_info(engine: EngineDep):
     """GPT-2's tokenizer_config.json, as transformers writes it, with this model's context."""
     eot = tokenizer.token_text(tokenizer.EOT)

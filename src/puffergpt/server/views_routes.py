@@ -15,10 +15,12 @@ from puffergpt.engine import Engine
 from puffergpt.server import responses
 from puffergpt.server.bodies import AnalogyBody, ContextsBody, MapBody, NeighboursBody
 from puffergpt.server.render import request_json
+from puffergpt.server.responses import BODY, errors
 from puffergpt.server.state import EngineDep, TextsDep, open_text
 from puffergpt.text import TextError
 
-router = APIRouter(prefix="/api")
+router = APIRouter(prefix="/api", tags=["views"])
+VIEW = errors(*BODY, 503)
 
 
 def view(engine: Engine, run: Callable[[object], dict]) -> dict:
@@ -33,18 +35,22 @@ def view(engine: Engine, run: Callable[[object], dict]) -> dict:
         products.close()
 
 
-@router.post("/analogy", response_model=responses.Analogy)
+@router.post("/analogy", response_model=responses.Analogy, operation_id="findAnalogy",
+             summary="a is to b as c is to ?", responses=VIEW)
 def analogy(body: AnalogyBody, engine: EngineDep) -> dict:
     """"a is to b as c is to ?": the tokens nearest by cosine to wte[b] - wte[a] + wte[c]."""
     return view(engine, lambda p: views.analogy(p, body.a, body.b, body.c, body.k))
 
 
-@router.post("/neighbours", response_model=responses.Neighbours)
+@router.post("/neighbours", response_model=responses.Neighbours, operation_id="findNeighbours",
+             summary="A word's nearest tokens", responses=VIEW)
 def neighbours(body: NeighboursBody, engine: EngineDep) -> dict:
+    """The k tokens nearest by cosine to the word's embedding row."""
     return view(engine, lambda p: views.neighbours(p, body.word, body.k))
 
 
-@router.post("/map", response_model=responses.Map)
+@router.post("/map", response_model=responses.Map, operation_id="mapEmbeddings",
+             summary="Token vectors on a plane", responses=errors(*BODY, 404, 503))
 def embedding_map(body: MapBody, engine: EngineDep, texts: TextsDep) -> dict:
     """Some token vectors on a plane, and the path of a text's token through the layers."""
     residual = None
@@ -57,7 +63,8 @@ def embedding_map(body: MapBody, engine: EngineDep, texts: TextsDep) -> dict:
     return view(engine, lambda p: views.embedding_map(p, list(body.words), residual))
 
 
-@router.post("/contexts", response_model=responses.Contexts)
+@router.post("/contexts", response_model=responses.Contexts, operation_id="compareContexts",
+             summary="One word in 2 or 3 contexts, layer by layer", responses=VIEW)
 def contexts_view(body: ContextsBody, engine: EngineDep) -> dict:
     """One word in 2 or 3 prompts: per layer the cosine between its vectors, each context's
     lens, and its attention; what ``puffergpt contexts`` computes, with the page's extras."""

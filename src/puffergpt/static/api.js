@@ -1,8 +1,9 @@
 // This server's API: JSON calls and the server-sent events of a generation.
-// An error becomes an Error whose message is the server's own `detail`, with the answer's
-// `status` and `code` (a text this server does not hold: "text_not_found"), and `lost` set
-// when the server could not be reached or went away mid-answer. Every request carries the
-// server's API key (serve --api-key) when the learner gave one: kept in this browser only.
+// An error becomes an Error whose message is the server's own (every error answers
+// {"error": {"message", "type", "param", "code"}}), with the answer's `status` and `code`
+// (a text this server does not hold: "text_not_found"), and `lost` set when the server
+// could not be reached or went away mid-answer. Every request carries the server's API key
+// (serve --api-key) when the learner gave one: kept in this browser only.
 
 const KEY = "puffergpt.apiKey";
 
@@ -20,22 +21,16 @@ export function withKey(headers = {}) {
   return k ? { ...headers, authorization: `Bearer ${k}` } : headers;
 }
 
-function detailOf(data, res) {
-  const d = data && data.detail;
-  if (typeof d === "string") return d;
-  if (Array.isArray(d)) {
-    return d.map((e) => {
-      const where = (e.loc || []).filter((x) => x !== "body" && x !== "query").join(".");
-      return (where ? where + ": " : "") + (e.msg || "invalid");
-    }).join("; ");
-  }
-  return `the server answered ${res.status} ${res.statusText}`;
+function errorOf(data) {
+  return data && typeof data.error === "object" && data.error !== null ? data.error : {};
 }
 
 function failure(data, res) {
-  const e = new Error(detailOf(data, res));
+  const err = errorOf(data);
+  const e = new Error(typeof err.message === "string" && err.message
+    ? err.message : `the server answered ${res.status} ${res.statusText}`);
   e.status = res.status;
-  e.code = data && typeof data.code === "string" ? data.code : null;
+  e.code = typeof err.code === "string" ? err.code : null;
   return e;
 }
 
