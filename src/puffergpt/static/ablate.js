@@ -6,6 +6,7 @@
 import { api, textPath } from "./api.js";
 import { h, showError, visibleToken } from "./dom.js";
 import { plural } from "./format.js";
+import { saveButton, tokenEvidence, withData } from "./insight.js";
 import { withText } from "./reopen.js";
 import { S, insideKey, keepAblation, render } from "./state.js";
 
@@ -74,7 +75,18 @@ function result(got) {
       candidateList("Before (all parts on)", got.before, chosen ? chosen.token_id : null, "before"),
       candidateList(`After (${plural(got.parts.length, "part")} off)`, got.after, chosen ? chosen.token_id : null, "after")),
     h("p", { class: "note", text: `This rerun cost ${plural(got.requests.length, "extra request")}: the ${plural(got.position, "token")} before position ${got.position} ` +
-      "read again with those parts off, in one prefill of their own (your text and its keys are untouched), and the top-k search; listed in the waterfall." }));
+      "read again with those parts off, in one prefill of their own (your text and its keys are untouched), and the top-k search; listed in the waterfall." }),
+    h("div", { class: "actions save-row" }, saveButton(() => [
+      withData(tokenEvidence("ablation", got.position), { parts: got.parts, after: got.after.map((c) => ({ token_id: c.token_id, logit: c.logit })) }),
+      got.after.map((c) => [c.token_id, c.text]),
+      `The step at position ${got.position} run again with ${namesOf(got.parts)} off: replay runs it again and compares the candidates after.`,
+    ], "Save this switch-off as insight")));
+}
+
+// Switch these parts off at p and run again (the notebook's Reopen of an ablation insight).
+export function switchOff(p, parts) {
+  picked.set(insideKey(p), new Set(parts));
+  return run(p, [...parts].sort());
 }
 
 // The switch-off part of a token's inside view (position p), into `box`.
