@@ -36,12 +36,18 @@ def view(engine: Engine, run: Callable[[object], dict]) -> dict:
 @router.post("/analogy", response_model=responses.Analogy)
 def analogy(body: AnalogyBody, engine: EngineDep) -> dict:
     """"a is to b as c is to ?": the tokens nearest by cosine to wte[b] - wte[a] + wte[c]."""
-    return view(engine, lambda p: views.analogy(p, body.a, body.b, body.c, body.k))
+    return view(engine, lambda p: views.analogy(p, body.a, body.b, body.c, body.k, engine.token_counts))
+
+
+@router.post("/analogy/card", response_model=responses.CardAnalogies)
+def card_analogies(engine: EngineDep) -> dict:
+    """How many of the demo card's analogies this model gets right, with the same search."""
+    return view(engine, lambda p: views.card_analogies(p, engine.token_counts))
 
 
 @router.post("/neighbours", response_model=responses.Neighbours)
 def neighbours(body: NeighboursBody, engine: EngineDep) -> dict:
-    return view(engine, lambda p: views.neighbours(p, body.word, body.k))
+    return view(engine, lambda p: views.neighbours(p, body.word, body.k, engine.token_counts))
 
 
 @router.post("/map", response_model=responses.Map)
@@ -54,7 +60,7 @@ def embedding_map(body: MapBody, engine: EngineDep, texts: TextsDep) -> dict:
             raise TextError("map: give the position whose path to draw with the text")
         got, _, _ = inspector.inspect(t, body.position, 5, explain=False)
         residual = got["residual"]
-    return view(engine, lambda p: views.embedding_map(p, list(body.words), residual))
+    return view(engine, lambda p: views.embedding_map(p, list(body.words), residual, engine.token_counts))
 
 
 @router.post("/contexts", response_model=responses.Contexts)
