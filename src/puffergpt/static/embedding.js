@@ -28,12 +28,12 @@ function searched(requests) {
 const untrainedMark = () => h("span", { class: "untrained-mark", title: "this token's row was never trained: it is (nearly) the same vector as many others", text: "untrained" });
 
 // A row seen rarely in training: marked with its count (views._rarity decides, the page shows).
-const rareMark = (r, below) => h("span", { class: "rare-mark", title: `seen ${int(r.count)} times in training (fewer than ${below}): its vector barely moved from where it started`, text: `rare: seen ${int(r.count)}×` });
+const rareMark = (r, below) => h("span", { class: "rare-mark", title: `seen ${int(r.count)} times in training (fewer than ${below}): its vector barely moved from where it started`, text: "rare" });
 
 function resultsTable(results, below) {
   return labelled(h("table", { class: "emb-table" },
     h("thead", null, h("tr", null, h("th", { class: "num", text: "#" }), h("th", { text: "token" }), h("th", { class: "num", text: "cosine" }),
-      h("th", { class: "num", text: "seen in training" }))),
+      h("th", { class: "num", title: "how many times the token was seen in training", text: "seen" }))),
     h("tbody", null, results.map((r, i) => h("tr", { class: r.untrained ? "untrained" : r.rare ? "rare" : null, dataset: { tokenId: String(r.token_id), count: r.count === null || r.count === undefined ? "" : String(r.count) } },
       h("td", { class: "num", text: String(i + 1) }),
       h("td", { class: "tok" }, visibleToken(r.text, r.bytes_hex), h("span", { class: "tid", text: String(r.token_id) }), r.untrained ? untrainedMark() : r.rare ? rareMark(r, below) : ""),
