@@ -35,8 +35,12 @@ install: $(TEST_STAMP)
 # browser build); qemu-user to run the embedded store on emulated CPUs without AVX-512 or AVX2;
 # HAProxy, the load balancer in front of several servers (tests/stores/test_pg_servers.py).
 SYSTEM_PKGS := chromium:chromium qemu-x86_64:qemu-user haproxy:haproxy
+# And the demo model's training text, which tests/test_token_counts.py counts again.
+SYSTEM_FILES := /usr/share/wordnet/data.noun:wordnet-base /usr/share/games/fortunes/fortunes:fortunes-min \
+	/usr/share/games/fortunes/art:fortunes
 system:
 	@missing=""; for p in $(SYSTEM_PKGS); do PATH="$$PATH:/usr/sbin:/sbin" command -v $${p%%:*} >/dev/null 2>&1 || missing="$$missing $${p#*:}"; done; \
+	for f in $(SYSTEM_FILES); do [ -f $${f%%:*} ] || missing="$$missing $${f#*:}"; done; \
 	[ -z "$$missing" ] || { if [ "$$(id -u)" = 0 ]; then apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q $$missing; \
 	  else echo "The tests need Debian's$$missing: sudo apt-get install$$missing"; exit 1; fi; }

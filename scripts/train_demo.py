@@ -38,7 +38,9 @@ from safetensors.torch import save_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+from puffergpt import token_counts
 from puffergpt.tokenizer import EOT, decode, encode
+from puffergpt.views import CARD_ANALOGIES
 
 BLOCK = 256  # context length = n_positions
 VOCAB = 50257
@@ -302,10 +304,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--resume", default=None, help="start from this checkpoint's weights: a further phase "
                     "of training with its own arguments (the card lists every phase)")
     ap.add_argument("--out", default=os.path.join(ROOT, "src", "puffergpt", "models", "demo"))
+    ap.add_argument("--counts-only", action="store_true", help="train nothing: count each token in the training "
+                    f"text (the split --seed makes) and write {token_counts.FILE} to --out")
     return ap.parse_args(argv)
 
 
-RUN_ONLY = ("pilot", "work", "finish", "out", "resume")  # arguments that do not change the model
+RUN_ONLY = ("pilot", "work", "finish", "out", "resume", "counts_only")  # arguments that do not change the model
 
 
 def training_command(trained: dict, steps_done: int) -> str:
@@ -344,6 +348,9 @@ def main() -> None:
         keep = torch.sort(torch.cat([keep, torch.tensor([EOT])])).values
     common = torch.nonzero(counts >= 200).flatten().tolist()  # tokens of the random spans to copy
     print(f"softmax over the {len(keep):,} token ids seen at least {args.min_count} times")
+    if args.counts_only:
+        print(f"wrote {write_counts(args.out, counts, meta, args.seed)}")
+        return
 
     config = make_config(args)
     model = GPT2LMHeadModel(config)
@@ -430,24 +437,9 @@ def train_loop(model, args, train, weights, keep, common, data, rng, gen, earlie
 
 COPY_PROMPT = "a = 7\nb = 3\nc = 9\na = 7\nb ="
 NEIGHBOUR_WORDS = [" king", " water", " house"]
-# Analogies a : b :: c : ? over common words, tried in this order; the card names those
-# whose nearest row to b - a + c (cosine, leaving out a, b and c) is the expected word.
-ANALOGIES = [
-    (" man", " king", " woman", " queen"), (" man", " woman", " boy", " girl"),
-    (" he", " she", " his", " her"), (" brother", " sister", " father", " mother"),
-    (" son", " daughter", " father", " mother"), (" boy", " girl", " brother", " sister"),
-    (" husband", " wife", " king", " queen"), (" dog", " dogs", " cat", " cats"),
-    (" tree", " trees", " bird", " birds"), (" car", " cars", " house", " houses"),
-    (" child", " children", " man", " men"), (" big", " bigger", " small", " smaller"),
-    (" good", " better", " bad", " worse"), (" long", " longer", " short", " shorter"),
-    (" walk", " walked", " jump", " jumped"), (" go", " went", " come", " came"),
-    (" see", " saw", " take", " took"), (" run", " running", " swim", " swimming"),
-    (" hot", " cold", " up", " down"), (" day", " night", " summer", " winter"),
-    (" France", " French", " Germany", " German"), (" England", " English", " Spain", " Spanish"),
-    (" one", " two", " three", " four"), (" first", " second", " third", " fourth"),
-    (" January", " February", " March", " April"), (" Monday", " Tuesday", " Wednesday", " Thursday"),
-    (" happy", " unhappy", " kind", " unkind"), (" quick", " quickly", " slow", " slowly"),
-]
+# Analogies a : b :: c : ? over common words (the list the page scores too: views.CARD_ANALOGIES);
+# the card names those whose nearest row to b - a + c is the expected word.
+ANALOGIES = CARD_ANALOGIES
 DEFAULT_NEIGHBOUR = " house"  # the embedding panel defaults the card recommends
 DEFAULT_MAP = [" one", " two", " three", " four", " he", " she", " his", " her", " up", " down", " hot", " cold"]
 SAMPLE_PROMPTS = ["king, monarch (noun):", "water (noun):", "The meaning of life is",
@@ -477,7 +469,8 @@ def analogies(wte: torch.Tensor, untrained: torch.Tensor) -> list[dict]:
         ids = [one_id(w) for w in (a, b, c, want)]
         if None in ids or untrained[ids].any():
             continue
-        q = torch.nn.functional.normalize(unit[ids[1]] - unit[ids[0]] + unit[ids[2]], dim=0)
+        w = wte.float()  # the rows as they are, as the page's analogy (views.analogy) adds them
+        q = torch.nn.functional.normalize(w[ids[1]] - w[ids[0]] + w[ids[2]], dim=0)
         cos = unit @ q  # (V,)
         cos[ids[:3]] = -2
         cos[untrained] = -2  # one shared row: no answer
@@ -565,11 +558,26 @@ def save(model: GPT2LMHeadModel, config: GPT2Config, out: str) -> int:
     return os.path.getsize(path)
 
 
+def write_counts(out: str, counts: torch.Tensor, meta: dict, seed: int) -> str:
+    """How often each token is in the training text (the train split of every source, the
+    synthetic repeats left out), beside the model: the embedding views mark rows seen rarely."""
+    data = (f"the train split (seed {seed}: each source's documents shuffled, the last 2 % held out) of "
+            f"{', '.join(meta['sources'])}, tokenized as scripts/train_demo.py's load_data does; the synthetic "
+            "copying rows are not counted (they repeat tokens the text has at least 200 times, and digits)")
+    sources = {n: {"tokens": s["train_tokens"], "docs": s["docs"], "val_docs": s["val_docs"]}
+               for n, s in meta["sources"].items()}
+    inputs = {(os.path.relpath(p, ROOT) if p.startswith(ROOT) else p): h for p, h in sorted(meta["inputs"].items())}
+    path = os.path.join(out, token_counts.FILE)
+    return str(token_counts.write(path, counts.numpy(), {"data": data, "seed": seed, "sources": sources,
+                                                          "inputs": inputs}))
+
+
 def finish(model, config, args, ckpt, data, meta, keep, counts, n_params):
     """Set the untrained rows, save, reload as users will, measure, write the model card."""
     n_untrained = set_untrained_rows(model, keep, counts, args.min_count)
     model.eval()
     size = save(model, config, args.out)
+    write_counts(args.out, counts, meta, args.seed)
     loaded, info = GPT2LMHeadModel.from_pretrained(args.out, output_loading_info=True, attn_implementation="eager")
     loaded = loaded.float().eval()
     bad = {k: v for k, v in info.items() if v}
@@ -591,7 +599,7 @@ def finish(model, config, args, ckpt, data, meta, keep, counts, n_params):
     for p, s in proof["samples"].items():
         print(f"--- {p!r}\n{s}\n")
     with open(os.path.join(args.out, "README.md"), "w") as f:
-        f.write(card(args, config, ckpt, meta, keep, n_params, losses, proof))
+        f.write(card(args, config, ckpt, meta, keep, n_params, losses, proof, counts))
     with open(os.path.join(args.work, "proof.json"), "w") as f:
         json.dump(proof, f, indent=1)
     print(f"wrote {args.out}: {size:,} bytes, held-out English perplexity {proof['perplexity']:.1f}")
@@ -608,7 +616,7 @@ def phase_md(i: int, phase: dict, cpu: str, n: int) -> str:
             f"on {a.threads} threads of {cpu} (torch {torch.__version__}), shared with other work.")
 
 
-def card(args, config, ckpt, meta, keep, n_params, losses, proof) -> str:
+def card(args, config, ckpt, meta, keep, n_params, losses, proof, counts) -> str:
     """The model card (README.md beside the weights): data and licences, training, figures."""
     cpu = platform.processor()
     if os.path.exists("/proc/cpuinfo"):
@@ -667,6 +675,9 @@ def card(args, config, ckpt, meta, keep, n_params, losses, proof) -> str:
                   f"times:\n{variants}" if cv else "")
     copy_cannot = ("it copies only lines like the `name = value` drills it saw (see Copying)" if cp["weight"] >= 0.5
                    else "it has no induction head (see Copying)")
+    rare = counts < token_counts.RARE_BELOW
+    rare_seen, rare_trained = int(((counts > 0) & rare).sum()), int(((counts >= a.min_count) & rare).sum())
+    listed, tried_note = len(ANALOGIES), "listed: the others' words are not single trained tokens"
     samples = "\n\n".join(f"Prompt `{p!r}`:\n\n```\n{s}\n```" for p, s in proof["samples"].items())
     size = proof["size"]
     return f"""# puffergpt demo model
@@ -688,6 +699,12 @@ without the `transformer.` prefix, `lm_head` tied to `wte`; `config.json`).
   afterwards each was set to **one shared vector** (the mean row of the rarest trained
   tokens, seen {a.min_count}-{2 * a.min_count - 1} times), so they are exact duplicates of each other
   (the views report such rows as untrained) and score like a rare token.
+- **Token counts**: `{token_counts.FILE}` beside the weights holds how many times each token
+  is in the training text (the train split of the three sources below; {int(counts.sum()):,} tokens,
+  {int((counts > 0).sum()):,} ids seen), written by `scripts/train_demo.py` (`--counts-only --seed {a.seed}` writes it
+  again from the same files without training). {rare_seen:,} of the ids seen, and {rare_trained:,} of the {len(keep):,}
+  trained rows, were seen fewer than {token_counts.RARE_BELOW} times: such a row barely moved from where it started,
+  so the neighbours and analogy views mark it with its count.
 
 ## Data and licences
 
@@ -759,8 +776,11 @@ training tokens as long as the validation set){split_note}:
 {copy_reach}
 - **Nearest tokens** by cosine of `wte` rows (no ties; all below 0.999):
 {nb}
-- **Analogies** (`b - a + c`, nearest trained row by cosine, leaving out a, b, c):
-  {len(good)} of {len(proof['analogies'])} tried answer right:
+- **Analogies** (`wte[b] - wte[a] + wte[c]`, the rows as they are, nearest trained row by
+  cosine, leaving out a, b, c: the search the page's analogy does; the list is
+  `puffergpt.views.CARD_ANALOGIES`, and the page's "How many of the card's analogies does it get
+  right?" asks it again):
+  {len(good)} of {len(proof['analogies'])} tried answer right ({listed} {tried_note}):
 {an}
 
 ## Embedding panel defaults for this model

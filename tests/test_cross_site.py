@@ -46,6 +46,7 @@ ROUTES = [
     ("DELETE", "/api/texts/{id}", {}),
     ("POST", "/api/compare", {"prompt": "hello", "top_k": 5}),
     ("POST", "/api/analogy", {"a": " man", "b": " woman", "c": " king", "k": 3}),
+    ("POST", "/api/analogy/card", {}),
     ("POST", "/api/neighbours", {"word": " man", "k": 3}),
     ("POST", "/api/map", {"words": [" man", " woman"]}),
     ("POST", "/api/contexts", {"word": " mole", "prompts": ["a mole", "the mole"]}),

@@ -18,8 +18,8 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from helpers import message
+from puffergpt import attribution, inspector, tokenizer
 from puffergpt import notebook as nb
-from puffergpt import tokenizer
 from puffergpt.cli.notebook import notebook as notebook_cli
 from puffergpt.loading import open_engine
 from puffergpt.notebook import GitError, InsightNotFound, InvalidInsight, Notebook, NotebookError
@@ -27,7 +27,7 @@ from puffergpt.reference import NumpyProducts, Reference
 from puffergpt.sampling import Sampling
 from puffergpt.server import errors
 from puffergpt.server.notebook import notebook_router
-from puffergpt.text import Text
+from puffergpt.text import Text, opened
 
 PROMPT = "The quick brown fox"
 HOSTILE = "../../../etc/passwd <script>alert('x')</script> & <b>bold</b> 🎉🧠 ..\\..\\win"
@@ -116,7 +116,7 @@ def test_a_save_is_one_commit_holding_the_file(tmp_path, evidence):
     assert msg.startswith(f"{nb.DEFAULT_NAME} <{nb.DEFAULT_EMAIL}>\nInsight: Temperature finally clicked\n")
     assert f"position {evidence['position']}" in msg and "Tags: temperature" in msg
     # the file: front matter, the learner's words, the readable evidence, the JSON block
-    assert on_disk.startswith("---\nversion: 1\n")
+    assert on_disk.startswith("---\nversion: 3\n")
     assert "Dividing by T before softmax flattens it." in on_disk
     assert tokenizer.decode(evidence["prompt_ids"][: evidence["position"]]) in on_disk
     assert f"{evidence['candidates'][0]['logit']:.6f}" in on_disk
@@ -416,6 +416,109 @@ def test_a_tampered_logit_is_reported_as_a_mismatch(tmp_path, engine_evidence, t
         nb.replay(ins, numpy_candidates_at(tiny), model="gpt2")
 
 
+# --- replay re-checks the evidence of the insight's kind ------------------------------------
+
+@pytest.fixture(scope="module")
+def inside_evidence(loaded, tiny) -> dict:
+    """Evidence as Look inside saves it, made on the search engine over the store: a head's
+    weights (rounded to 6 decimals, as the page gets them), the attribution with its versus,
+    and the step run again with a head switched off."""
+    store, key = loaded(tiny)
+    engine = open_engine(store, tiny.name, key)
+    ev = step_evidence(engine.open(), tiny.name, n=2)
+    p = ev["position"]
+    with opened(engine.open, [*ev["prompt_ids"][:p], ev["token_id"]]) as t:
+        t.candidates(p, 1)
+        got, _, _ = inspector.inspect(t, p, 5, explain=True)
+        off = inspector.ablate(t, p, ["attn 1.0"], engine.open, 5)
+        mean = inspector.ablate(t, p, ["attn 1.0", "mlp 0"], engine.open, 5, "mean")
+    a = got["attribution"]
+    base = {k: v for k, v in ev.items() if k != "requests"}
+    weights = [round(float(w), 6) for w in got["weights"][1, 0, :p]]
+    return {
+        "attention": base | {"kind": "attention", "data": {"layer": 1, "head": 0, "weights": weights}},
+        "attribution": base | {"kind": "attribution", "data": {
+            "token_id": a["token_id"], "logit": a["logit"], "parts": a["parts"], "versus": a["versus"]}},
+        "ablation": base | {"kind": "ablation", "data": {"parts": off["parts"], "after": [
+            {"token_id": int(i), "logit": float(v)} for i, v in zip(*off["after"], strict=True)]}},
+        "ablation-mean": base | {"kind": "ablation", "data": {"parts": mean["parts"], "mode": "mean", "after": [
+            {"token_id": int(i), "logit": float(v)} for i, v in zip(*mean["after"], strict=True)]}},
+    }
+
+
+def numpy_replay(ins, tiny) -> dict:
+    return nb.replay(ins, numpy_candidates_at(tiny), data_at=nb.data_from_products(lambda: NumpyProducts(tiny)))
+
+
+def doctor(book: Notebook, ins, data: dict) -> None:
+    """Change the stored data in the file's JSON block, as an edit by hand would."""
+    f = book.path / ins.path
+    text = f.read_text(encoding="utf-8")
+    old = json.dumps(ins.evidence["data"], ensure_ascii=False)
+    assert text.count(old) == 1
+    f.write_text(text.replace(old, json.dumps(data, ensure_ascii=False)), encoding="utf-8")
+
+
+def test_replay_rechecks_a_heads_weights_the_attribution_and_an_ablation(tmp_path, inside_evidence, tiny):
+    book = Notebook(tmp_path / "nb")
+    for kind, ev in inside_evidence.items():
+        r = numpy_replay(book.get(book.save(kind, "", [], ev).id), tiny)
+        d = r["data"]
+        print(f"\nreplay of {kind} data, search engine vs numpy: {d['checked']} items, "
+              f"max |diff| {d['max_abs_diff']:.3g}")
+        assert r["matches"] and d["matches"] and d["differences"] == [] and d["kind"] == ev["kind"]
+        parts = len(ev["data"].get("parts", ()))  # the attribution: its logit and parts, twice with versus
+        assert d["checked"] == {"attention": ev["position"], "ablation": 5, "attribution": 2 + 2 * parts}[ev["kind"]]
+        assert d["max_abs_diff"] <= (nb.WEIGHT_TOLERANCE if kind == "attention" else nb.TOLERANCE)
+    # a mean ablation is replayed as one: the same file read as zero ablation differs
+    mean = book.save("mean", "", [], inside_evidence["ablation-mean"])
+    doctor(book, mean, {k: v for k, v in mean.evidence["data"].items() if k != "mode"})
+    assert not numpy_replay(book.get(mean.id), tiny)["data"]["matches"]
+    # the stored attribution is the model's: its parts sum to the logit, numpy's forward pass says
+    ev = inside_evidence["attribution"]
+    a = ev["data"]
+    logits = Reference(tiny).logits(ev["prompt_ids"][:ev["position"]])[-1]
+    assert sum(x["value"] for x in a["parts"]) == pytest.approx(logits[a["token_id"]], abs=1e-3)
+    assert a["logit"] - a["versus"]["logit"] == pytest.approx(sum(x["value"] for x in a["versus"]["parts"]), abs=1e-3)
+
+
+def test_a_doctored_weight_or_attribution_part_is_named_with_its_difference(tmp_path, inside_evidence, tiny,
+                                                                            tiny_dir):
+    book = Notebook(tmp_path / "nb")
+    att = book.save("A head", "", [], inside_evidence["attention"])
+    w = list(att.evidence["data"]["weights"])
+    w[1] += 0.002
+    doctor(book, att, {**att.evidence["data"], "weights": w})
+    r = numpy_replay(book.get(att.id), tiny)
+    assert r["candidates_match"] and not r["matches"] and not r["data"]["matches"]
+    (d,) = r["data"]["differences"]
+    assert d["item"] == "layer 1 head 0: weight at position 1"
+    assert d["diff"] == pytest.approx(0.002, abs=nb.WEIGHT_TOLERANCE)
+    ab = book.save("Its parts", "", [], inside_evidence["attribution"])
+    data = json.loads(json.dumps(ab.evidence["data"]))
+    head = next(x for x in data["parts"] if x["kind"] == "attn" and x["layer"] == 1 and x["head"] == 2)
+    head["value"] += 0.01
+    doctor(book, ab, data)
+    r = numpy_replay(book.get(ab.id), tiny)
+    assert not r["matches"] and [x["item"] for x in r["data"]["differences"]] == ["attribution: L1 H2"]
+    assert r["data"]["differences"][0]["diff"] == pytest.approx(0.01, abs=nb.TOLERANCE)
+    assert attribution.label(head) == "L1 H2"
+    # the CLI names it too, and exits 1
+    out = run("replay", ab.id, "--notebook", str(book.path), "--model", str(tiny_dir))
+    assert out.exit_code == 1, out.output
+    assert "attribution data: DIFFERS" in out.output and "attribution: L1 H2: stored" in out.output
+
+
+def test_a_format_1_file_still_reads_and_replays_its_data(tmp_path, inside_evidence, tiny):
+    book = Notebook(tmp_path / "nb")
+    ins = book.save("Old", "words", [], inside_evidence["attention"])
+    f = book.path / ins.path
+    f.write_text(f.read_text().replace("version: 3", "version: 1").replace("(format 3)", "(format 1)"))
+    back = book.get(ins.id)
+    assert (back.body, back.evidence) == ("words", ins.evidence)
+    assert numpy_replay(back, tiny)["data"]["matches"]
+
+
 # --- HTTP --------------------------------------------------------------------------------
 
 @pytest.fixture
@@ -592,8 +695,8 @@ def test_an_insight_without_evidence_saves_reads_lists_and_has_nothing_to_replay
     back = book.get(ins.id)  # the body's own ```json block is words, not evidence
     assert (back.title, back.body, back.tags, back.evidence) == ("From a chat", WORDS, ["attention"], None)
     assert back.commit == ins.commit
-    with_ev = book.save("From the page", "", [], evidence)  # written as format 1, as before
-    assert git(book.path, "show", f"HEAD:{with_ev.path}").startswith("---\nversion: 1\n")
+    with_ev = book.save("From the page", "", [], evidence)  # written as format 3
+    assert git(book.path, "show", f"HEAD:{with_ev.path}").startswith("---\nversion: 3\n")
     listed = {i.id: i.summary() for i in book.list()}
     assert listed[ins.id]["kind"] is None and listed[ins.id]["evidence"] is False and listed[with_ev.id]["evidence"]
     assert [i.id for i in book.list(query="weighted AVERAGE")] == [ins.id]
@@ -605,8 +708,8 @@ def test_an_unknown_format_is_refused_with_a_reason(tmp_path):
     book = Notebook(tmp_path / "nb")
     ins = book.save("t", "b", [])
     path = book.path / ins.path
-    path.write_text(path.read_text().replace("version: 2", "version: 3"))
-    with pytest.raises(NotebookError, match="format 3; this puffergpt reads formats 1, 2: upgrade"):
+    path.write_text(path.read_text().replace("version: 2", "version: 4"))
+    with pytest.raises(NotebookError, match="format 4; this puffergpt reads formats 1, 2, 3: upgrade"):
         book.get(ins.id)
 
 

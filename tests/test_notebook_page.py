@@ -2,8 +2,9 @@
 Playwright), on the demo model with a notebook in a temporary directory: save an insight
 from a token with a hostile title and find its commit and file with git; the notebook
 panel lists it as text; Replay says the scores match; Reopen puts the text back at that
-token; a head, a lens layer and an analogy save their data; a push with no remote says
-why; a 400 px phone.
+token; a head, a lens layer, an analogy, the attribution and a switch-off save their data,
+replay re-checks it, and Reopen brings back the view it was saved from; a push with no
+remote says why; a 400 px phone.
 
 Screenshots go to artifacts/ at the repository root."""
 
@@ -232,9 +233,47 @@ def test_a_head_a_lens_layer_and_an_analogy_save_their_data(page, served):
     assert an["kind"] == "analogy" and an["data"]["terms"] == terms
     assert an["data"]["ids"] == [r["token_id"] for r in analogy["results"]]
     assert an["data"]["scores"] == pytest.approx([r["score"] for r in analogy["results"]], abs=1e-9)
-    for i in saved.values():  # each replays: the candidates are the token's
-        assert httpx.post(f"{url}/api/insights/{i}/replay").json()["matches"]
+    # What each part adds, with its versus, and a rerun with a head off: saved as shown.
+    save("#attribution .save-insight", "The parts")
+    p.locator('#ablate .ablate-part[data-part="attn 1.0"]').click()
+    p.click("#ablate .ablate-run")
+    expect(p.locator("#ablate .ablate-result")).to_be_visible()
+    save("#ablate .ablate-result .save-insight", "A head off")
+    for t in ("The parts", "A head off"):
+        got[t] = httpx.get(f"{url}/api/insights/{saved[t]}").json()["evidence"]
+    parts = got["The parts"]["data"]
+    assert got["The parts"]["kind"] == "attribution" and parts["token_id"] == view["attribution"]["token_id"]
+    assert [x["value"] for x in parts["parts"]] == pytest.approx([x["value"] for x in view["attribution"]["parts"]], abs=1e-9)
+    assert parts["versus"]["token_id"] == view["attribution"]["versus"]["token_id"]
+    off = got["A head off"]["data"]
+    assert got["A head off"]["kind"] == "ablation" and off["parts"] == ["attn 1.0"] and len(off["after"]) == 10
+    for t, i in saved.items():  # each replays: the candidates are the token's, and its data is re-checked
+        r = httpx.post(f"{url}/api/insights/{i}/replay").json()
+        assert r["matches"] and r["data"]["matches"] and r["data"]["checked"] > 0, (t, r)
     shot(p, "notebook-kinds")
+
+    # Reopen the head's insight: the same view comes back, Look inside at that token, the head opened.
+    p.click("#nb-find")
+    p.locator(f'#nb-list .nb-item[data-id="{saved["A head"]}"] .nb-open').click()
+    detail = p.locator("#nb-detail")
+    detail.locator(".nb-replay").click()
+    expect(detail.locator(".nb-data-verdict")).to_contain_text(f"{position} items recomputed")
+    detail.locator(".nb-reopen").click()
+    expect(detail.locator(".nb-reopened").last).to_contain_text(f"Look inside at position {position}, layer 1 head 0 opened")
+    expect(p.locator(f'#tokens .token.selected[data-position="{position}"]')).to_have_count(1)
+    expect(p.locator('#attention .attn-head[data-layer="1"][data-head="0"]')).to_be_visible()
+    expect(p.locator('#attention .attn-cell.open[data-layer="1"][data-head="0"]')).to_have_count(1)
+    shot(p, "notebook-reopened-head")
+    # ... and the switch-off's: the same parts off, run again, the same candidates after.
+    p.locator(f'#nb-list .nb-item[data-id="{saved["A head off"]}"] .nb-open').click()
+    detail.locator(".nb-reopen").click()
+    expect(detail.locator(".nb-reopened").last).to_contain_text("run again with attn 1.0 off")
+    expect(p.locator('#ablate .ablate-part.off[data-part="attn 1.0"]')).to_have_count(1)
+    after = p.locator("#ablate .ablate-list.after li")
+    expect(after).to_have_count(10)
+    assert [int(x) for x in after.evaluate_all("els => els.map((e) => e.dataset.tokenId)")] == [
+        c["token_id"] for c in off["after"]]
+    shot(p, "notebook-reopened-ablation")
 
 
 def test_no_selection_says_what_to_do_and_a_push_without_remote_says_why(page):

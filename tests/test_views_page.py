@@ -540,6 +540,51 @@ def test_embedding_views_mark_untrained_rows_and_say_so(page):
         expect(p.locator("#neighbours-result .untrained-skipped")).to_contain_text(str(want["untrained_skipped"]))
 
 
+def test_embedding_views_mark_rare_rows_score_the_cards_analogies_and_name_the_maps_axis(page):
+    """The demo's token counts on the page: neighbours and analogy mark the rows seen fewer than
+    100 times with their counts, the card's analogies are scored with the same search, and the
+    map says its first axis is frequency, each number the route's."""
+    p = page.page
+    url = p.url.rstrip("/")
+    p.fill("#nb-word", " mole")
+    p.click("#nb-go")
+    want = httpx.post(url + "/api/neighbours", json={"word": " mole", "k": 10}).json()
+    box = p.locator("#neighbours-result")
+    expect(box.locator("tbody tr")).to_have_count(10)
+    assert box.locator("tr.rare").count() == want["rare_results"] == sum(r["rare"] for r in want["results"]) > 0
+    expect(box.locator(".rare-note")).to_contain_text("' mole' was seen 48 times in training")
+    assert box.locator("td.seen").all_inner_texts() == [f"{r['count']:,}" for r in want["results"]]
+    expect(box.locator("tr.rare .rare-mark").first).to_have_text("rare")
+    shot(p, "neighbours-rare-1400", p.locator("#neighbours-form"))
+
+    for field, word in zip(("#an-a", "#an-b", "#an-c", "#an-k"), (" man", " king", " woman", "10"), strict=True):
+        p.fill(field, word)
+    p.click("#an-go")
+    a = httpx.post(url + "/api/analogy", json={"a": " man", "b": " king", "c": " woman", "k": 10}).json()
+    expect(p.locator("#analogy-result tbody tr")).to_have_count(10)
+    assert p.locator("#analogy-result tr.rare").count() == a["rare_results"] > 0
+
+    p.click("#card-go")
+    score = p.locator("#card-result .card-score")
+    expect(score).to_be_visible()
+    card = httpx.post(url + "/api/analogy/card").json()
+    expect(score).to_have_attribute("data-right", str(card["right"]))
+    expect(score).to_contain_text(f"gets {card['right']} of the card's {card['tried']} analogies right")
+    expect(p.locator("#card-result .card-list li")).to_have_count(card["tried"])
+    expect(p.locator("#card-result .card-list li.ok")).to_have_count(card["right"])
+    shot(p, "card-analogies-1400", p.locator("#analogy-form"))
+
+    p.uncheck("#map-path")
+    p.click("#map-go")
+    axis = p.locator("#map-result .map-axis")
+    expect(axis).to_be_visible()
+    words = [w for w in p.input_value("#map-words").split("\n") if w.strip()]
+    m = httpx.post(url + "/api/map", json={"words": words}).json()
+    assert float(axis.get_attribute("data-pearson")) == pytest.approx(m["axis_frequency"]["pearson"], abs=1e-12)
+    expect(axis).to_contain_text(f"r = {m['axis_frequency']['pearson']:+.2f}")
+    shot(p, "map-axis-1400", p.locator("#map-form"))
+
+
 # --- 5. a phone ---
 
 def test_a_phone_tap_shows_its_token_and_every_view_fits(phone, server):
@@ -575,6 +620,12 @@ def test_a_phone_tap_shows_its_token_and_every_view_fits(phone, server):
     p.click("#map-go")
     expect(p.locator("#map-result svg.map")).to_be_visible()
     shot(p, "map-400", p.locator("#map-form"))
+    p.fill("#nb-word", " mole")  # the rare marks and the card's analogies fit a phone too
+    p.click("#nb-go")
+    expect(p.locator("#neighbours-result tr.rare").first).to_be_visible()
+    p.click("#card-go")
+    expect(p.locator("#card-result .card-score")).to_be_visible()
+    shot(p, "embedding-rare-400", p.locator("#neighbours-form"))
     wide = p.evaluate("""() => { const vw = document.documentElement.clientWidth;
       return [...document.querySelectorAll('body *')].filter(e => e.getClientRects().length && (e.getBoundingClientRect().right > vw + 0.5))
         .map(e => `${e.tagName.toLowerCase()}#${e.id}.${e.getAttribute('class')} ${e.getBoundingClientRect().right}`); }""")

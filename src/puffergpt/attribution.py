@@ -32,6 +32,18 @@ NEURONS = 5  # neurons shown a layer each way: each is a query of the promotes s
 PROMOTES = 8  # tokens shown a neuron
 
 
+def label(part: dict) -> str:
+    """A part as the page names it: embed, L2 H5, L2 attn bias, L2 MLP, ln_f bias."""
+    kind = part["kind"]
+    if kind == "attn":
+        return f"L{part['layer']} H{part['head']}"
+    if kind == "attn_bias":
+        return f"L{part['layer']} attn bias"
+    if kind == "mlp":
+        return f"L{part['layer']} MLP"
+    return {"embed": "embed", "ln_f_bias": "ln_f bias"}.get(kind, str(kind))
+
+
 def without_bias(p: Products, name: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``name``'s product of each row of x, minus its bias, and the bias, from one request
     (a zero query's answer is the bias): (n, in) -> (n, out) float64, (out,) float64."""

@@ -31,6 +31,7 @@ n_layer concurrent key writes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 import uuid
@@ -40,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from puffergpt import costs, documents, sweeper, untrained
+from puffergpt import costs, documents, sweeper, token_counts, untrained
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.documents import Encoding
 from puffergpt.scheduler import Batcher, Scheduler
@@ -132,6 +133,12 @@ class Engine:
                                  ("row",))
         if len(hits.query) != 1:
             raise StoreError(f"a search of one row of {ns} returned {len(hits.query)}: run `puffergpt verify`")
+
+    @functools.cached_property
+    def token_counts(self) -> token_counts.TokenCounts | None:
+        """How often each token was seen in training, from the file beside the model
+        (``token_counts.py``); None: unknown (GPT-2, a made model). Read when a view first asks."""
+        return token_counts.for_model(self.model, self.config.n_vocab)
 
     def status(self) -> dict:
         """How busy the engine is: texts generating and waiting (``Scheduler.status``), how many

@@ -142,7 +142,8 @@ class Local:
     def replay_insight(self, insight_id: str) -> dict:
         ins = self.book().get(insight_id)
         try:
-            r = nb.replay(ins, nb.candidates_from_products(self.opened.products), model=self.model)
+            r = nb.replay(ins, nb.candidates_from_products(self.opened.products), model=self.model,
+                          data_at=nb.data_from_products(self.opened.products))
         except nb.InvalidInsight:
             raise
         except ValueError as e:  # the engine refused the prompt (context, vocabulary)

@@ -152,11 +152,13 @@ def step_line(step) -> dict:
 @backend_option
 @data_option
 @click.option("-k", "k", type=click.IntRange(1, 100), default=10, show_default=True, help="answers to show")
-@click.option("--json", "as_json", is_flag=True, help='{"results": [{"token_id", "text", "score"}, ...]}')
+@click.option("--json", "as_json", is_flag=True,
+              help='{"results": [{"token_id", "text", "score", "count", "rare"}, ...], "rare_below", "rare_note", ...}')
 def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
     """A is to B as C is to ?: the tokens nearest by cosine to wte[B] - wte[A] + wte[C], as one search.
 
-    Words are GPT-2 tokens: a word inside a sentence carries its leading space (" man")."""
+    Words are GPT-2 tokens: a word inside a sentence carries its leading space (" man"). An answer
+    seen rarely in training is marked with its count, where the model's counts are known."""
     from puffergpt import views
     from puffergpt.text import TextError
 
@@ -164,17 +166,22 @@ def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
     with clear_errors(), open_model("search", model, backend, data_dir, dsn) as opened:
         products = opened.engine.views()
         try:
-            got = views.analogy(products, a, b, c, k)
+            got = views.analogy(products, a, b, c, k, opened.engine.token_counts)
         except TextError as e:
             fail(str(e))
         finally:
             products.close()
     if as_json:
-        click.echo(json.dumps({"results": got["results"]}))
+        keys = ("results", "rare_below", "counts_known", "rare_inputs", "rare_results", "rare_note", "note")
+        click.echo(json.dumps({key: got[key] for key in keys}))
         return
     click.echo(f"{a!r} is to {b!r} as {c!r} is to:")
     for r in got["results"]:
-        click.echo(f"  {r['score']:.4f}  {r['text']!r}  (token {r['token_id']})")
+        seen = "" if r["count"] is None else f", seen {r['count']:,} times" + (" (rare)" if r["rare"] else "")
+        click.echo(f"  {r['score']:.4f}  {r['text']!r}  (token {r['token_id']}{seen})")
+    for note in (got["note"], got["rare_note"]):
+        if note:
+            click.echo(f"note: {note}")
 
 
 @click.command()

@@ -83,7 +83,8 @@ def replay(insight_id, model, engine, backend, dsn, as_json, notebook_path, data
             click.echo(json.dumps({"id": ins.id, **r}) if as_json else f"{ins.id}: {r['reason']}")
             return
         with open_model(engine, model or ins.model, backend, data_dir, dsn) as opened:
-            r = nb.replay(ins, nb.candidates_from_products(opened.products))
+            r = nb.replay(ins, nb.candidates_from_products(opened.products),
+                          data_at=nb.data_from_products(opened.products))
     if as_json:
         click.echo(json.dumps({"id": ins.id, "model": model or ins.model, "engine": engine, **r}))
     else:
@@ -96,6 +97,15 @@ def replay(insight_id, model, engine, backend, dsn, as_json, notebook_path, data
             dd = "missing now" if d["diff"] is None else f"diff {d['diff']:.3g}"
             click.echo(f"  rank {d['rank']}: stored {d['stored']['token_id']} ({d['stored']['logit']:.6f}), "
                        f"now {d['now']['token_id']} ({d['now']['logit']:.6f}), {dd}")
+        if d := r["data"]:
+            diff = "n/a" if d["max_abs_diff"] is None else f"{d['max_abs_diff']:.3g}"
+            tol = d["weight_tolerance"] or d["tolerance"]
+            verdict = "matches" if d["matches"] else "DIFFERS"
+            click.echo(f"its {d['kind']} data: {verdict}: {d['checked']} items checked, "
+                       f"{d['differing']} differ, max |diff| {diff} (tolerance {tol:g})")
+            for x in d["differences"]:
+                dd = "missing now" if x["diff"] is None else f"diff {x['diff']:.3g}"
+                click.echo(nb._shown(f"  {x['item']}: stored {x['stored']}, now {x['now']}, {dd}"))
     if not r["matches"]:
         raise SystemExit(1)
 

@@ -10,7 +10,7 @@ A notebook is a git repository on the user's disk. Each insight is one Markdown 
 
     ## Evidence                 readable: prompt, token, candidates, sampling, requests
 
-    ### Evidence data (format 1)
+    ### Evidence data (format 3)
     ```json                     machine-readable: the evidence dict, exactly as saved
     {...}
     ```
@@ -18,12 +18,13 @@ A notebook is a git repository on the user's disk. Each insight is one Markdown 
 An insight from a conversation (an assistant over MCP, a custom GPT's action) has no
 evidence: its file is format 2, the front matter and the learner's words only (``model``
 and ``kind`` null), and ``replay`` says there is nothing to replay. A file with evidence is
-written as format 1 still, so an older puffergpt reads every insight that has evidence.
+format 3 (format 1 with the kinds attribution and ablation, and the data replay re-checks); a
+format 1 file still reads, and an older puffergpt refuses format 3 naming the upgrade.
 
 The evidence is what the learner was looking at, so that the insight can be replayed
-(``replay``) and its scores re-checked. Its keys (checked by ``check_evidence``):
+(``replay``): its scores, and the data of its kind, re-checked. Its keys (``check_evidence``):
 
-    kind        "token" | "candidates" | "attention" | "lens" | "analogy"
+    kind        "token" | "candidates" | "attention" | "lens" | "analogy" | "attribution" | "ablation"
     model       the model's name ("demo", "gpt2", a checkpoint path)
     prompt_ids  the text's token ids (at least ``position`` of them)
     position    p >= 1: the candidates are the model's scores for the token at p,
@@ -33,7 +34,11 @@ The evidence is what the learner was looking at, so that the insight can be repl
     candidates  [{"token_id", "logit"}, ...] best first, as the engine returned them
     requests    optional: the requests that produced them, [{"kind", "rows", "ms", ...}, ...]
     data        optional, kind-specific: attention {"layer", "head", "weights"},
-                lens {"layer", "ids", "logits"}, analogy {"terms", "ids", "scores"}
+                lens {"layer", "ids", "logits"}, analogy {"terms", "ids", "scores"},
+                attribution {"token_id", "logit", "parts", "versus": {"token_id", "logit",
+                "parts"}}, ablation {"parts": ["attn L.H" | "mlp L"], "mode": "zero" | "mean"
+                (default zero), "after": [{"token_id", "logit"}]}; replay recomputes it
+                (``evidence.py``) and names what differs
 
 git runs as the ``git`` binary with argument lists (never a shell). A failed commit
 leaves the file on disk and the next save commits it too; a failed push keeps the commit.
@@ -45,7 +50,8 @@ The package, one module a part, each importing only those above it:
     fileformat.py  an Insight as Markdown (``render``) and back (``parse``)
     files.py       the insight files read and written as untrusted, never through a link
     repository.py  the git-backed ``Notebook``: save, get, list, push
-    replaying.py   ``replay``: the stored candidates recomputed and compared
+    evidence.py    the kind's data recomputed (``data_from_products``) and compared
+    replaying.py   ``replay``: the stored candidates (and the data) recomputed and compared
 
 Callers import from ``puffergpt.notebook``; the names below are the package's surface.
 """
@@ -60,6 +66,7 @@ from puffergpt.notebook.checks import (
     check_title,
     slug,
 )
+from puffergpt.notebook.evidence import WEIGHT_TOLERANCE, DataAt, data_from_products
 from puffergpt.notebook.fileformat import JSON_HEADING, _shown, evidence_json, parse, render, render_evidence
 from puffergpt.notebook.insight import (
     DEFAULT_EMAIL,
@@ -104,8 +111,9 @@ __all__ = [
     "GIT_TIMEOUT_S", "ID_RE", "INSIGHTS", "JSON_HEADING", "KINDS", "MAX_BODY_CHARS", "MAX_CANDIDATES",
     "MAX_EVIDENCE_BYTES", "MAX_FILE_BYTES", "MAX_MODEL_CHARS", "MAX_QUERY_CHARS", "MAX_TAGS", "MAX_TAG_CHARS",
     "MAX_TITLE_CHARS", "NOTHING_TO_REPLAY", "NO_EVIDENCE", "OPTIONAL_KEYS", "PUSH_TIMEOUT_S", "SLUG_CHARS",
-    "TAG_RE", "TOLERANCE", "CandidatesAt", "GitError", "Insight", "InsightNotFound", "InvalidInsight",
-    "Notebook", "NotebookError", "NotebookUnavailable", "_shown", "candidates_from_products", "check_body",
+    "TAG_RE", "TOLERANCE", "WEIGHT_TOLERANCE", "CandidatesAt", "DataAt", "GitError", "Insight", "InsightNotFound",
+    "InvalidInsight", "Notebook", "NotebookError", "NotebookUnavailable", "_shown", "candidates_from_products",
+    "data_from_products", "check_body",
     "check_evidence", "check_id", "check_tags", "check_title", "evidence_json", "parse", "render",
     "render_evidence", "replay", "slug",
 ]

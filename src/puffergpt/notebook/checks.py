@@ -10,6 +10,7 @@ import unicodedata
 from collections.abc import Sequence
 
 from puffergpt import tokenizer
+from puffergpt.inside import MAX_VIEW_K
 from puffergpt.notebook.insight import (
     EVIDENCE_KEYS,
     ID_RE,
@@ -28,6 +29,8 @@ from puffergpt.notebook.insight import (
     InvalidInsight,
 )
 from puffergpt.text import MAX_PROMPT_IDS
+
+MAX_PARTS = 4096  # an attribution's parts: 1 + n_layer x (n_head + 2) + 1, GPT-2 small's 170
 
 
 def _control_chars(s: str, allowed: str = "", categories: tuple[str, ...] = ("Cc",)) -> list[str]:
@@ -168,7 +171,60 @@ def _data(kind: str, data) -> dict:
     for key in {"attention": ("layer", "head"), "lens": ("layer",)}.get(kind, ()):
         if key in data:
             _int(data[key], f"data.{key}", 0)
+    # What replay recomputes is checked in shape, so that a file edited by hand is refused by name.
+    for key in ("weights", "logits", "scores"):
+        if key in data:
+            _numbers(data[key], f"data.{key}")
+    if "ids" in data:
+        _ids(data["ids"], "data.ids")
+    if kind == "analogy" and "terms" in data and (
+            not isinstance(data["terms"], list) or len(data["terms"]) != 3
+            or not all(isinstance(t, str) and t for t in data["terms"])):
+        raise InvalidInsight("evidence data.terms must be the analogy's three words")
+    if kind == "attribution":
+        _attribution(data, "data")
+        if "versus" in data:
+            _attribution(data["versus"], "data.versus")
+    if kind == "ablation":
+        if not isinstance(data.get("parts"), list) or not all(isinstance(x, str) for x in data["parts"]):
+            raise InvalidInsight("evidence data.parts must be the parts switched off, as 'attn L.H' or 'mlp L'")
+        if data.get("mode", "zero") not in ("zero", "mean"):
+            raise InvalidInsight("evidence data.mode must be 'zero' or 'mean' (what a part switched off writes)")
+        after = data.get("after")
+        if not isinstance(after, list) or not 1 <= len(after) <= MAX_CANDIDATES:
+            raise InvalidInsight(f"evidence data.after must be a list of 1 to {MAX_CANDIDATES} {{token_id, logit}}")
+        for i, c in enumerate(after):
+            _keys(c, f"data.after[{i}]", ("token_id", "logit"))
+            _int(c["token_id"], f"data.after[{i}].token_id", 0)
+            _number(c["logit"], f"data.after[{i}].logit")
     return data
+
+
+def _numbers(v, what: str) -> None:  # its length is bounded by the evidence's size
+    if not isinstance(v, list):
+        raise InvalidInsight(f"evidence {what} must be a list of numbers")
+    for i, x in enumerate(v):
+        _number(x, f"{what}[{i}]")
+
+
+def _ids(v, what: str) -> None:
+    if not isinstance(v, list) or not 1 <= len(v) <= MAX_VIEW_K:
+        raise InvalidInsight(f"evidence {what} must be a list of 1 to {MAX_VIEW_K} token ids")
+    for i, x in enumerate(v):
+        _int(x, f"{what}[{i}]", 0)
+
+
+def _attribution(a, what: str) -> None:
+    """{token_id, logit, parts: [{kind, layer?, head?, value}]} (a label the page adds is kept)."""
+    # data also carries where a sampled token's generation began (the page's "generation")
+    _keys(a, what, ("token_id", "logit", "parts"), ("versus", "token", "generation") if what == "data" else ("token",))
+    _int(a["token_id"], f"{what}.token_id", 0)
+    _number(a["logit"], f"{what}.logit")
+    if not isinstance(a["parts"], list) or not 1 <= len(a["parts"]) <= MAX_PARTS:
+        raise InvalidInsight(f"evidence {what}.parts must be a list of 1 to {MAX_PARTS} parts")
+    for i, part in enumerate(a["parts"]):
+        _keys(part, f"{what}.parts[{i}]", ("kind", "value"), ("layer", "head", "label"))
+        _number(part["value"], f"{what}.parts[{i}].value")
 
 
 def check_id(insight_id) -> str:

@@ -133,7 +133,7 @@ def parse(text: str, path: str) -> Insight:
         ev = check_evidence(json.loads(text[start + 9:stop]))
     except (ValueError, InvalidInsight) as e:
         raise NotebookError(f"{path}: the evidence data does not read back: {e}") from None
-    heading = text.rfind("\n" + JSON_HEADING, 0, start)
+    heading = text.rfind(f"\n### Evidence data (format {front['version']})", 0, start)  # format 1's too
     rest = text[end + 5:heading if heading >= 0 else start]
     readable = render_evidence(ev)
     if rest.endswith(readable):

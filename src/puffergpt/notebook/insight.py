@@ -9,14 +9,17 @@ from dataclasses import asdict, dataclass
 
 from puffergpt.text import KEEP_CANDIDATES
 
-FORMAT_VERSION = 2  # the newest format written: 2 is an insight without evidence
-EVIDENCE_FORMAT = 1  # an insight with evidence is written in format 1, unchanged
-FORMATS = (1, 2)  # the formats this puffergpt reads
+FORMAT_VERSION = 2  # an insight without evidence is written in format 2
+# An insight with evidence is written in format 3: format 1 with the kinds "attribution" and
+# "ablation" and the data replay re-checks. A format 1 file still reads (its data is re-checked
+# too); a puffergpt older than format 3 refuses a format 3 file, naming the upgrade.
+EVIDENCE_FORMAT = 3
+FORMATS = (1, 2, 3)  # the formats this puffergpt reads
 NO_EVIDENCE = "no evidence (saved from a conversation)"
 NOTHING_TO_REPLAY = ("nothing to replay: this insight has no evidence (it was saved from a conversation, "
                      "not from the playground), so there are no scores to recompute")
 INSIGHTS = "insights"  # the folder of insight files inside the notebook
-KINDS = ("token", "candidates", "attention", "lens", "analogy")
+KINDS = ("token", "candidates", "attention", "lens", "analogy", "attribution", "ablation")
 TOLERANCE = 1e-3  # replayed scores must match the stored ones within this
 
 # Bounds on what a user or a page sends (the server's 64 KiB body bound holds them all).

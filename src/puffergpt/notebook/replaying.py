@@ -1,4 +1,5 @@
-"""Replay: an insight's stored candidates recomputed with a model and compared."""
+"""Replay: an insight's stored candidates recomputed with a model and compared, and with a
+``data_at`` (``evidence.py``) the kind-specific data it holds too."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from puffergpt.notebook.checks import check_evidence
+from puffergpt.notebook.evidence import DataAt, checkable, compare_data
 from puffergpt.notebook.insight import NOTHING_TO_REPLAY, TOLERANCE, CandidatesAt, Insight, InvalidInsight
 
 if TYPE_CHECKING:
@@ -15,11 +17,14 @@ if TYPE_CHECKING:
 
 
 def replay(
-    insight: Insight | dict, candidates_at: CandidatesAt, tolerance: float = TOLERANCE, model: str | None = None
+    insight: Insight | dict, candidates_at: CandidatesAt, tolerance: float = TOLERANCE, model: str | None = None,
+    data_at: DataAt | None = None,
 ) -> dict:
     """Recompute the stored candidates with ``candidates_at`` and compare them: the same
     ids in the same order, and each token's logit within ``tolerance`` of the stored one.
-    ``model``, when given, is the model candidates_at runs; another model is an error.
+    With ``data_at``, the kind's data too (``evidence.compare_data``: a head's weights, a lens
+    layer, an analogy, the attribution, a rerun with parts off), in ``"data"``; it must match
+    as well. ``model``, when given, is the model candidates_at runs; another model is an error.
     An insight without evidence replays to ``{"replayable": False, "matches": None, "reason"}``."""
     if isinstance(insight, Insight) and insight.evidence is None:
         return {"replayable": False, "matches": None, "reason": NOTHING_TO_REPLAY}
@@ -43,9 +48,12 @@ def replay(
     same_ids = [c["token_id"] for c in stored] == [c["token_id"] for c in now]
     missing = sum(c["token_id"] not in by_id for c in stored)
     max_diff = float(np.max(diffs)) if diffs else None
+    data = compare_data(ev, data_at(ev), tolerance) if data_at is not None and checkable(ev) else None
     return {
         "replayable": True,
-        "matches": same_ids and max_diff is not None and max_diff <= tolerance,
+        "matches": same_ids and max_diff is not None and max_diff <= tolerance and (data is None or data["matches"]),
+        "candidates_match": same_ids and max_diff is not None and max_diff <= tolerance,
+        "data": data,
         "same_ids": same_ids,
         "max_abs_diff": max_diff,
         "tolerance": tolerance,

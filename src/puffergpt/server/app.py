@@ -107,7 +107,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
         from puffergpt import notebook as nb
         from puffergpt.server.notebook import notebook_router
 
-        app.include_router(notebook_router(notebook, nb.candidates_from_products(engine.open), model=engine.model))
+        app.include_router(notebook_router(notebook, nb.candidates_from_products(engine.open), model=engine.model,
+                                           data_at=nb.data_from_products(engine.open)))
     return app
 
 

@@ -54,8 +54,9 @@ class Book:
     engine's ``candidates_at`` (see ``puffergpt.notebook.CandidatesAt``), running
     ``model``: replaying an insight saved from another model is a 400 that names both."""
 
-    def __init__(self, notebook: Notebook, candidates_at: CandidatesAt, model: str | None = None):
-        self.notebook, self.candidates_at, self.model = notebook, candidates_at, model
+    def __init__(self, notebook: Notebook, candidates_at: CandidatesAt, model: str | None = None,
+                 data_at: nb.DataAt | None = None):
+        self.notebook, self.candidates_at, self.model, self.data_at = notebook, candidates_at, model, data_at
 
 
 def book(request: Request) -> Book:
@@ -119,12 +120,13 @@ def show(insight_id: str, b: BookDep) -> dict:
                  400: "the insight was saved from another model, or the model can't read its prompt",
                  **UNREADABLE, **NO_INSIGHT}))
 def replay(insight_id: str, b: BookDep) -> dict:
-    """The stored candidates recomputed now, and whether they still match; an insight
-    without evidence says there is nothing to replay."""
+    """The stored candidates recomputed now, and the data of the insight's kind (a head's
+    weights, a lens layer, an analogy, the attribution, a rerun with parts off), and whether
+    they still match."""
     with http_errors():
         ins = b.notebook.get(insight_id)
         try:
-            result = nb.replay(ins, b.candidates_at, model=b.model)
+            result = nb.replay(ins, b.candidates_at, model=b.model, data_at=b.data_at)
         except nb.InvalidInsight:
             raise
         except ValueError as e:  # the engine refused the prompt (context, vocabulary)
@@ -133,10 +135,11 @@ def replay(insight_id: str, b: BookDep) -> dict:
     return {"id": ins.id, "model": ins.model, "position": position, **result}
 
 
-def notebook_router(notebook: Notebook, candidates_at: CandidatesAt, model: str | None = None) -> APIRouter:
+def notebook_router(notebook: Notebook, candidates_at: CandidatesAt, model: str | None = None,
+                    data_at: nb.DataAt | None = None) -> APIRouter:
     """The routes over one notebook, to include in an app. ``model``, when given, is the
-    model ``candidates_at`` runs."""
-    b = Book(notebook, candidates_at, model)
+    model ``candidates_at`` (and ``data_at``) runs."""
+    b = Book(notebook, candidates_at, model, data_at)
 
     def with_book(request: Request) -> None:
         request.state.book = b

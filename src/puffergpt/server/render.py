@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from puffergpt import inside, tokenizer
+from puffergpt import attribution, inside, tokenizer
 from puffergpt.text import Step, Text
 
 
@@ -21,16 +21,7 @@ def request_json(r) -> dict:
 token_json = tokenizer.token_dict  # a token as text, with bytes_hex for a byte piece
 
 
-def part_label(part: dict) -> str:
-    """A part of the attribution as the page names it: embed, L2 H5, L2 attn bias, L2 MLP, ln_f bias."""
-    kind = part["kind"]
-    if kind == "attn":
-        return f"L{part['layer']} H{part['head']}"
-    if kind == "attn_bias":
-        return f"L{part['layer']} attn bias"
-    if kind == "mlp":
-        return f"L{part['layer']} MLP"
-    return {"embed": "embed", "ln_f_bias": "ln_f bias"}[kind]
+part_label = attribution.label  # a part as the page names it: embed, L2 H5, L2 attn bias, L2 MLP, ln_f bias
 
 
 def explained_json(got: dict) -> dict:

@@ -156,7 +156,19 @@ class KV(Response):
     requests: list[dict[str, Any]]
 
 
-class Analogy(Response):
+class Rarity(Response):
+    """Rows seen rarely in training (``views._rarity``): each result's ``count`` and ``rare``,
+    the rare input words, and a note; ``counts_known`` false (and the counts None) for a model
+    whose token counts are unknown."""
+
+    rare_below: int
+    counts_known: bool
+    rare_inputs: list[str] | None
+    rare_results: int | None
+    rare_note: str | None
+
+
+class Analogy(Rarity):
     """"a is to b as c is to ?": the inputs, the answers, and what rows never trained did
     (``untrained_*`` None: not recorded in the store)."""
 
@@ -168,7 +180,17 @@ class Analogy(Response):
     requests: list[dict[str, Any]]
 
 
-class Neighbours(Response):
+class CardAnalogies(Response):
+    """How many of the demo card's analogies the model gets right (``views.card_analogies``)."""
+
+    right: int
+    tried: int
+    listed: int
+    results: list[dict[str, Any]]
+    requests: list[dict[str, Any]]
+
+
+class Neighbours(Rarity):
     token: dict[str, Any]
     results: list[dict[str, Any]]
     untrained_inputs: list[str] | None
@@ -178,11 +200,16 @@ class Neighbours(Response):
 
 
 class Map(Response):
+    """``axis_frequency``: Pearson's r of the first axis with log(1 + count), None when the
+    counts are unknown (``axis_note`` says so)."""
+
     points: list[dict[str, Any]]
     explained: list[float]
     path: list[dict[str, Any]]
     degenerate: bool
     note: str | None
+    axis_frequency: dict[str, Any] | None
+    axis_note: str | None
     requests: list[dict[str, Any]]
 
 

@@ -39,14 +39,21 @@ def view(engine: Engine, run: Callable[[object], dict]) -> dict:
              summary="a is to b as c is to ?", responses=VIEW)
 def analogy(body: AnalogyBody, engine: EngineDep) -> dict:
     """"a is to b as c is to ?": the tokens nearest by cosine to wte[b] - wte[a] + wte[c]."""
-    return view(engine, lambda p: views.analogy(p, body.a, body.b, body.c, body.k))
+    return view(engine, lambda p: views.analogy(p, body.a, body.b, body.c, body.k, engine.token_counts))
+
+
+@router.post("/analogy/card", response_model=responses.CardAnalogies, operation_id="scoreCardAnalogies",
+             summary="How many of the demo card's analogies the model gets right", responses=VIEW)
+def card_analogies(engine: EngineDep) -> dict:
+    """How many of the demo card's analogies this model gets right, with the same search."""
+    return view(engine, lambda p: views.card_analogies(p, engine.token_counts))
 
 
 @router.post("/neighbours", response_model=responses.Neighbours, operation_id="findNeighbours",
              summary="A word's nearest tokens", responses=VIEW)
 def neighbours(body: NeighboursBody, engine: EngineDep) -> dict:
     """The k tokens nearest by cosine to the word's embedding row."""
-    return view(engine, lambda p: views.neighbours(p, body.word, body.k))
+    return view(engine, lambda p: views.neighbours(p, body.word, body.k, engine.token_counts))
 
 
 @router.post("/map", response_model=responses.Map, operation_id="mapEmbeddings",
@@ -60,7 +67,7 @@ def embedding_map(body: MapBody, engine: EngineDep, texts: TextsDep) -> dict:
             raise TextError("map: give the position whose path to draw with the text")
         got, _, _ = inspector.inspect(t, body.position, 5, explain=False)
         residual = got["residual"]
-    return view(engine, lambda p: views.embedding_map(p, list(body.words), residual))
+    return view(engine, lambda p: views.embedding_map(p, list(body.words), residual, engine.token_counts))
 
 
 @router.post("/contexts", response_model=responses.Contexts, operation_id="compareContexts",

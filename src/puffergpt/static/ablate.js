@@ -7,6 +7,7 @@
 import { api, textPath } from "./api.js";
 import { h, showError, visibleToken } from "./dom.js";
 import { plural } from "./format.js";
+import { saveButton, tokenEvidence, withData } from "./insight.js";
 import { withText } from "./reopen.js";
 import { S, insideKey, keepAblation, render } from "./state.js";
 
@@ -77,7 +78,19 @@ function result(got) {
       candidateList(`After (${plural(got.parts.length, "part")} off)`, got.after, chosen ? chosen.token_id : null, "after")),
     h("p", { class: "note", text: `This rerun cost ${plural(got.requests.length, "extra request")}: the ${plural(got.position, "token")} before position ${got.position} ` +
       (got.mode === "mean" ? "read once with every part on (for the parts' means) and again with those parts set to their means, in prefills of their own" : "read again with those parts off, in one prefill of their own") +
-      " (your text and its keys are untouched), and the top-k search; listed in the waterfall." }));
+      " (your text and its keys are untouched), and the top-k search; listed in the waterfall." }),
+    h("div", { class: "actions save-row" }, saveButton(() => [
+      withData(tokenEvidence("ablation", got.position), { parts: got.parts, mode: got.mode || "zero", after: got.after.map((c) => ({ token_id: c.token_id, logit: c.logit })) }),
+      got.after.map((c) => [c.token_id, c.text]),
+      `The step at position ${got.position} run again with ${namesOf(got.parts)} off${got.mode === "mean" ? " (set to their means)" : ""}: replay runs it again and compares the candidates after.`,
+    ], "Save this switch-off as insight")));
+}
+
+// Switch these parts off at p and run again (the notebook's Reopen of an ablation insight).
+export function switchOff(p, parts, how = "zero") {
+  picked.set(insideKey(p), new Set(parts));
+  mode = how === "mean" ? "mean" : "zero";
+  return run(p, [...parts].sort());
 }
 
 // Zero or mean ablation, for every rerun from here on.

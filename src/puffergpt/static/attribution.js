@@ -7,6 +7,7 @@
 // this token and not another: the same parts of the difference of the two logits (versus).
 import { h, visibleToken } from "./dom.js";
 import { int, plural } from "./format.js";
+import { saveButton, tokenEvidence, withData } from "./insight.js";
 
 const SHOWN = 12; // bars drawn before "show all"
 const KIND_NAME = { embed: "the embedding", attn: "attention heads", attn_bias: "attention biases", mlp: "MLPs", ln_f_bias: "ln_f's bias" };
@@ -73,5 +74,22 @@ export function renderAttribution(box, view, openHead) {
       "with the scale of the actual residual (the standard linearisation), so the parts add up to the logit. Sorted by size; a head's name opens its attention."),
     byKind(a.parts), topHeads([...a.parts].sort((x, y) => Math.abs(y.value) - Math.abs(x.value))), ...partsChart(a.parts, openHead),
     h("p", { class: "note part-sum" }, `The ${plural(a.parts.length, "part")} sum to `, h("b", { class: "sum", text: sum.toFixed(4) }),
-      "; the logit is ", h("b", { class: "logit", text: a.logit.toFixed(4) }), "."));
+      "; the logit is ", h("b", { class: "logit", text: a.logit.toFixed(4) }), "."),
+    saveRow(view, a));
+}
+
+// The parts as the notebook keeps them (replay recomputes each and names any that differs).
+const bare = (parts) => parts.map(({ kind, layer, head, value }) => ({ kind, ...(layer === undefined ? {} : { layer }), ...(head === undefined ? {} : { head }), value }));
+
+// Save the attribution, with the comparison shown below it (versus), as an insight.
+function saveRow(view, a) {
+  const build = () => {
+    const v = a.versus;
+    const data = { token_id: a.token_id, logit: a.logit, parts: bare(a.parts),
+      ...(v ? { versus: { token_id: v.token_id, logit: v.logit, parts: bare(v.parts) } } : {}) };
+    const texts = [[a.token_id, (a.token || {}).text], ...(v ? [[v.token_id, (v.token || {}).text]] : [])].filter(([, t]) => t !== undefined);
+    return [withData(tokenEvidence("attribution", view.position, view), data), texts,
+      `What each part adds to the token at position ${view.position}` + (v ? `, and why it and not token ${v.token_id}` : "") + ": replay recomputes every part."];
+  };
+  return h("div", { class: "actions save-row" }, saveButton(build, "Save these parts as insight"));
 }

@@ -27,13 +27,18 @@ function searched(requests) {
 
 const untrainedMark = () => h("span", { class: "untrained-mark", title: "this token's row was never trained: it is (nearly) the same vector as many others", text: "untrained" });
 
-function resultsTable(results) {
+// A row seen rarely in training: marked with its count (views._rarity decides, the page shows).
+const rareMark = (r, below) => h("span", { class: "rare-mark", title: `seen ${int(r.count)} times in training (fewer than ${below}): its vector barely moved from where it started`, text: "rare" });
+
+function resultsTable(results, below) {
   return labelled(h("table", { class: "emb-table" },
-    h("thead", null, h("tr", null, h("th", { class: "num", text: "#" }), h("th", { text: "token" }), h("th", { class: "num", text: "cosine" }))),
-    h("tbody", null, results.map((r, i) => h("tr", { class: r.untrained ? "untrained" : null, dataset: { tokenId: String(r.token_id) } },
+    h("thead", null, h("tr", null, h("th", { class: "num", text: "#" }), h("th", { text: "token" }), h("th", { class: "num", text: "cosine" }),
+      h("th", { class: "num", title: "how many times the token was seen in training", text: "seen" }))),
+    h("tbody", null, results.map((r, i) => h("tr", { class: r.untrained ? "untrained" : r.rare ? "rare" : null, dataset: { tokenId: String(r.token_id), count: r.count === null || r.count === undefined ? "" : String(r.count) } },
       h("td", { class: "num", text: String(i + 1) }),
-      h("td", { class: "tok" }, visibleToken(r.text, r.bytes_hex), h("span", { class: "tid", text: String(r.token_id) }), r.untrained ? untrainedMark() : ""),
-      h("td", { class: "num", text: r.score.toFixed(4) }))))));
+      h("td", { class: "tok" }, visibleToken(r.text, r.bytes_hex), h("span", { class: "tid", text: String(r.token_id) }), r.untrained ? untrainedMark() : r.rare ? rareMark(r, below) : ""),
+      h("td", { class: "num", text: r.score.toFixed(4) }),
+      h("td", { class: "num seen", text: r.count === null || r.count === undefined ? "unknown" : int(r.count) }))))));
 }
 
 // What the server says about rows that were never trained: the words asked about that
@@ -50,6 +55,7 @@ function honesty(r) {
     kids.push(h("p", { class: "note untrained-skipped", text: `${plural(r.untrained_skipped, "untrained row")} left out of the ranking: rows the model never trained tie with each other and would fill the list.` }));
   }
   if (r.note) kids.push(h("p", { class: "note emb-server-note", text: r.note }));
+  if (r.rare_note) kids.push(h("p", { class: r.counts_known ? "emb-warning rare-note" : "note rare-note", role: "status", text: (r.counts_known ? `Rows seen fewer than ${r.rare_below} times in training are marked: ` : "") + r.rare_note + "." }));
   return kids;
 }
 
@@ -61,7 +67,7 @@ async function neighbours() {
   try {
     const r = await api("POST", "/api/neighbours", { word: $("nb-word").value, k: kOf("nb-k") });
     box.replaceChildren(h("p", { class: "note" }, "Nearest to ", visibleToken(r.token.text), ` (token ${r.token.token_id}), by cosine:`),
-      ...honesty(r), resultsTable(r.results), searched(r.requests));
+      ...honesty(r), resultsTable(r.results, r.rare_below), searched(r.requests));
   } catch (e) { failed(box, e); }
 }
 
@@ -72,7 +78,7 @@ async function analogy() {
     const r = await api("POST", "/api/analogy", { a: $("an-a").value, b: $("an-b").value, c: $("an-c").value, k: kOf("an-k") });
     const t = (x) => visibleToken(r.tokens[x].text);
     box.replaceChildren(h("p", { class: "note" }, "One search for wte[", t("b"), "] − wte[", t("a"), "] + wte[", t("c"), "], the three excluded:"),
-      ...honesty(r), resultsTable(r.results), searched(r.requests), analogySave(r));
+      ...honesty(r), resultsTable(r.results, r.rare_below), searched(r.requests), analogySave(r));
   } catch (e) { failed(box, e); }
 }
 
@@ -87,6 +93,23 @@ function analogySave(r) {
     return [withData(ev, data), texts, `This analogy, saved with the token you selected at position ${ev.position} (its scores are what replay re-checks).`];
   };
   return h("div", { class: "actions save-row" }, saveButton(build, "Save this analogy as insight"));
+}
+
+// The card's analogies (views.CARD_ANALOGIES), each asked with the search above: how many come out right.
+async function cardAnalogies() {
+  const box = $("card-result");
+  box.replaceChildren(placeholder("asking each analogy…"));
+  try {
+    const r = await api("POST", "/api/analogy/card");
+    const model = S.info ? S.info.model : "this model";
+    const skipped = r.listed - r.tried;
+    box.replaceChildren(
+      h("p", { class: "card-score", dataset: { right: String(r.right), tried: String(r.tried) } }, h("b", { text: `${model} gets ${r.right} of the card's ${r.tried} analogies right` }),
+        ` with this same search (the top answer is the wanted word)` + (skipped ? `; ${plural(skipped, "more is", "more are")} listed but not tried, a word not being one trained token.` : ".")),
+      h("ul", { class: "card-list" }, r.results.map((x) => h("li", { class: x.ok ? "ok" : "bad", text:
+        `${JSON.stringify(x.a)} : ${JSON.stringify(x.b)} :: ${JSON.stringify(x.c)} : ? → ${x.answers.map((t) => JSON.stringify(t)).join(", ")}` + (x.ok ? " (right)" : ` (wanted ${JSON.stringify(x.want)})`) }))),
+      searched(r.requests));
+  } catch (e) { failed(box, e); }
 }
 
 // --- the map ---
@@ -140,10 +163,10 @@ function mapSvg(r) {
   r.points.forEach((p, i) => {
     const [x, y] = at(p);
     const place = places[i];
-    kids.push(svg("g", { class: "map-point" + (p.untrained ? " untrained" : ""), dataset: { tokenId: String(p.token_id), labelled: String(!!place) } },
+    kids.push(svg("g", { class: "map-point" + (p.untrained ? " untrained" : p.rare ? " rare" : ""), dataset: { tokenId: String(p.token_id), labelled: String(!!place) } },
       svg("circle", { cx: x.toFixed(1), cy: y.toFixed(1), r: 4 }),
       place ? svg("text", { x: place.x.toFixed(1), y: place.y.toFixed(1), "text-anchor": place.anchor, text: p.label.replace(/ /g, "·") }) : null,
-      svg("title", { text: `token ${p.token_id}: ${JSON.stringify(p.label)}${p.untrained ? " · never trained" : ""}` })));
+      svg("title", { text: `token ${p.token_id}: ${JSON.stringify(p.label)}${p.untrained ? " · never trained" : ""}${p.count === null || p.count === undefined ? "" : ` · seen ${p.count} times in training`}` })));
   });
   return svg("svg", { class: "map", viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "2D map of token vectors" }, kids);
 }
@@ -170,6 +193,8 @@ async function drawMap() {
       hidden ? h("p", { class: "note map-hidden", text: `${plural(hidden, "label")} left off where it would cover another: hover or tap a point for its token.` }) : "",
       untrained ? h("p", { class: "note map-untrained", text: `${plural(untrained, "token")} marked untrained: the model never trained their rows (they sit on the untrained vector many tokens share).` }) : "",
       !r.degenerate && r.note ? h("p", { class: "note emb-server-note", text: r.note }) : "",
+      r.axis_note ? h("p", { class: "note map-axis" + (r.axis_frequency && r.axis_frequency.is_frequency ? " emb-warning" : ""),
+        dataset: { pearson: r.axis_frequency ? String(r.axis_frequency.pearson) : "" }, text: `Axis 1: ${r.axis_note}.` }) : "",
       h("p", { class: "note", text: `A projection onto the two main directions of the tokens shown (PCA${ev ? `, ${ev} of their spread` : ""}). ` +
         (r.path.length ? `The line is the vector of position ${position - 1} entering each block, numbered by layer: the path the model moved it along toward the token at ${position}.`
           : "Select a generated token and tick the box to see its path through the layers.") }),
@@ -182,4 +207,5 @@ export function initEmbedding() {
   submit("neighbours-form", neighbours);
   submit("analogy-form", analogy);
   submit("map-form", drawMap);
+  $("card-go").addEventListener("click", cardAnalogies);
 }

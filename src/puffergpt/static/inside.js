@@ -19,7 +19,8 @@ let loading = null; // the inside key being fetched
 
 // versus: the token id the attribution is compared with (default: the runner-up); pushing: the
 // neurons pushing the token most too (every neuron's row: a search a layer over all of c_proj).
-async function lookInside(p, { versus = null, pushing = false } = {}) {
+// Exported for the notebook's Reopen, which brings back the view an insight was saved from.
+export async function lookInside(p, { versus = null, pushing = false } = {}) {
   const key = insideKey(p);
   loading = key;
   render("inside");

@@ -95,6 +95,17 @@ function dataLines(kind, d, tok) {
     return [`The lens at layer ${d.layer}, best first:`,
       ...d.ids.map((id, i) => `  ${i + 1}. logit ${d.logits[i].toFixed(4)}  token ${tok(id)}`)];
   }
+  if (kind === "attribution") {
+    const name = (x) => (x.kind === "attn" ? `L${x.layer} H${x.head}` : x.kind === "attn_bias" ? `L${x.layer} attn bias` : x.kind === "mlp" ? `L${x.layer} MLP` : x.kind === "embed" ? "embed" : "ln_f bias");
+    const top = (parts) => [...parts].sort((a, b) => Math.abs(b.value) - Math.abs(a.value)).slice(0, 5).map((x) => `  ${name(x)}: ${x.value >= 0 ? "+" : ""}${x.value.toFixed(4)}`);
+    const out = [`What each part adds to token ${tok(d.token_id)} (logit ${d.logit.toFixed(4)}): ${d.parts.length} parts, the largest`, ...top(d.parts)];
+    if (d.versus) out.push(`Why it and not token ${tok(d.versus.token_id)} (logit ${d.versus.logit.toFixed(4)}): the largest parts of the difference`, ...top(d.versus.parts));
+    return out;
+  }
+  if (kind === "ablation") {
+    return [`Run again with ${d.parts.join(", ")} switched off at every position; the candidates after, best first:`,
+      ...d.after.slice(0, SHOWN_CANDIDATES).map((c, i) => `  ${i + 1}. logit ${c.logit.toFixed(4)}  token ${tok(c.token_id)}`)];
+  }
   if (kind === "analogy") {
     const [a, b, c] = d.terms;
     return [`Analogy: ${JSON.stringify(a)} is to ${JSON.stringify(b)} as ${JSON.stringify(c)} is to ?  (one search for wte[B] - wte[A] + wte[C])`,

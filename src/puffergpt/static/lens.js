@@ -72,10 +72,11 @@ export function renderLens(box, view) {
         ? ["The token chosen here, ", visibleToken(predicted.text, predicted.bytes_hex), ", is not the final top-1: sampling took another candidate. The rank column follows it."]
         : predicted ? ["The rank column follows the token chosen here, ", visibleToken(predicted.text, predicted.bytes_hex), "."] : "The token at this position is not chosen yet."),
     h("div", { class: "table-scroll" }, labelled(table)),
-    saveRow(view, rows, first));
+    saveRow(view, rows, Number.isInteger(view.lensLayer) ? view.lensLayer : first));
 }
 
-// Save one layer of the lens (by default where the model made up its mind).
+// Save one layer of the lens (by default where the model made up its mind; a reopened
+// insight's layer where the view has one).
 function saveRow(view, rows, layer) {
   const L = rows.length - 1;
   const pick = h("select", { class: "lens-layer", "aria-label": "the lens layer to save" },

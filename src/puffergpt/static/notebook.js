@@ -5,8 +5,10 @@
 import { generate, openPrompt, putTokenAt } from "./actions.js";
 import { api, textPath } from "./api.js";
 import { $, h, placeholder } from "./dom.js";
+import { switchOff } from "./ablate.js";
+import { lookInside } from "./inside.js";
 import { readable, whenSaved } from "./insight.js";
-import { S, select, stepAt } from "./state.js";
+import { S, insideKey, render, select, stepAt } from "./state.js";
 
 const path = (id, rest = "") => `/api/insights/${encodeURIComponent(id)}${rest}`;
 let off = false; // the server runs without a notebook
@@ -51,7 +53,9 @@ function joined(ids, known) {
 }
 
 function evidenceIds(ev) {
-  return [ev.token_id, ...ev.candidates.slice(0, 10).map((c) => c.token_id), ...((ev.data && ev.data.ids) || [])];
+  const d = ev.data || {};
+  return [ev.token_id, ...ev.candidates.slice(0, 10).map((c) => c.token_id), ...(d.ids || []),
+    ...(d.after || []).map((c) => c.token_id), ...(d.versus ? [d.versus.token_id] : [])];
 }
 
 // The texts for the readable evidence: what the page knows now; with `ask`, the rest from the server.
@@ -139,7 +143,7 @@ async function replay(ins, out, button) {
   try {
     const r = await api("POST", path(ins.id, "/replay"));
     const n = ins.evidence.candidates.length;
-    const verdict = r.matches
+    const verdict = r.candidates_match ?? r.matches
       ? `The scores still match: the same ${n} token ids in the same order (same ids: yes), max abs diff ${sci(r.max_abs_diff)} (tolerance ${r.tolerance}).`
       : `The scores no longer match: same ids: ${r.same_ids ? "yes" : "no"}, max abs diff ${sci(r.max_abs_diff)} (tolerance ${r.tolerance})` +
         (r.missing ? `, ${r.missing} stored candidates not among them now` : "") + ".";
@@ -147,10 +151,27 @@ async function replay(ins, out, button) {
       `rank ${d.rank + 1}: stored token ${d.stored.token_id} (${d.stored.logit.toFixed(4)}), now token ${d.now.token_id} (${d.now.logit.toFixed(4)})` +
       (d.diff === null ? "" : `, diff ${sci(d.diff)}`) }));
     out.replaceChildren(h("p", { class: "nb-verdict " + (r.matches ? "ok" : "bad"), dataset: { matches: String(r.matches) }, text: verdict }),
-      diffs.length ? h("ul", { class: "nb-diffs" }, diffs) : "");
+      diffs.length ? h("ul", { class: "nb-diffs" }, diffs) : "", ...dataVerdict(r.data, ins.evidence));
   } catch (e) {
     out.replaceChildren(h("p", { class: "emb-error", role: "alert", text: e.message }));
   } finally { button.disabled = false; }
+}
+
+const KIND_DATA = { attention: "head's weights", lens: "lens layer", analogy: "analogy", attribution: "attribution (each part)", ablation: "rerun with parts off" };
+
+// What replay said of the data the insight holds beyond its candidates: each item that differs, by how much.
+function dataVerdict(d, ev) {
+  if (!d) {
+    return ev.data && KIND_DATA[ev.kind] ? [h("p", { class: "nb-data-verdict note", text: "This insight's data lacks what replay recomputes: only its candidates were re-checked." })] : [];
+  }
+  const tol = d.weight_tolerance ?? d.tolerance;
+  const say = d.matches
+    ? `Its ${KIND_DATA[d.kind]} still matches too: ${d.checked} items recomputed, max abs diff ${sci(d.max_abs_diff)} (tolerance ${tol}).`
+    : `Its ${KIND_DATA[d.kind]} no longer matches: ${d.differing} of ${d.checked} items differ, max abs diff ${sci(d.max_abs_diff)} (tolerance ${tol}).`;
+  const show = (x) => (x === null || x === undefined ? "missing" : typeof x === "object" ? `token ${x.token_id} (${x.value === null ? "–" : x.value.toFixed(6)})` : typeof x === "number" ? x.toFixed(6) : String(x));
+  return [h("p", { class: "nb-data-verdict nb-verdict " + (d.matches ? "ok" : "bad"), dataset: { matches: String(d.matches) }, text: say }),
+    d.differences.length ? h("ul", { class: "nb-data-diffs" }, d.differences.map((x) => h("li", { text:
+      `${x.item}: stored ${show(x.stored)}, now ${show(x.now)}` + (x.diff === null ? "" : `, diff ${sci(x.diff)}`) }))) : ""];
 }
 
 function setSampling(s) {
@@ -206,6 +227,8 @@ async function reopen(ins, out, button) {
     select(p);
     say.push(compareNow(ev, stepAt(p)));
     show();
+    const back = await restoreView(ev);
+    if (back) { say.push(back); show(); }
   } catch (e) {
     say.push(e.message);
     show("emb-error");
@@ -243,6 +266,38 @@ async function atToken(ev, say) {
   say.push(`${why}: token ${S.tokens[p].id}${textOf(S.tokens[p].id)} came at position ${p}; the recorded token ${ev.token_id}${textOf(ev.token_id)} was put back.`);
   await putTokenAt(p, ev.token_id);
   return true;
+}
+
+// The view the insight was saved from, back: Look inside at its token with the head opened,
+// the lens layer picked, the comparison token, the parts switched off; or the analogy asked
+// again. -> what was brought back, in words (null for a token's candidates: the panel shows them).
+async function restoreView(ev) {
+  const d = ev.data || {};
+  const p = ev.position;
+  if (ev.kind === "analogy" && Array.isArray(d.terms)) {
+    ["a", "b", "c"].forEach((x, i) => { $(`an-${x}`).value = d.terms[i]; });
+    if (Array.isArray(d.ids)) $("an-k").value = String(d.ids.length);
+    $("analogy-form").requestSubmit();
+    $("analogy-result").scrollIntoView({ block: "nearest" });
+    return `The analogy ${d.terms.map((t) => JSON.stringify(t)).join(" : ")} asked again in the embedding panel.`;
+  }
+  if (!["attention", "lens", "attribution", "ablation"].includes(ev.kind)) return null;
+  await lookInside(p, { versus: d.versus ? d.versus.token_id : null });
+  const view = S.inside.get(insideKey(p));
+  if (!view) return null;
+  let what = `Look inside at position ${p}`;
+  if (ev.kind === "attention" && Number.isInteger(d.layer)) { view.openHead = [d.layer, d.head]; what += `, layer ${d.layer} head ${d.head} opened`; }
+  if (ev.kind === "lens" && Number.isInteger(d.layer)) { view.lensLayer = d.layer; what += `, the lens at layer ${d.layer}`; }
+  if (ev.kind === "attribution" && d.versus) what += `, what each part adds and why not token ${d.versus.token_id}`;
+  render("inside");
+  if (ev.kind === "ablation" && Array.isArray(d.parts) && d.parts.length) {
+    await switchOff(p, d.parts, d.mode);
+    what += `, run again with ${d.parts.join(", ")} off`;
+  }
+  const box = { attention: ".attn-head", lens: "#lens", attribution: "#attribution", ablation: "#ablate" }[ev.kind];
+  const el = document.querySelector(box);
+  if (el) el.scrollIntoView({ block: "nearest" });
+  return `The view it was saved from, back: ${what}.`;
 }
 
 // The reopened step's candidates against the stored ones (the same comparison as replay).
