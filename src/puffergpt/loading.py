@@ -43,7 +43,7 @@ from puffergpt.documents import (
     norms,
     whole_matrix,
 )
-from puffergpt.engine import Engine
+from puffergpt.engine import INDEX_VERSION, Engine
 from puffergpt.stores.base import Query, ReaderDied, Store, StoreError
 
 BATCH = 2048
@@ -204,6 +204,39 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
         store.release(names)
     record_verified(store, key, manifest)
     return manifest
+
+
+OUTPUT_INDEX = {"m": 16, "ef_construction": 100, "ef": 400}  # HNSW's links a node, build list, search list
+
+
+def build_output_index(store: Store, key: str, model: str, params: dict | None = None,
+                       progress: bool = True) -> dict:
+    """Build the approximate index over the token vectors (wte) that ``--output-search
+    approximate`` searches, and record it in the manifest (``indexes``, with INDEX_VERSION).
+    The weights are not touched: a store whose files were verified stays verified. -> the manifest"""
+    from tqdm import tqdm
+
+    params = {**OUTPUT_INDEX, **(params or {})}
+    m = read_manifest(store, key, model)
+    old = m.get("indexes", {}).get("wte")
+    if (old and old.get("version") == INDEX_VERSION and all(old.get(p) == params[p] for p in params)
+            and store.has_index(m["matrices"]["wte"]["namespace"], "wte", m["metric"])):
+        return m  # built already, alike
+    verified = store.stamp([]) is not None and _unchanged_since_verified(store, key, m)
+    ns = m["matrices"]["wte"]["namespace"]
+    def went_in(done: int, total: int) -> None:
+        bar.update(done - bar.n)
+        if done == total:
+            bar.set_postfix_str("building the graph")
+
+    with tqdm(total=m["matrices"]["wte"]["rows"], unit="row", desc=f"index {key} wte", disable=not progress) as bar:
+        built = store.build_index(ns, "wte", m["metric"], params, went_in)
+        bar.set_postfix_str("built")
+    m = {**m, "indexes": {"wte": {**built, "ef": int(params["ef"]), "version": INDEX_VERSION}}}
+    store.put_meta(f"manifest:{key}", m)
+    if verified:
+        record_verified(store, key, m)  # the same files, under the manifest that now names the index
+    return m
 
 
 def _intact(store: Store, key: str, m: dict, repair: bool, progress: bool) -> tuple[bool, set[str]]:

@@ -17,6 +17,7 @@ from puffergpt.cli.options import (
     data_option,
     fail,
     open_model,
+    output_search_option,
     resolve_model,
 )
 from puffergpt.sampling import Sampling
@@ -30,6 +31,7 @@ from puffergpt.sampling import Sampling
               help="search: every product a vector search; reference: the numpy GPT-2")
 @backend_option
 @data_option
+@output_search_option
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="0 is greedy")
 @click.option("--top-k", type=int, default=40, show_default=True)
 @click.option("--seed", type=int, default=None, help="makes sampling reproducible")
@@ -40,8 +42,8 @@ from puffergpt.sampling import Sampling
                    "adds to its logit (attribution) and each layer's most active MLP neurons")
 @click.option("--lens-k", type=click.IntRange(5, 100), default=10, show_default=True,
               help="tokens per layer in the lens")
-def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, seed, n_tokens, as_json, inspect,
-             lens_k) -> None:
+def generate(prompt, model, engine, backend, dsn, data_dir, output_search, temperature, top_k, seed, n_tokens,
+             as_json, inspect, lens_k) -> None:
     """Continue PROMPT."""
     from puffergpt.completion import complete
     from puffergpt.text import TextError, check_generation
@@ -55,14 +57,15 @@ def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, 
     model, _ = resolve_model(model)
     ids = tokenizer.encode(prompt)
     s = Sampling(temperature, top_k, seed)
-    with clear_errors(), open_model(engine, model, backend, data_dir, dsn) as opened:
+    with clear_errors(), open_model(engine, model, backend, data_dir, dsn, output_search=output_search) as opened:
         try:
             check_generation(opened.config, s, len(ids), n_tokens)
         except TextError as e:
             fail(str(e))
         steps = complete(opened.products, ids, n_tokens, s, inspect=lens_k if inspect else 0, explain=inspect)
         run_generate(steps, prompt, ids, as_json,
-                     {"model": model, "engine": engine, "backend": backend if engine == "search" else None})
+                     {"model": model, "engine": engine, "backend": backend if engine == "search" else None}
+                     | ({"output_search": output_search} if output_search != "exact" else {}))
 
 
 def run_generate(steps, prompt, ids, as_json, summary) -> None:

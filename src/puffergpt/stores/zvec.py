@@ -76,6 +76,8 @@ if not cpu_lacks():
         zvec.init(log_level=zvec.LogLevel.ERROR)
 
 KEPT = "zvec"  # its directory, under the data directory
+INDEXES = "zvec-index"  # approximate indexes: INDEXES/<namespace>/<value>.<metric>/col, beside the weights
+BUILT = "built.json"  # in an index's directory: what was built (written last: no file, no index)
 CLEAN = "closed"  # in a collection's directory: closed after its last write
 BATCH = 1024  # zvec's largest write batch
 MAX_TOP_K = 100_000  # zvec's largest topk
@@ -220,6 +222,7 @@ class ZvecStore(Store):
         self._ns: dict[str, _Namespace] = {}
         self.threads = max(1, threads or os.cpu_count() or 1)
         self._pool: ThreadPoolExecutor | None = None  # made on the first batch searched on threads
+        self._indexes: dict[tuple, object] = {}  # (ns, value, metric) -> an index's collection, read-only
 
     # --- namespaces ---
     def _dir(self, ns: str) -> Path:
@@ -361,6 +364,9 @@ class ZvecStore(Store):
                 with n.gate.exclusive():
                     self._close(n)
             datadir.remove(d, False)
+            self._close_index(ns)
+            if (idx := self.root / INDEXES / ns).is_dir():
+                datadir.remove(idx, False)
 
     def _namespaces(self, prefix):
         with self.lock:
@@ -571,6 +577,100 @@ class ZvecStore(Store):
             out.append(f"{name} in ({', '.join(text)})" if len(vals) > 1 or op == "in" else f"{name} {op} {text[0]}")
         return " and ".join(out)
 
+    # --- an approximate index (HNSW) over one partition: a collection of its own ---
+    def _index_dir(self, ns: str, value: str, metric: str) -> Path:
+        return self.root / INDEXES / check_name(ns) / f"{value}.{metric}"
+
+    def _has_index(self, ns, value, metric):
+        return (self._index_dir(ns, value, metric) / BUILT).exists()
+
+    def _build_index(self, ns, layout, value, metric, params, progress):
+        """A copy of the partition's vectors in a collection of its own with an HNSW index (zvec
+        builds it at ``optimize``), its primary key the document's slot. The weights' Flat
+        collections are left as they are: the exact search, and their stamp, do not change.
+
+        HNSW finds nearest neighbours; the inner product is not a distance. The standard
+        reduction: each vector d is padded to one length M, (d, sqrt(M^2 - |d|^2)), and a query
+        q to (q, 0), so that the cosine between them is d.q / (M |q|): the nearest by cosine is
+        the largest inner product (measured: better recall than HNSW on the inner product itself)."""
+        if metric != "inner_product":
+            raise StoreError(f"the embedded store's approximate index ranks by inner product (puffergpt's default "
+                             f"encoding), not {metric}: load the model without --metric")
+        n = self._get(ns)
+        slots = np.flatnonzero(n.mask(((n.partition, "=", value),))) if n.partition else np.zeros(0, np.int64)
+        if not len(slots):
+            raise StoreError(f"namespace {ns!r} holds no documents of {value!r} to index")
+        m, efc = int(params.get("m", 16)), int(params.get("ef_construction", 100))
+        vectors = self._fetch(ns, layout, n.cols["id"][slots].tolist())
+        d = np.stack([vectors[i] for i in n.cols["id"][slots]])  # (rows, dim)
+        sq = (d.astype(np.float64) ** 2).sum(axis=1)
+        M = float(np.sqrt(sq.max())) * (1 + 1e-3) + 1e-6
+        d = np.concatenate([d, np.sqrt(M * M - sq).astype(np.float32)[:, None]], axis=1)  # (rows, dim + 1), |.| = M
+        hnsw = zvec.HnswIndexParam(metric_type=zvec.MetricType.COSINE, m=m, ef_construction=efc)
+        schema = zvec.CollectionSchema(name="ann", fields=[zvec.FieldSchema("s", zvec.DataType.INT64)],
+                                       vectors=[zvec.VectorSchema("ann", zvec.DataType.VECTOR_FP32, n.dim + 1, hnsw)])
+        final = self._index_dir(ns, value, metric)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = final.parent / f".new-{uuid.uuid4().hex}"
+        tmp.mkdir()
+        try:
+            col = zvec.create_and_open(str(tmp / "col"), schema)
+            try:
+                for b in range(0, len(slots), BATCH):
+                    _check(col.upsert([zvec.Doc(id=str(int(sl)), vectors={"ann": d[b + j]}, fields={"s": int(sl)})
+                                       for j, sl in enumerate(slots[b:b + BATCH])]))
+                    if progress:
+                        progress(min(b + BATCH, len(slots)), len(slots))
+                col.optimize()  # the HNSW graph, built on every core
+            finally:
+                col.close()
+            built = {"kind": "hnsw", "database": "zvec", "metric": metric, "m": m, "ef_construction": efc,
+                     "rows": int(len(slots)), "reduction": "padded to one length, searched by cosine"}
+            datadir.write_json(tmp / BUILT, {**built, "M": M})
+            self._close_index(ns, value, metric)
+            if final.exists():
+                datadir.remove(final, False)
+            os.rename(tmp, final)
+            datadir.fsync_dir(final.parent)
+        except Exception as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise _error(f"build an index over {ns}/{value}", e) from None
+        return built
+
+    def _index(self, ns: str, value: str, metric: str) -> tuple[object, float]:
+        """The index's collection, opened read-only once (searches share it), and its vectors' length M."""
+        k = (ns, value, metric)
+        with self.lock:
+            if k not in self._indexes:
+                d = self._index_dir(*k)
+                M = float(json.loads((d / BUILT).read_text())["M"])
+                self._indexes[k] = (zvec.open(str(d / "col"), zvec.CollectionOption(read_only=True)), M)
+            return self._indexes[k]
+
+    def _close_index(self, ns: str, value: str | None = None, metric: str | None = None) -> None:
+        with self.lock:
+            for k in [k for k in self._indexes if k[0] == ns and value in (None, k[1]) and metric in (None, k[2])]:
+                self._indexes.pop(k)[0].close()
+
+    def _search_approximate(self, ns, layout, value, queries, metric, include, ef):
+        """Each query's top_k by the HNSW graph. zvec scores each hit on its full-precision vector
+        (no quantization): the cosine c of (d, pad) and (q, 0) gives d.q = (1 - c) M |q|."""
+        n, (col, M) = self._get(ns), self._index(ns, value, metric)
+        qi, slots, dist = [], [], []
+        for i, q in enumerate(queries):
+            try:
+                ask = zvec.Query("ann", vector=np.append(q.vector, np.float32(0)), param=zvec.HnswQueryParam(ef=ef))
+                ids, scores = col.query_internal_ids(ask, topk=max(q.top_k, 1), return_scores=True)
+            except Exception as e:
+                raise _error(f"search the index of {ns}/{value}", e) from None
+            keep = ids[ids >= 0][: q.top_k]
+            slots.append(np.asarray(col.resolve_internal_ids(keep), dtype=np.int64))
+            qn = float(np.sqrt((q.vector.astype(np.float64) ** 2).sum()))
+            dist.append((1 - scores[: len(keep)].astype(np.float64)) * M * qn)  # cosine distance -> d.q
+            qi.append(np.full(len(keep), i, np.int64))
+        s = np.concatenate(slots)
+        return Hits(np.concatenate(qi), np.concatenate(dist), {a: n.cols[a][s] for a in include})
+
     # --- metadata: the data directory's (one file for every database in it) ---
     def _put_meta(self, key, value):
         with self.lock:
@@ -617,6 +717,9 @@ class ZvecStore(Store):
         with self.lock:
             if not self.home.borrowed:
                 self._flush()
+            for col, _ in self._indexes.values():
+                col.close()
+            self._indexes.clear()
             for n in self._ns.values():
                 self._close(n)
             self._ns.clear()

@@ -1,0 +1,85 @@
+"""The next token from an approximate index, measured against exact (issue 35).
+
+Loretz and Hochreiter ("Accelerating LLM Inference via Vector Index Based Output Embeddings")
+replace a model's output layer with a nearest-neighbour search over the token vectors through an
+approximate index (HNSW). puffergpt's output search is exact by default: every wte row scored
+(``SearchProducts.top_k``). ``--output-search approximate`` asks the store's HNSW index instead
+(``SearchProducts.top_k_approximate``: which rows come back is approximate, each one's logit is
+exact). Here both are run on the same hidden states, side by side:
+
+- ``compare``: one position, both searches, what the index missed (the view and the bench);
+- ``measure``: every position of a text, the searches' times, recall@k against exact and how
+  often the greedy token changes (``puffergpt bench --output-search TEXT``).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+
+from puffergpt.reference import Cache, NumpyProducts, forward
+
+K = 40  # the top k compared: sampling's default top-k
+
+
+def compare(products, x: np.ndarray, k: int = K, ef: int | None = None) -> dict:
+    """Both output searches for one hidden state x (C,): each one's ids and logits (best first)
+    and ms, the exact top k the index missed, recall@k, whether the greedy token is the same."""
+    t = time.perf_counter()
+    e_ids, e_logits = products.top_k_many(np.asarray(x)[None], k, kind="wte.top_k")[0]
+    exact_ms = (time.perf_counter() - t) * 1e3
+    t = time.perf_counter()
+    a_ids, a_logits = products.top_k_approximate(np.asarray(x), k, ef)
+    approx_ms = (time.perf_counter() - t) * 1e3
+    found = set(a_ids.tolist())
+    return {
+        "exact": {"ids": e_ids.tolist(), "logits": [float(v) for v in e_logits], "ms": exact_ms},
+        "approximate": {"ids": a_ids.tolist(), "logits": [float(v) for v in a_logits], "ms": approx_ms},
+        "missed": [int(i) for i in e_ids if int(i) not in found],
+        "recall": recall(a_ids, e_ids),
+        "same_greedy": bool(len(a_ids) and len(e_ids) and a_ids[0] == e_ids[0]),
+    }
+
+
+def recall(found: np.ndarray, exact: np.ndarray) -> float:
+    """|found ∩ exact| / |exact|: the share of the true top k the index returned."""
+    return len(set(np.asarray(found).tolist()) & set(np.asarray(exact).tolist())) / max(len(exact), 1)
+
+
+def hidden_states(ckpt, ids: list[int]) -> np.ndarray:
+    """The final hidden states (after ln_f) at every position of ids, by numpy, in windows of the
+    model's context: the same inputs for both searches. (T,) -> (T, C)"""
+    p, n_ctx, out = NumpyProducts(ckpt), ckpt.config.n_ctx, []
+    for s in range(0, len(ids), n_ctx):
+        out.append(forward(p, np.asarray(ids[s:s + n_ctx]), 0, Cache()))
+    return np.concatenate(out)
+
+
+def measure(products, xs: np.ndarray, k: int = K, ef: int | None = None) -> dict:
+    """Both output searches at every hidden state of xs (T, C), taking turns (exact, then
+    approximate, position by position) so that a noisy machine hurts both alike."""
+    got = [compare(products, x, k, ef) for x in xs]
+    exact = [g["exact"]["ms"] for g in got]
+    approx = [g["approximate"]["ms"] for g in got]
+    changes = sum(not g["same_greedy"] for g in got)
+    return {
+        "positions": len(got), "k": k,
+        "exact_ms": statistics.median(exact), "approximate_ms": statistics.median(approx),
+        "speedup": statistics.median(exact) / max(statistics.median(approx), 1e-9),
+        "recall": statistics.fmean(g["recall"] for g in got), "recall_min": min(g["recall"] for g in got),
+        "greedy_changes": changes, "greedy_changes_per_1000": 1000 * changes / max(len(got), 1),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    """The bench's lines: one a backend (and model)."""
+    head = (f"{'model':<10} {'backend':<10} {'positions':>9} {'exact ms':>9} {'approx ms':>9} {'speedup':>8} "
+            f"{'recall@' + str(rows[0]['k'] if rows else K):>9} {'min':>5} {'greedy changes/1000':>20} {'index s':>8}")
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['model']:<10} {r['backend']:<10} {r['positions']:>9} {r['exact_ms']:>9.2f} "
+                     f"{r['approximate_ms']:>9.2f} {r['speedup']:>7.1f}x {r['recall']:>9.3f} {r['recall_min']:>5.2f} "
+                     f"{r['greedy_changes_per_1000']:>20.1f} {r['index_s']:>8.1f}")
+    return "\n".join(lines)

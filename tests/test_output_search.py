@@ -1,0 +1,120 @@
+"""The next token from an approximate index (issue 35), against numpy: exact stays as it was;
+the approximate path's candidates are tokens of the vocabulary with their true logits; recall
+is computed against numpy's exact top k, not assumed; a store without the index says which
+command builds it; /v1's ``output_search`` is validated."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from starlette.testclient import TestClient
+
+from puffergpt import loading, output_search, tokenizer
+from puffergpt.cli import main
+from puffergpt.server import ServerConfig, create_app
+from puffergpt.stores import open_store
+from puffergpt.stores.base import NoIndex
+
+ENGLISH = Path(__file__).parent / "data" / "english.txt"
+FAST = {"m": 8, "ef_construction": 40, "ef": 64}  # a smaller graph than the default: seconds to build
+
+
+@pytest.fixture(scope="module")
+def indexed(tmp_path_factory, demo):
+    """(store, key, data dir): the demo model with its HNSW index over wte, in a store of its own."""
+    data = tmp_path_factory.mktemp("indexed")
+    store = open_store("embedded", data)
+    key = loading.model_key(demo.name)
+    loading.load(store, demo, key, progress=False)
+    loading.build_output_index(store, key, demo.name, FAST, progress=False)
+    yield store, key, data
+    store.close()
+
+
+@pytest.fixture(scope="module")
+def positions(demo):
+    """The hidden states (after ln_f) at the first 96 positions of held-out English, by numpy."""
+    return output_search.hidden_states(demo, tokenizer.encode(ENGLISH.read_text())[:96])
+
+
+def test_exact_is_the_default_and_unchanged(indexed, demo, positions):
+    store, key, _ = indexed
+    engine = loading.open_engine(store, demo.name, key)
+    assert engine.output_search == "exact"
+    W = demo.params["wte.weight"].astype(np.float64)
+    plain, asked = engine.open(), engine.open(output_search="exact")
+    try:
+        for x in positions[:8]:
+            with plain.recording() as reqs:
+                ids, logits = plain.top_k(x, 40)
+            got = asked.top_k_many(x[None], 40, kind="wte.top_k")[0]
+            # byte for byte the exact search of every wte row, as before the option
+            assert np.array_equal(ids, got[0]) and np.array_equal(logits, got[1])
+            assert [r.kind for r in reqs] == ["wte.top_k"] and reqs[0].rows == demo.config.n_vocab
+            want = W @ x
+            assert np.array_equal(np.sort(ids), np.sort(np.argsort(-want, kind="stable")[:40])), "exact top 40"
+            np.testing.assert_allclose(logits, want[ids], atol=1e-4)
+    finally:
+        plain.close()
+        asked.close()
+
+
+def test_approximate_candidates_are_tokens_with_their_true_logits(indexed, demo, positions):
+    store, key, _ = indexed
+    engine = loading.open_engine(store, demo.name, key, output_search="approximate")
+    W = demo.params["wte.weight"].astype(np.float64)
+    p = engine.open()
+    recalls, worst = [], 0.0
+    try:
+        for x in positions:
+            with p.recording() as reqs:
+                ids, logits = p.top_k(x, 40)
+            assert [r.kind for r in reqs] == ["wte.ann"], "one request, as the exact search"
+            assert len(ids) == 40 and len(set(ids.tolist())) == 40
+            assert ids.min() >= 0 and ids.max() < demo.config.n_vocab
+            want = W @ x  # numpy's logits, every token
+            worst = max(worst, float(np.abs(logits - want[ids]).max()))
+            assert np.all(np.diff(logits) <= 1e-6), "best first"
+            recalls.append(output_search.recall(ids, np.argsort(-want)[:40]))
+    finally:
+        p.close()
+    assert worst < 1e-4, f"the approximate path's logits are off numpy's by {worst:.2e}"
+    # recall is measured, not assumed: the bench's figure is the same computation, checked here
+    mean = float(np.mean(recalls))
+    got = output_search.measure(loading.open_engine(store, demo.name, key).views(), positions)
+    assert abs(got["recall"] - mean) < 1e-12 and got["positions"] == len(positions)
+    assert 0 < mean <= 1 and got["greedy_changes"] == sum(
+        output_search.compare(engine.views(), x)["same_greedy"] is False for x in positions)
+    print(f"\nrecall@40 {mean:.3f} (min {min(recalls):.2f}) over {len(recalls)} positions; logits within "
+          f"{worst:.1e} of numpy; greedy changes {got['greedy_changes']}")
+
+
+def test_a_store_without_the_index_says_which_command_builds_it(loaded, demo, tmp_path):
+    store, key = loaded(demo)  # loaded, never indexed
+    with pytest.raises(NoIndex, match=r"puffergpt load --model demo .*--output-index"):
+        loading.open_engine(store, demo.name, key, output_search="approximate")
+    engine = loading.open_engine(store, demo.name, key)
+    with pytest.raises(NoIndex, match="--output-index"):
+        engine.open(output_search="approximate")
+    with pytest.raises(ValueError, match="output_search must be one of exact, approximate"):
+        engine.open(output_search="fast")
+    r = CliRunner().invoke(main, ["generate", "Hello", "--model", "demo", "--data", str(tmp_path / "none"),
+                                  "--output-search", "approximate", "-n", "1"])
+    assert r.exit_code != 0 and "--output-index" in r.output, r.output
+
+
+def test_v1_output_search_is_validated_and_used(indexed, demo):
+    store, key, _ = indexed
+    app = create_app(loading.open_engine(store, demo.name, key), ServerConfig())
+    body = {"model": demo.name, "prompt": "The list", "max_tokens": 4, "temperature": 0}
+    with TestClient(app) as client:
+        bad = client.post("/v1/completions", json={**body, "output_search": "fast"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "output_search", bad.text
+        full = client.post("/v1/completions", json={**body, "temperature": 1, "output_search": "approximate"})
+        assert full.status_code == 400 and "top_k" in full.json()["error"]["message"], full.text
+        exact = client.post("/v1/completions", json={**body, "output_search": "exact"}).json()
+        approx = client.post("/v1/completions", json={**body, "output_search": "approximate"}).json()
+        plain = client.post("/v1/completions", json=body).json()
+    assert exact["choices"][0]["text"] == plain["choices"][0]["text"]
+    assert isinstance(approx["choices"][0]["text"], str) and approx["usage"]["completion_tokens"] >= 1
