@@ -17,7 +17,7 @@ from puffergpt.stores import open_store
 from puffergpt.stores.base import NoIndex
 
 ENGLISH = Path(__file__).parent / "data" / "english.txt"
-FAST = {"m": 8, "ef_construction": 40, "ef": 64}  # a smaller graph than the default: seconds to build
+
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,7 @@ def indexed(tmp_path_factory, demo):
     store = open_store("embedded", data)
     key = loading.model_key(demo.name)
     loading.load(store, demo, key, progress=False)
-    loading.build_output_index(store, key, demo.name, FAST, progress=False)
+    loading.build_output_index(store, key, demo.name, progress=False)
     yield store, key, data
     store.close()
 
@@ -90,7 +90,7 @@ def test_approximate_candidates_are_tokens_with_their_true_logits(indexed, demo,
           f"{worst:.1e} of numpy; greedy changes {got['greedy_changes']}")
 
 
-def test_a_store_without_the_index_says_which_command_builds_it(loaded, demo, tmp_path):
+def test_a_store_without_the_index_says_which_command_builds_it(loaded, indexed, demo):
     store, key = loaded(demo)  # loaded, never indexed
     with pytest.raises(NoIndex, match=r"puffergpt load --model demo .*--output-index"):
         loading.open_engine(store, demo.name, key, output_search="approximate")
@@ -99,9 +99,20 @@ def test_a_store_without_the_index_says_which_command_builds_it(loaded, demo, tm
         engine.open(output_search="approximate")
     with pytest.raises(ValueError, match="output_search must be one of exact, approximate"):
         engine.open(output_search="fast")
-    r = CliRunner().invoke(main, ["generate", "Hello", "--model", "demo", "--data", str(tmp_path / "none"),
-                                  "--output-search", "approximate", "-n", "1"])
-    assert r.exit_code != 0 and "--output-index" in r.output, r.output
+    # recorded in the manifest, gone from the store: said so, with the command that rebuilds it
+    istore, ikey, data = indexed
+    assert 0 < loading.read_manifest(istore, ikey, demo.name)["indexes"]["wte"]["recall_at_build"] <= 1
+    (data / "zvec-index").rename(data / "moved")
+    try:
+        with pytest.raises(NoIndex, match=r"does not hold: run `puffergpt load --model demo .*--output-index"):
+            loading.open_engine(istore, demo.name, ikey, output_search="approximate")
+    finally:
+        (data / "moved").rename(data / "zvec-index")
+    bad = CliRunner().invoke(main, ["generate", "Hello", "--output-search", "fast"])
+    assert bad.exit_code == 2 and "--output-search" in bad.output, bad.output
+    ref = CliRunner().invoke(main, ["generate", "Hello", "--model", "demo", "--engine", "reference",
+                                    "--output-search", "approximate", "-n", "1"])
+    assert ref.exit_code == 1 and "--engine search" in ref.output, ref.output
 
 
 def test_v1_output_search_is_validated_and_used(indexed, demo):

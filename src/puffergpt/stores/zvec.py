@@ -78,6 +78,7 @@ if not cpu_lacks():
 KEPT = "zvec"  # its directory, under the data directory
 INDEXES = "zvec-index"  # approximate indexes: INDEXES/<namespace>/<value>.<metric>/col, beside the weights
 BUILT = "built.json"  # in an index's directory: what was built (written last: no file, no index)
+COPIES = "copies.npy"  # in an index's directory: documents whose vector is another's, left out of the graph
 CLEAN = "closed"  # in a collection's directory: closed after its last write
 BATCH = 1024  # zvec's largest write batch
 MAX_TOP_K = 100_000  # zvec's largest topk
@@ -592,7 +593,11 @@ class ZvecStore(Store):
         HNSW finds nearest neighbours; the inner product is not a distance. The standard
         reduction: each vector d is padded to one length M, (d, sqrt(M^2 - |d|^2)), and a query
         q to (q, 0), so that the cosine between them is d.q / (M |q|): the nearest by cosine is
-        the largest inner product (measured: better recall than HNSW on the inner product itself)."""
+        the largest inner product (measured: better recall than HNSW on the inner product itself).
+
+        Identical vectors go into the graph once (the demo model's 34,643 untrained tokens share
+        one vector: HNSW can't find its way through thousands of copies of one point, measured
+        recall 0.01 to 0.9 from build to build); a hit on one brings its copies, same score, after it."""
         if metric != "inner_product":
             raise StoreError(f"the embedded store's approximate index ranks by inner product (puffergpt's default "
                              f"encoding), not {metric}: load the model without --metric")
@@ -603,6 +608,10 @@ class ZvecStore(Store):
         m, efc = int(params.get("m", 16)), int(params.get("ef_construction", 100))
         vectors = self._fetch(ns, layout, n.cols["id"][slots].tolist())
         d = np.stack([vectors[i] for i in n.cols["id"][slots]])  # (rows, dim)
+        _, first, inverse = np.unique(d, axis=0, return_index=True, return_inverse=True)
+        every, copy_of = slots, slots[first][inverse.ravel()]  # each document's first copy (itself where none)
+        first = np.sort(first)
+        slots, d = slots[first], d[first]  # the distinct vectors, in slot order
         sq = (d.astype(np.float64) ** 2).sum(axis=1)
         M = float(np.sqrt(sq.max())) * (1 + 1e-3) + 1e-6
         d = np.concatenate([d, np.sqrt(M * M - sq).astype(np.float32)[:, None]], axis=1)  # (rows, dim + 1), |.| = M
@@ -625,7 +634,10 @@ class ZvecStore(Store):
             finally:
                 col.close()
             built = {"kind": "hnsw", "database": "zvec", "metric": metric, "m": m, "ef_construction": efc,
-                     "rows": int(len(slots)), "reduction": "padded to one length, searched by cosine"}
+                     "rows": len(copy_of), "distinct": int(len(slots)),
+                     "reduction": "padded to one length, searched by cosine"}
+            copy = every != copy_of
+            np.save(tmp / COPIES, np.stack([every[copy], copy_of[copy]]))  # (2, copies): slot, its first copy
             datadir.write_json(tmp / BUILT, {**built, "M": M})
             self._close_index(ns, value, metric)
             if final.exists():
@@ -637,14 +649,21 @@ class ZvecStore(Store):
             raise _error(f"build an index over {ns}/{value}", e) from None
         return built
 
-    def _index(self, ns: str, value: str, metric: str) -> tuple[object, float]:
-        """The index's collection, opened read-only once (searches share it), and its vectors' length M."""
+    def _index(self, ns: str, value: str, metric: str) -> tuple[object, float, dict, int]:
+        """The index's collection, opened read-only once (searches share it), its vectors' length M,
+        the copies left out of its graph (first copy's slot -> the others' slots), its vectors' count."""
         k = (ns, value, metric)
         with self.lock:
             if k not in self._indexes:
                 d = self._index_dir(*k)
-                M = float(json.loads((d / BUILT).read_text())["M"])
-                self._indexes[k] = (zvec.open(str(d / "col"), zvec.CollectionOption(read_only=True)), M)
+                built = json.loads((d / BUILT).read_text())
+                copy, of = np.load(d / COPIES)
+                order = np.argsort(of, kind="stable")  # slot order within each group: copy was sorted
+                groups = dict(zip(*np.unique(of[order], return_index=True), strict=True))
+                copies = {int(f): copy[order][i:j] for f, i, j in
+                          zip(groups, groups.values(), [*list(groups.values())[1:], len(of)], strict=True)}
+                self._indexes[k] = (zvec.open(str(d / "col"), zvec.CollectionOption(read_only=True)),
+                                    float(built["M"]), copies, int(built["distinct"]))
             return self._indexes[k]
 
     def _close_index(self, ns: str, value: str | None = None, metric: str | None = None) -> None:
@@ -655,7 +674,7 @@ class ZvecStore(Store):
     def _search_approximate(self, ns, layout, value, queries, metric, include, ef):
         """Each query's top_k by the HNSW graph. zvec scores each hit on its full-precision vector
         (no quantization): the cosine c of (d, pad) and (q, 0) gives d.q = (1 - c) M |q|."""
-        n, (col, M) = self._get(ns), self._index(ns, value, metric)
+        n, (col, M, copies, distinct) = self._get(ns), self._index(ns, value, metric)
         qi, slots, dist = [], [], []
         for i, q in enumerate(queries):
             try:
@@ -664,10 +683,17 @@ class ZvecStore(Store):
             except Exception as e:
                 raise _error(f"search the index of {ns}/{value}", e) from None
             keep = ids[ids >= 0][: q.top_k]
-            slots.append(np.asarray(col.resolve_internal_ids(keep), dtype=np.int64))
+            if len(keep) < min(q.top_k, distinct):  # zvec pads a short answer with -1: a graph that lost nodes
+                raise StoreError(f"the approximate index of {ns}/{value} returned {len(keep)} of {q.top_k} hits: "
+                                 "it is damaged; build it again (`puffergpt load --model M --output-index --repair`)")
+            found = np.asarray(col.resolve_internal_ids(keep), dtype=np.int64)
             qn = float(np.sqrt((q.vector.astype(np.float64) ** 2).sum()))
-            dist.append((1 - scores[: len(keep)].astype(np.float64)) * M * qn)  # cosine distance -> d.q
-            qi.append(np.full(len(keep), i, np.int64))
+            score = (1 - scores[: len(keep)].astype(np.float64)) * M * qn  # cosine distance -> d.q
+            with_copies = [np.concatenate([[s], copies.get(int(s), [])]).astype(np.int64) for s in found]
+            mine = np.concatenate(with_copies or [np.zeros(0, np.int64)])[: q.top_k]  # a copy: its first's score
+            slots.append(mine)
+            dist.append(np.repeat(score, [len(c) for c in with_copies])[: q.top_k])
+            qi.append(np.full(len(mine), i, np.int64))
         s = np.concatenate(slots)
         return Hits(np.concatenate(qi), np.concatenate(dist), {a: n.cols[a][s] for a in include})
 
@@ -717,7 +743,7 @@ class ZvecStore(Store):
         with self.lock:
             if not self.home.borrowed:
                 self._flush()
-            for col, _ in self._indexes.values():
+            for col, *_ in self._indexes.values():
                 col.close()
             self._indexes.clear()
             for n in self._ns.values():
