@@ -164,7 +164,7 @@ class Engine:
             raise NoIndex(f"model {self.model!r}'s approximate index was built by index version "
                           f"{info.get('version')}, this puffergpt reads version {INDEX_VERSION}: {rebuild}")
         ns = documents.namespace(self.key, self.config.n_embd)
-        if not self.store.has_index(ns, "wte", self.encoding.metric):
+        if not self.store.has_index(ns, (documents.PARTITION, "wte"), self.encoding.metric):
             raise NoIndex(f"the manifest of model {self.model!r} records an approximate index that the "
                           f"{self.store.name} store does not hold: {rebuild}")
         return info
@@ -425,8 +425,8 @@ class SearchProducts:
         info = self.engine.output_index()
         q = self.enc.queries(x[None])  # (1, dim)
         t = time.perf_counter()
-        hits = self.store.search_approximate(self._ns(self.config.n_embd), "wte", [Query(q[0], top_k=k)],
-                                             self.enc.metric, ("row",), ef or info["ef"])
+        hits = self.store.search_approximate(self._ns(self.config.n_embd), (documents.PARTITION, "wte"),
+                                             [Query(q[0], top_k=k)], self.enc.metric, ("row",), ef or info["ef"])
         n = len(hits.query)  # rows whose scores came back: the store does not say how many more it scored
         self._log("wte.ann", "search", 1, n, n * q.shape[1] * 4, n, t)
         logits = self.enc.outputs(hits.distance[None], q, self.M["wte"])[0]

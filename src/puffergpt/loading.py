@@ -223,7 +223,7 @@ def build_output_index(store: Store, key: str, model: str, params: dict | None =
     ns = m["matrices"]["wte"]["namespace"]
     old = m.get("indexes", {}).get("wte")
     if (not rebuild and old and old.get("version") == INDEX_VERSION and all(old.get(p) == params[p] for p in params)
-            and store.has_index(ns, "wte", m["metric"])):
+            and store.has_index(ns, (PARTITION, "wte"), m["metric"])):
         return m  # built already, alike
     verified = store.stamp([]) is not None and _unchanged_since_verified(store, key, m)
 
@@ -233,7 +233,7 @@ def build_output_index(store: Store, key: str, model: str, params: dict | None =
             bar.set_postfix_str("building the graph")
 
     with tqdm(total=m["matrices"]["wte"]["rows"], unit="row", desc=f"index {key} wte", disable=not progress) as bar:
-        built = store.build_index(ns, "wte", m["metric"], params, went_in)
+        built = store.build_index(ns, (PARTITION, "wte"), m["metric"], params, went_in)
         bar.set_postfix_str("built")
     probe = index_recall(store, ns, m, int(params["ef"]))
     m = {**m, "indexes": {"wte": {**built, "ef": int(params["ef"]), "recall_at_build": probe,
@@ -252,7 +252,8 @@ def index_recall(store: Store, ns: str, m: dict, ef: int, n: int = 32, k: int = 
     enc, c = Encoding(m["metric"]), GPT2Config(**m["config"])
     q = enc.queries(enc.rows(store.fetch(ns, [doc_id("wte", r) for r in rows]), c.n_embd))  # (n, dim)
     exact = store.search(ns, [Query(v, (("matrix", "=", "wte"),), top_k=k) for v in q], m["metric"], ("row",))
-    approx = store.search_approximate(ns, "wte", [Query(v, top_k=k) for v in q], m["metric"], ("row",), ef)
+    approx = store.search_approximate(ns, (PARTITION, "wte"), [Query(v, top_k=k) for v in q], m["metric"],
+                                      ("row",), ef)
     got = [len(set(approx.attrs["row"][approx.query == i]) & set(exact.attrs["row"][exact.query == i])) / k
            for i in range(n)]
     return round(float(np.mean(got)), 4)

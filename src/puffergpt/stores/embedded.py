@@ -115,14 +115,14 @@ class EmbeddedStore(Store):
         return self._of(ns)._count(ns, layout, filter)
 
     # --- the approximate index over the token vectors: zvec's HNSW (none where the weights are on Qdrant Edge) ---
-    def _build_index(self, ns, layout, value, metric, params, progress):
-        return self._indexer()._build_index(ns, layout, value, metric, params, progress)
+    def _build_index(self, ns, layout, on, metric, params, progress):
+        return self._indexer()._build_index(ns, layout, on, metric, params, progress)
 
-    def _has_index(self, ns, value, metric):
-        return not self.fallback and self.weights._has_index(ns, value, metric)
+    def _has_index(self, ns, on, metric):
+        return not self.fallback and self.weights._has_index(ns, on, metric)
 
-    def _search_approximate(self, ns, layout, value, queries, metric, include, ef):
-        return self._indexer()._search_approximate(ns, layout, value, queries, metric, include, ef)
+    def _search_approximate(self, ns, layout, on, queries, metric, include, ef):
+        return self._indexer()._search_approximate(ns, layout, on, queries, metric, include, ef)
 
     def _indexer(self) -> zv.ZvecStore:
         if self.fallback:

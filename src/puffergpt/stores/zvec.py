@@ -579,13 +579,16 @@ class ZvecStore(Store):
         return " and ".join(out)
 
     # --- an approximate index (HNSW) over one partition: a collection of its own ---
-    def _index_dir(self, ns: str, value: str, metric: str) -> Path:
-        return self.root / INDEXES / check_name(ns) / f"{value}.{metric}"
+    def _index_dir(self, ns: str, on: tuple[str, str], metric: str) -> Path:
+        if on[0] != self._get(ns).partition:
+            raise StoreError(f"the embedded store indexes the documents of one value of a namespace's partition "
+                             f"attribute ({self._get(ns).partition}), not of {on[0]!r}")
+        return self.root / INDEXES / check_name(ns) / f"{hashlib.sha1(on[1].encode()).hexdigest()[:16]}.{metric}"
 
-    def _has_index(self, ns, value, metric):
-        return (self._index_dir(ns, value, metric) / BUILT).exists()
+    def _has_index(self, ns, on, metric):
+        return (self._index_dir(ns, on, metric) / BUILT).exists()
 
-    def _build_index(self, ns, layout, value, metric, params, progress):
+    def _build_index(self, ns, layout, on, metric, params, progress):
         """A copy of the partition's vectors in a collection of its own with an HNSW index (zvec
         builds it at ``optimize``), its primary key the document's slot. The weights' Flat
         collections are left as they are: the exact search, and their stamp, do not change.
@@ -601,10 +604,10 @@ class ZvecStore(Store):
         if metric != "inner_product":
             raise StoreError(f"the embedded store's approximate index ranks by inner product (puffergpt's default "
                              f"encoding), not {metric}: load the model without --metric")
-        n = self._get(ns)
-        slots = np.flatnonzero(n.mask(((n.partition, "=", value),))) if n.partition else np.zeros(0, np.int64)
+        n, final = self._get(ns), self._index_dir(ns, on, metric)
+        slots = np.flatnonzero(n.mask(((on[0], "=", on[1]),)))
         if not len(slots):
-            raise StoreError(f"namespace {ns!r} holds no documents of {value!r} to index")
+            raise StoreError(f"namespace {ns!r} holds no documents with {on[0]}={on[1]!r} to index")
         m, efc = int(params.get("m", 16)), int(params.get("ef_construction", 100))
         vectors = self._fetch(ns, layout, n.cols["id"][slots].tolist())
         d = np.stack([vectors[i] for i in n.cols["id"][slots]])  # (rows, dim)
@@ -618,7 +621,6 @@ class ZvecStore(Store):
         hnsw = zvec.HnswIndexParam(metric_type=zvec.MetricType.COSINE, m=m, ef_construction=efc)
         schema = zvec.CollectionSchema(name="ann", fields=[zvec.FieldSchema("s", zvec.DataType.INT64)],
                                        vectors=[zvec.VectorSchema("ann", zvec.DataType.VECTOR_FP32, n.dim + 1, hnsw)])
-        final = self._index_dir(ns, value, metric)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp = final.parent / f".new-{uuid.uuid4().hex}"
         tmp.mkdir()
@@ -639,20 +641,20 @@ class ZvecStore(Store):
             copy = every != copy_of
             np.save(tmp / COPIES, np.stack([every[copy], copy_of[copy]]))  # (2, copies): slot, its first copy
             datadir.write_json(tmp / BUILT, {**built, "M": M})
-            self._close_index(ns, value, metric)
+            self._close_index(ns, on, metric)
             if final.exists():
                 datadir.remove(final, False)
             os.rename(tmp, final)
             datadir.fsync_dir(final.parent)
         except Exception as e:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise _error(f"build an index over {ns}/{value}", e) from None
+            raise _error(f"build an index over {ns} {on[0]}={on[1]}", e) from None
         return built
 
-    def _index(self, ns: str, value: str, metric: str) -> tuple[object, float, dict, int]:
+    def _index(self, ns: str, on: tuple[str, str], metric: str) -> tuple[object, float, dict, int]:
         """The index's collection, opened read-only once (searches share it), its vectors' length M,
         the copies left out of its graph (first copy's slot -> the others' slots), its vectors' count."""
-        k = (ns, value, metric)
+        k = (ns, on, metric)
         with self.lock:
             if k not in self._indexes:
                 d = self._index_dir(*k)
@@ -666,26 +668,27 @@ class ZvecStore(Store):
                                     float(built["M"]), copies, int(built["distinct"]))
             return self._indexes[k]
 
-    def _close_index(self, ns: str, value: str | None = None, metric: str | None = None) -> None:
+    def _close_index(self, ns: str, on: tuple | None = None, metric: str | None = None) -> None:
         with self.lock:
-            for k in [k for k in self._indexes if k[0] == ns and value in (None, k[1]) and metric in (None, k[2])]:
+            for k in [k for k in self._indexes if k[0] == ns and on in (None, k[1]) and metric in (None, k[2])]:
                 self._indexes.pop(k)[0].close()
 
-    def _search_approximate(self, ns, layout, value, queries, metric, include, ef):
+    def _search_approximate(self, ns, layout, on, queries, metric, include, ef):
         """Each query's top_k by the HNSW graph. zvec scores each hit on its full-precision vector
         (no quantization): the cosine c of (d, pad) and (q, 0) gives d.q = (1 - c) M |q|."""
-        n, (col, M, copies, distinct) = self._get(ns), self._index(ns, value, metric)
+        n, (col, M, copies, distinct) = self._get(ns), self._index(ns, on, metric)
         qi, slots, dist = [], [], []
         for i, q in enumerate(queries):
             try:
                 ask = zvec.Query("ann", vector=np.append(q.vector, np.float32(0)), param=zvec.HnswQueryParam(ef=ef))
                 ids, scores = col.query_internal_ids(ask, topk=max(q.top_k, 1), return_scores=True)
             except Exception as e:
-                raise _error(f"search the index of {ns}/{value}", e) from None
+                raise _error(f"search the index of {ns} {on[0]}={on[1]}", e) from None
             keep = ids[ids >= 0][: q.top_k]
             if len(keep) < min(q.top_k, distinct):  # zvec pads a short answer with -1: a graph that lost nodes
-                raise StoreError(f"the approximate index of {ns}/{value} returned {len(keep)} of {q.top_k} hits: "
-                                 "it is damaged; build it again (`puffergpt load --model M --output-index --repair`)")
+                raise StoreError(f"the approximate index of {ns} {on[0]}={on[1]} returned {len(keep)} of "
+                                 f"{q.top_k} hits: it is damaged; build it again "
+                                 "(`puffergpt load --model M --output-index --repair`)")
             found = np.asarray(col.resolve_internal_ids(keep), dtype=np.int64)
             qn = float(np.sqrt((q.vector.astype(np.float64) ** 2).sum()))
             score = (1 - scores[: len(keep)].astype(np.float64)) * M * qn  # cosine distance -> d.q
