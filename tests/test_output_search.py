@@ -13,23 +13,10 @@ from starlette.testclient import TestClient
 from puffergpt import loading, output_search, tokenizer
 from puffergpt.cli import main
 from puffergpt.server import ServerConfig, create_app
-from puffergpt.stores import open_store
 from puffergpt.stores.base import NoIndex
 
 ENGLISH = Path(__file__).parent / "data" / "english.txt"
 
-
-
-@pytest.fixture(scope="module")
-def indexed(tmp_path_factory, demo):
-    """(store, key, data dir): the demo model with its HNSW index over wte, in a store of its own."""
-    data = tmp_path_factory.mktemp("indexed")
-    store = open_store("embedded", data)
-    key = loading.model_key(demo.name)
-    loading.load(store, demo, key, progress=False)
-    loading.build_output_index(store, key, demo.name, progress=False)
-    yield store, key, data
-    store.close()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,10 @@ import time
 
 import numpy as np
 
+from puffergpt import tokenizer
 from puffergpt.reference import Cache, NumpyProducts, forward
+from puffergpt.stores.base import NoIndex
+from puffergpt.text import Text, TextBusy, TextError
 
 K = 40  # the top k compared: sampling's default top-k
 
@@ -41,6 +44,36 @@ def compare(products, x: np.ndarray, k: int = K, ef: int | None = None) -> dict:
         "recall": recall(a_ids, e_ids),
         "same_greedy": bool(len(a_ids) and len(e_ids) and a_ids[0] == e_ids[0]),
     }
+
+
+def at(text: Text, p: int, k: int = K, ef: int | None = None) -> tuple[dict, list]:
+    """The learner's view: both output searches for the token at position p, from the hidden
+    state at p - 1 (read first where it must be), tokens shown as text; the requests are marked
+    extra; ``ef``: the index's search list (None: the one it was built with). Where the store has
+    no index, ``available`` is False and ``why`` says which command builds it. -> (view, requests)"""
+    with text.lock:
+        if text.generating:
+            raise TextBusy("this text is generating: compare the searches when it ends")
+        if not 1 <= p <= text.length:
+            raise TextError(f"position {p}: the searches predict a token at 1 to {text.length}")
+        try:
+            index = text.products.engine.output_index()
+        except NoIndex as e:
+            return {"available": False, "why": str(e), "position": p, "k": k}, []
+        with text.products.recording(extra=True) as requests:
+            got = compare(text.products, text.hidden_at(p - 1), k, ef)
+    rank = {t: i for i, t in enumerate(got["exact"]["ids"])}
+    for side in ("exact", "approximate"):
+        got[side]["tokens"] = [tokenizer.token_dict(t) for t in got[side]["ids"]]
+    got["exact"]["rows"] = text.products.config.n_vocab  # every row scored
+    got["approximate"]["rows"] = None  # the store does not say how many rows its graph search scored
+    got["missed"] = [{"rank": rank[t], "token": tokenizer.token_dict(t), "logit": got["exact"]["logits"][rank[t]]}
+                     for t in got["missed"]]
+    index = {key: index[key] for key in ("kind", "database", "m", "ef_construction", "ef", "rows", "distinct")
+             if key in index} | {"ef_used": ef or index["ef"]}
+    return {"available": True, "position": p, "k": k, "n_vocab": text.products.config.n_vocab,
+            "token": tokenizer.token_dict(text.tokens[p]) if p < text.length else None, "index": index,
+            **got}, requests
 
 
 def recall(found: np.ndarray, exact: np.ndarray) -> float:

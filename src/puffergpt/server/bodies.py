@@ -208,6 +208,14 @@ class MapBody(Strict):
     position: int | None = None
 
 
+class OutputSearchBody(Strict):
+    """A text's token whose prediction both output searches answer (``output_search.at``)."""
+    text_id: str = Field(..., max_length=64)
+    position: int = Field(..., ge=1)
+    k: int = Field(40, ge=1, le=MAX_VIEW_K)
+    ef: int | None = Field(None, ge=1, le=1000)  # the index's search list (None: the one it was built with)
+
+
 class ContextsBody(Strict):
     """One word in 2 or 3 prompts (``contexts.py``): the count and each prompt are checked there,
     with a message naming the prompt; here only their size."""
