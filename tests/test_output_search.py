@@ -13,6 +13,7 @@ from starlette.testclient import TestClient
 from puffergpt import loading, output_search, tokenizer
 from puffergpt.cli import main
 from puffergpt.server import ServerConfig, create_app
+from puffergpt.stores import open_store
 from puffergpt.stores.base import NoIndex
 
 ENGLISH = Path(__file__).parent / "data" / "english.txt"
@@ -116,3 +117,33 @@ def test_v1_output_search_is_validated_and_used(indexed, demo):
         plain = client.post("/v1/completions", json=body).json()
     assert exact["choices"][0]["text"] == plain["choices"][0]["text"]
     assert isinstance(approx["choices"][0]["text"], str) and approx["usage"]["completion_tokens"] >= 1
+
+
+@pytest.mark.parametrize("copies", [0, 40])
+def test_the_store_seam_returns_exact_scores_and_brings_copies(tmp_path, copies):
+    """The embedded store's index, straight through the seam, on documents of its own: each hit's
+    score is the exact inner product; a vector held by several documents comes back with all of
+    them (the graph holds it once); a namespace with no copies, too."""
+    from puffergpt.stores.base import Query
+
+    rng = np.random.default_rng(copies)
+    vecs = rng.standard_normal((600, 9)).astype(np.float32)
+    vecs[100:100 + copies] = vecs[7]  # copies of document 7
+    store = open_store("embedded", tmp_path)
+    try:
+        store.create_namespace("ns", 9, {"matrix": "str", "row": "int"}, "inner_product", partition="matrix")
+        ids = [f"wte.{i}" for i in range(600)]
+        store.upsert("ns", ids, vecs, {"matrix": ["wte"] * 600, "row": list(range(600))})
+        built = store.build_index("ns", ("matrix", "wte"), "inner_product", {"m": 16, "ef_construction": 100})
+        assert built["rows"] == 600 and built["distinct"] == 600 - copies
+        q = vecs[7] + 0.01 * rng.standard_normal(9).astype(np.float32)  # nearest by inner product: 7's vector
+        hits = store.search_approximate("ns", ("matrix", "wte"), [Query(q, top_k=50)], "inner_product", ("row",),
+                                        ef=200)
+        rows = hits.attrs["row"]
+        np.testing.assert_allclose(hits.distance, vecs[rows].astype(np.float64) @ q, atol=1e-4)
+        assert len(rows) == 50 and len(set(rows.tolist())) == 50
+        assert {7, *range(100, 100 + copies)} <= set(rows.tolist()), "the best vector, with every copy of it"
+        with pytest.raises(NoIndex):
+            store.search_approximate("ns", ("matrix", "wpe"), [Query(q, top_k=5)], "inner_product")
+    finally:
+        store.close()

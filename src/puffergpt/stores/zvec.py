@@ -659,11 +659,7 @@ class ZvecStore(Store):
             if k not in self._indexes:
                 d = self._index_dir(*k)
                 built = json.loads((d / BUILT).read_text())
-                copy, of = np.load(d / COPIES)
-                order = np.argsort(of, kind="stable")  # slot order within each group: copy was sorted
-                groups = dict(zip(*np.unique(of[order], return_index=True), strict=True))
-                copies = {int(f): copy[order][i:j] for f, i, j in
-                          zip(groups, groups.values(), [*list(groups.values())[1:], len(of)], strict=True)}
+                copies = _groups(*np.load(d / COPIES))
                 self._indexes[k] = (zvec.open(str(d / "col"), zvec.CollectionOption(read_only=True)),
                                     float(built["M"]), copies, int(built["distinct"]))
             return self._indexes[k]
@@ -825,6 +821,14 @@ def _internal_slots(col, n: _Namespace) -> np.ndarray:
     out = np.full(int(internal.max()) + 1 if len(internal) else 0, -1, np.int64)
     out[internal] = np.asarray(col.resolve_internal_ids(internal), dtype=np.int64)
     return out
+
+
+def _groups(copy: np.ndarray, of: np.ndarray) -> dict[int, np.ndarray]:
+    """Copies by their first copy: {first's slot: the others' slots, in slot order} (none: {})."""
+    order = np.lexsort((copy, of))
+    firsts, starts = np.unique(of[order], return_index=True)
+    ends = [*starts[1:].tolist(), len(of)] if len(of) else []
+    return {int(f): copy[order][a:b] for f, a, b in zip(firsts.tolist(), starts.tolist(), ends, strict=True)}
 
 
 def _check(statuses) -> None:
