@@ -3,6 +3,7 @@ the approximate path's candidates are tokens of the vocabulary with their true l
 is computed against numpy's exact top k, not assumed; a store without the index says which
 command builds it; /v1's ``output_search`` is validated."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -117,6 +118,33 @@ def test_v1_output_search_is_validated_and_used(indexed, demo):
         plain = client.post("/v1/completions", json=body).json()
     assert exact["choices"][0]["text"] == plain["choices"][0]["text"]
     assert isinstance(approx["choices"][0]["text"], str) and approx["usage"]["completion_tokens"] >= 1
+
+
+def test_the_pages_setting_generates_through_the_index(indexed, loaded, demo):
+    """The page's "Next token" setting: a generation's output_search; its steps' last search is
+    the index's; a bad value is a 422 naming it; a store without the index, a 400 naming the command."""
+    store, key, _ = indexed
+    W = demo.params["wte.weight"].astype(np.float64)
+    with TestClient(create_app(loading.open_engine(store, demo.name, key), ServerConfig())) as client:
+        tid = client.post("/api/texts", json={"prompt": "The list of"}).json()["id"]
+        bad = client.post(f"/api/texts/{tid}/generate", json={"max_tokens": 1, "output_search": "fast"})
+        assert bad.status_code in (400, 422) and "output_search" in bad.text, bad.text
+        events = client.post(f"/api/texts/{tid}/generate", json={"max_tokens": 3, "temperature": 0,
+                                                                 "output_search": "approximate"}).text
+        steps = [json.loads(line[6:]) for line in events.splitlines() if line.startswith("data: ") and
+                 '"request_log"' in line]
+        assert len(steps) == 3 and all(s["request_log"][-1]["kind"] == "wte.ann" for s in steps)
+        ids = tokenizer.encode("The list of") + [s["token_id"] for s in steps]
+        xs = output_search.hidden_states(demo, ids)
+        for s in steps:  # each candidate's logit is numpy's for that token
+            got = {c["token_id"]: c["logit"] for c in s["candidates"]}
+            want = W @ xs[s["position"] - 1]
+            assert max(abs(v - want[t]) for t, v in got.items()) < 1e-4
+    plain_store, plain_key = loaded(demo)
+    with TestClient(create_app(loading.open_engine(plain_store, demo.name, plain_key), ServerConfig())) as client:
+        tid = client.post("/api/texts", json={"prompt": "The list of"}).json()["id"]
+        r = client.post(f"/api/texts/{tid}/generate", json={"max_tokens": 1, "output_search": "approximate"})
+        assert r.status_code == 400 and "--output-index" in r.text, r.text
 
 
 @pytest.mark.parametrize("copies", [0, 40])

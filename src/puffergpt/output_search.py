@@ -76,6 +76,20 @@ def at(text: Text, p: int, k: int = K, ef: int | None = None) -> tuple[dict, lis
             **got}, requests
 
 
+def choose(text: Text, how: str) -> None:
+    """How the text's next tokens are found from now on (the page's setting): "exact", or
+    "approximate" where the store has the index (else a TextError naming the command)."""
+    with text.lock:
+        if text.generating:
+            raise TextBusy("this text is generating: change the output search when it ends")
+        if how == "approximate":
+            try:
+                text.products.engine.output_index()
+            except NoIndex as e:
+                raise TextError(f"output_search: {e}") from None
+        text.products.output_search = how
+
+
 def recall(found: np.ndarray, exact: np.ndarray) -> float:
     """|found ∩ exact| / |exact|: the share of the true top k the index returned."""
     return len(set(np.asarray(found).tolist()) & set(np.asarray(exact).tolist())) / max(len(exact), 1)

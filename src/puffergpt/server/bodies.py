@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -135,6 +136,7 @@ class SamplingBody(Strict):
     temperature: float = Field(1.0, ge=0, le=100)
     top_k: int = Field(40, ge=1, le=tokenizer.VOCAB_SIZE)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    output_search: Literal["exact", "approximate"] | None = None  # None: as the text has it (the server's default)
 
 
 class GeneratedAt(Strict):
