@@ -3,7 +3,7 @@
 A namespace is a table ``"ns:<name>"`` (id text primary key, vector vector(dim),
 one typed column per attribute: int -> bigint, float -> double precision, str -> text) with a B-tree on the
 attribute columns, so that a filter on ``matrix`` (or layer, head) reads only the
-rows it keeps. There is deliberately no ANN index: every search is an exact scan
+rows it keeps. There is deliberately no ANN index on a namespace: every search is an exact scan
 of the rows that match its filter, ordered by pgvector's operators
 
 - ``<#>`` negative inner product (returned negated: the inner product, larger is closer),
@@ -11,6 +11,10 @@ of the rows that match its filter, ordered by pgvector's operators
 - ``<=>`` cosine distance.
 
 pgvector computes each of them in float32 over float32 vectors, as DuckDB does.
+
+The one approximate search, ``--output-search approximate``'s, is pgvector's HNSW on tables
+of their own (``"ann:<digest>"``: one value's vectors padded to one length, and their copies),
+made by ``build_index`` beside the namespace, never on it.
 
 Many queries travel in one round trip: their vectors, and the filter values that
 differ between them, are arrays unnested into a query relation ``q`` that joins

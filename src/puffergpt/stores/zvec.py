@@ -12,6 +12,9 @@ What it uses of zvec 0.8.0:
 - a collection is opened read-only to be searched, where ``query_internal_ids`` returns numpy
   arrays (no Python object per hit) and zvec lets go of Python's lock, so a batch of queries
   runs on a thread per core; it is reopened writable only while it is written (a load).
+- beside the weights, where ``build_index`` made one (``--output-search approximate``): an HNSW
+  collection of one partition's vectors, padded to one length and searched by cosine, under
+  ``zvec-index/`` (the weights' Flat collections, their searches and their stamp are untouched).
 
 Its files in the data directory (the lock and meta.json are the ``datadir.Home``'s):
 
