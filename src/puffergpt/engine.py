@@ -134,6 +134,7 @@ class Engine:
             raise ValueError(f"the text TTL must be a positive number of seconds, got {text_ttl_s!r}")
         self.text_ttl_s, self.clock = float(text_ttl_s), clock
         self.output_search = check_output_search(output_search)
+        self._output_index: dict | None = None  # the index's record, once the store said it holds it
         if output_search == "approximate":
             self.output_index()  # no index: said now, not at the first token
 
@@ -152,7 +153,10 @@ class Engine:
 
     def output_index(self) -> dict:
         """The manifest's record of the approximate index over wte, or NoIndex naming the command
-        that builds it (where it is missing, of another version, or gone from the store)."""
+        that builds it (where it is missing, of another version, or gone from the store). Asked of
+        the store once: every token's search asks for it, and costs one request."""
+        if self._output_index is not None:
+            return self._output_index
         build = (f"run `puffergpt load --model {self.model} {self.store.cli_args()} --output-index` "
                  "to build it, or use --output-search exact")
         info = self.manifest.get("indexes", {}).get("wte")
@@ -167,6 +171,7 @@ class Engine:
         if not self.store.has_index(ns, (documents.PARTITION, "wte"), self.encoding.metric):
             raise NoIndex(f"the manifest of model {self.model!r} records an approximate index that the "
                           f"{self.store.name} store does not hold: {rebuild}")
+        self._output_index = info
         return info
 
     def ready_texts(self, n: int) -> int:

@@ -442,8 +442,6 @@ class Store(ABC):
             raise StoreError("an approximate search asks for a top_k and filters by nothing else")
         if isinstance(ef, bool) or not isinstance(ef, numbers.Integral) or not 1 <= ef <= 1000:
             raise StoreError(f"invalid ef {ef!r}: an integer from 1 to 1,000")
-        if not self._has_index(ns, on, metric):
-            raise NoIndex(f"the {self.name} store has no approximate index over {ns} {on[0]}={on[1]} by {metric}")
         return self._search_approximate(ns, layout, on, qs, metric, tuple(include), int(ef))
 
     @staticmethod
@@ -461,6 +459,8 @@ class Store(ABC):
         return False
 
     def _search_approximate(self, ns, layout, on, queries, metric, include, ef) -> Hits:
+        """The searches; NoIndex where none is built (checked here, not by a request of its own
+        before every search: the output search costs one request, as the exact one does)."""
         raise NoIndex(f"the {self.name} store has no approximate index")
 
     # --- optional capabilities: these defaults are right for a database on a server ---

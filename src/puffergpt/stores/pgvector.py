@@ -57,7 +57,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import numpy as np
 
 from puffergpt.stores import pglocal
-from puffergpt.stores.base import Filter, Hits, Layout, Query, Store, StoreError, check_name
+from puffergpt.stores.base import Filter, Hits, Layout, NoIndex, Query, Store, StoreError, check_name
 
 try:
     import psycopg
@@ -588,8 +588,11 @@ class PgvectorStore(Store):
         attributes from the namespace's table. hnsw.ef_search is set for the session when it
         changes (a statement of its own, once)."""
         table, key = self._ann(ns, on, metric)
-        M = float(self._get_meta(key)["M"]) if key not in self._ann_M else self._ann_M[key]
-        self._ann_M[key] = M
+        if key not in self._ann_M:  # read once: a search is one statement
+            if (info := self._get_meta(key)) is None:
+                raise NoIndex(f"the pgvector store has no approximate index over {ns} {on[0]}={on[1]}")
+            self._ann_M[key] = float(info["M"])
+        M = self._ann_M[key]
         if self._ef != ef:
             self._run(sql.SQL("SET hnsw.ef_search = {}").format(sql.Literal(int(ef))))
             self._ef = ef

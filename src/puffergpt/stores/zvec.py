@@ -50,7 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from puffergpt.stores import datadir
-from puffergpt.stores.base import Filter, Hits, Layout, Store, StoreError, check_name
+from puffergpt.stores.base import Filter, Hits, Layout, NoIndex, Store, StoreError, check_name
 
 # zvec 0.8.0's wheel dies with SIGILL (no Python error) on import on an x86-64 CPU without
 # AVX2 or BMI1, and searches need FMA (measured under qemu-user: tests/stores/test_zvec.py).
@@ -661,6 +661,8 @@ class ZvecStore(Store):
         with self.lock:
             if k not in self._indexes:
                 d = self._index_dir(*k)
+                if not (d / BUILT).exists():
+                    raise NoIndex(f"the embedded store has no approximate index over {ns} {on[0]}={on[1]}")
                 built = json.loads((d / BUILT).read_text())
                 copies = _groups(*np.load(d / COPIES))
                 self._indexes[k] = (zvec.open(str(d / "col"), zvec.CollectionOption(read_only=True)),
