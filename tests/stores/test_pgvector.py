@@ -564,7 +564,11 @@ def test_the_approximate_index_on_pgvector_gives_true_logits_through_hnsw(tiny_p
             assert len(set(ids.tolist())) == 40 and 0 <= ids.min() and ids.max() < tiny.config.n_vocab
             worst = max(worst, float(np.abs(logits - (W @ x)[ids]).max()))
             recalls.append(output_search.recall(ids, np.argsort(-(W @ x))[:40]))
+        sent = counting(store)  # a token's output search is one statement, as the exact one is
+        p.top_k(x, 40)
+        assert len(sent) == 1 and "ORDER BY vector <=>" in sent[0], sent
     finally:
+        store.__dict__.pop("_run", None)  # the spy off: the store is the module's
         p.close()
     assert worst < 1e-4, worst
     table, _ = store._ann(m["matrices"]["wte"]["namespace"], ("matrix", "wte"), "inner_product")

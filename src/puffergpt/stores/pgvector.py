@@ -71,6 +71,7 @@ except ImportError as e:  # pragma: no cover - the package's optional dependenci
         f"the pgvector backend needs psycopg 3 and pgvector ({e}): pip install 'psycopg[binary]' pgvector"
     ) from None
 
+PAD_SLACK = 1.5  # M over the longest vector: see zvec.PAD_SLACK
 _SQL_TYPES = {"int": "bigint", "float": "double precision", "str": "text"}
 # metric -> (pgvector's operator over t.vector and q.v, smaller is closer; the metric's value from it)
 _METRICS = {
@@ -549,7 +550,7 @@ class PgvectorStore(Store):
         _, first, inverse = np.unique(d, axis=0, return_index=True, return_inverse=True)
         first_of = ids[first][inverse.ravel()]
         sq = (d.astype(np.float64) ** 2).sum(axis=1)
-        M = float(np.sqrt(sq.max())) * (1 + 1e-3) + 1e-6
+        M = float(np.sqrt(sq.max())) * PAD_SLACK + 1e-6
         padded = np.concatenate([d, np.sqrt(np.maximum(M * M - sq, 0)).astype(np.float32)[:, None]], axis=1)
         table, key = self._ann(ns, on, metric)
         self._ann_M.pop(key, None)

@@ -81,6 +81,11 @@ if not cpu_lacks():
 KEPT = "zvec"  # its directory, under the data directory
 INDEXES = "zvec-index"  # approximate indexes: INDEXES/<namespace>/<value>.<metric>/col, beside the weights
 BUILT = "built.json"  # in an index's directory: what was built (written last: no file, no index)
+# M, the padded length, over the longest vector: any M > max |d| ranks alike, and a longer one
+# leaves the longest vectors less alone at the edge of the graph (on the demo model at ef 100, 13
+# greedy changes in 391 positions against 42 with M just over the longest; the logit's rounding
+# grows with M, by as much: still ~5e-6).
+PAD_SLACK = 1.5
 COPIES = "copies.npy"  # in an index's directory: documents whose vector is another's, left out of the graph
 CLEAN = "closed"  # in a collection's directory: closed after its last write
 BATCH = 1024  # zvec's largest write batch
@@ -619,7 +624,7 @@ class ZvecStore(Store):
         first = np.sort(first)
         slots, d = slots[first], d[first]  # the distinct vectors, in slot order
         sq = (d.astype(np.float64) ** 2).sum(axis=1)
-        M = float(np.sqrt(sq.max())) * (1 + 1e-3) + 1e-6
+        M = float(np.sqrt(sq.max())) * PAD_SLACK + 1e-6
         d = np.concatenate([d, np.sqrt(M * M - sq).astype(np.float32)[:, None]], axis=1)  # (rows, dim + 1), |.| = M
         hnsw = zvec.HnswIndexParam(metric_type=zvec.MetricType.COSINE, m=m, ef_construction=efc)
         schema = zvec.CollectionSchema(name="ann", fields=[zvec.FieldSchema("s", zvec.DataType.INT64)],
