@@ -70,6 +70,8 @@ def bench(ctx, model, backends, dsn, data_dir, quick, json_out, chart_out, no_to
     if bad or not names:
         fail(f"unknown backend {bad[0] if bad else backends!r}: use some of {', '.join(BACKENDS)}")
     if output_text is not None:
+        if clients is not None or url is not None:
+            fail("--output-search measures the output search of each backend here: not with --clients or --url")
         return output_bench(model, names, dsn, data_dir, output_text, json_out)
     check_mode(ctx, clients, url, names)
     if clients is not None:
