@@ -67,6 +67,19 @@ def loaded(tmp_path_factory):
 
 
 
+@pytest.fixture(scope="session")
+def indexed(tmp_path_factory, demo):
+    """(store, key, data dir): the demo model with its approximate (HNSW) index over wte
+    (``puffergpt load --output-index``), in an embedded store of its own, made once per session."""
+    data = tmp_path_factory.mktemp("indexed")
+    store = open_store("embedded", data)
+    key = loading.model_key(demo.name)
+    loading.load(store, demo, key, progress=False)
+    loading.build_output_index(store, key, demo.name, progress=False)
+    yield store, key, data
+    store.close()
+
+
 # --- Tiers --------------------------------------------------------------------------------
 # Each test is marked by what it needs, by rule, so a new test lands in its tier without anyone
 # remembering to mark it (the markers are registered in pyproject.toml). `make test-fast` runs

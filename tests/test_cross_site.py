@@ -50,6 +50,7 @@ ROUTES = [
     ("POST", "/api/neighbours", {"word": " man", "k": 3}),
     ("POST", "/api/map", {"words": [" man", " woman"]}),
     ("POST", "/api/contexts", {"word": " mole", "prompts": ["a mole", "the mole"]}),
+    ("POST", "/api/output_search", {"text_id": "text-0123456789abcdef", "position": 1}),
     ("POST", "/api/insights", {"title": "forged", "body": "from elsewhere"}),
     ("POST", "/api/insights/push", {}),
     ("POST", "/api/insights/{insight}/replay", {}),

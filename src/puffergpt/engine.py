@@ -17,7 +17,9 @@ the same code, and only the products differ. No weight matrix is held here:
   every search checks that it got one key for every position it asked for).
   Values stay in the server (``reference.Cache``);
 - ``top_k``: the final vector searches the token vectors, the k best come back;
-  ``top_k_many`` does several at once (the logit lens), ``logits`` scores all of them.
+  ``top_k_many`` does several at once (the logit lens), ``logits`` scores all of them. With
+  ``output_search="approximate"`` ``top_k`` asks the store's HNSW index over wte instead
+  (``top_k_approximate``, ``output_search.py``): one request too, each logit exact.
 
 A text's namespace also holds its expiry, moved on while the text is used, so that any server
 on a shared store can drop the keys of a text nobody uses (``sweeper.py``, ``touch``).
@@ -45,9 +47,17 @@ from puffergpt import costs, documents, sweeper, token_counts, untrained
 from puffergpt.checkpoints import GPT2Config
 from puffergpt.documents import Encoding
 from puffergpt.scheduler import Batcher, Scheduler
-from puffergpt.stores.base import Hits, Query, Store, StoreError
+from puffergpt.stores.base import Hits, NoIndex, Query, Store, StoreError
 
 KEY_SCHEMA = {"layer": "int", "head": "int", "pos": "int"}
+OUTPUT_SEARCHES = ("exact", "approximate")  # how the next token is found: every wte row, or the ANN index
+INDEX_VERSION = 1  # of the manifest's record of the approximate index (``indexes``); another: rebuild it
+
+
+def check_output_search(how) -> str:
+    if how not in OUTPUT_SEARCHES:
+        raise ValueError(f"output_search must be one of {', '.join(OUTPUT_SEARCHES)}, not {how!r}")
+    return how
 
 
 def key_scores(metric: str, dist: np.ndarray, qq: np.ndarray, kk: np.ndarray) -> np.ndarray:
@@ -101,11 +111,12 @@ class Engine:
 
     def __init__(self, store: Store, manifest: dict, model: str, key: str, key_metric: str | None = None,
                  scheduler: Scheduler | None = None, text_ttl_s: float = sweeper.DEFAULT_TTL_S,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, output_search: str = "exact"):
         """``manifest``: the model's, read and checked by the caller (``loading.open_engine``);
         ``scheduler``: the bound on texts generating at once (a server's own; default 16);
         ``text_ttl_s``: a text unused this long may have its keys dropped by any server
-        (``sweeper.py``), read on ``clock`` (unix seconds)."""
+        (``sweeper.py``), read on ``clock`` (unix seconds); ``output_search``: how a text's next
+        token is found unless it says (``OUTPUT_SEARCHES``: "approximate" needs the index)."""
         self.store = store
         self.batcher = Batcher(store)  # the same product of several texts, one request (scheduler.py)
         self.scheduler = scheduler or Scheduler()
@@ -123,6 +134,10 @@ class Engine:
         if not text_ttl_s > 0:
             raise ValueError(f"the text TTL must be a positive number of seconds, got {text_ttl_s!r}")
         self.text_ttl_s, self.clock = float(text_ttl_s), clock
+        self.output_search = check_output_search(output_search)
+        self._output_index: dict | None = None  # the index's record, once the store said it holds it
+        if output_search == "approximate":
+            self.output_index()  # no index: said now, not at the first token
 
     def probe(self) -> None:
         """One search of one row, the first token's (/ready: the store answers with the model's
@@ -145,9 +160,36 @@ class Engine:
         of their searches went to the store shared with another text's."""
         return {**self.scheduler.status(), "searches": self.batcher.stats().to_json()}
 
-    def open(self) -> SearchProducts:
-        """The products of one text, with a namespace of its own for the text's keys."""
-        return SearchProducts(self)
+    def open(self, output_search: str | None = None) -> SearchProducts:
+        """The products of one text, with a namespace of its own for the text's keys;
+        ``output_search``: how its next token is found (None: the engine's default)."""
+        how = self.output_search if output_search is None else check_output_search(output_search)
+        if how == "approximate":
+            self.output_index()
+        return SearchProducts(self, output_search=how)
+
+    def output_index(self) -> dict:
+        """The manifest's record of the approximate index over wte, or NoIndex naming the command
+        that builds it (where it is missing, of another version, or gone from the store). Asked of
+        the store once: every token's search asks for it, and costs one request."""
+        if self._output_index is not None:
+            return self._output_index
+        build = (f"run `puffergpt load --model {self.model} {self.store.cli_args()} --output-index` "
+                 "to build it, or use --output-search exact")
+        info = self.manifest.get("indexes", {}).get("wte")
+        if info is None:
+            raise NoIndex(f"model {self.model!r} has no approximate index over its token vectors in the "
+                          f"{self.store.name} store: {build}")
+        rebuild = build.replace("build", "rebuild", 1)
+        if info.get("version") != INDEX_VERSION:
+            raise NoIndex(f"model {self.model!r}'s approximate index was built by index version "
+                          f"{info.get('version')}, this puffergpt reads version {INDEX_VERSION}: {rebuild}")
+        ns = documents.namespace(self.key, self.config.n_embd)
+        if not self.store.has_index(ns, (documents.PARTITION, "wte"), self.encoding.metric):
+            raise NoIndex(f"the manifest of model {self.model!r} records an approximate index that the "
+                          f"{self.store.name} store does not hold: {rebuild}")
+        self._output_index = info
+        return info
 
     def ready_texts(self, n: int) -> int:
         """Make n texts' namespaces of keys ahead of the learners, on a store that keeps a closed
@@ -173,8 +215,9 @@ class Engine:
 
 
 class SearchProducts:
-    def __init__(self, engine: Engine, keys: bool = True):
+    def __init__(self, engine: Engine, keys: bool = True, output_search: str = "exact"):
         self.engine = engine
+        self.output_search = output_search  # "exact" | "approximate": how ``top_k`` finds the next token
         self.store = engine.store
         self.config = c = engine.config
         self.enc = engine.encoding
@@ -395,7 +438,25 @@ class SearchProducts:
             scores[rows, hits.attrs["pos"]] = key_scores(metric, hits.distance, qq[rows], hits.attrs["norm2"])
 
     def top_k(self, x, k):
+        if self.output_search == "approximate":
+            return self.top_k_approximate(x, k)
         return self.top_k_many(x[None], k, kind="wte.top_k")[0]
+
+    def top_k_approximate(self, x, k, ef: int | None = None):
+        """The next token's top k through the store's approximate index over wte, one request:
+        (C,) -> (ids (k,), logits (k,)), best first. Which rows come back is approximate (the index
+        may miss some of the true top k); each one's logit is exact, from the distance the store
+        computes in full precision for it. ``ef``: the search's candidate list (the index's default)."""
+        info = self.engine.output_index()
+        q = self.enc.queries(x[None])  # (1, dim)
+        t = time.perf_counter()
+        hits = self.store.search_approximate(self._ns(self.config.n_embd), (documents.PARTITION, "wte"),
+                                             [Query(q[0], top_k=k)], self.enc.metric, ("row",), ef or info["ef"])
+        n = len(hits.query)  # rows whose scores came back: the store does not say how many more it scored
+        self._log("wte.ann", "search", 1, n, n * q.shape[1] * 4, n, t)
+        logits = self.enc.outputs(hits.distance[None], q, self.M["wte"])[0]
+        order = np.argsort(-logits, kind="stable")
+        return hits.attrs["row"][order].astype(np.int64), logits[order]
 
     def top_k_many(self, x, k, kind="lens.top_k"):
         """One request, one query a vector: (n, C) -> n x (ids (k,), logits (k,)), best first."""

@@ -332,6 +332,15 @@ class Text:
                 self.written_by[q] = {"phase": self.writes[-1]["phase"], "step": self.length, "batch": batch}
         return n
 
+    def hidden_at(self, q: int) -> np.ndarray:
+        """The final hidden state at position q (after ln_f), whose output predicts q + 1: the
+        text read first where it must (a request). The caller holds the lock. -> (C,)"""
+        if not 0 <= q < self.length:
+            raise TextError(f"position {q} is not in the text (0 to {self.length - 1})")
+        if self.read_upto <= q:
+            self._read()
+        return self.hidden[q]
+
     def _candidates(self, k: int, trace: Trace | None = None) -> tuple[np.ndarray, np.ndarray, int]:
         """Top-k at the end of the text: replayed from an earlier step when it can be."""
         p = self.length

@@ -9,6 +9,7 @@ import threading
 
 import numpy as np
 import pytest
+from psycopg import sql
 
 from helpers import compare_with_reference, encoding_error_through
 from puffergpt import loading, tokenizer
@@ -562,3 +563,42 @@ def test_ready_is_503_while_postgresql_is_stopped(pg, tiny_pg, tiny):
             assert c.get("/ready").status_code == 200, c.get("/ready").text  # it reconnects
     finally:
         store.close()
+
+
+# --- the approximate index over the token vectors (issue 35) --------------------------------
+
+def test_the_approximate_index_on_pgvector_gives_true_logits_through_hnsw(tiny_pg, tiny):
+    """pgvector's HNSW over wte (a table of the padded vectors, searched by cosine): each candidate
+    a token with its logit as numpy has it, recall computed against numpy's exact top 40, the
+    plan an HNSW index scan (so the search is the index's, not an exact sort)."""
+    from puffergpt import output_search
+
+    _, store, key, _ = tiny_pg
+    m = loading.build_output_index(store, key, tiny.name, {"m": 8, "ef_construction": 32, "ef": 100}, progress=False)
+    info = m["indexes"]["wte"]
+    assert info["database"] == "pgvector" and info["rows"] == tiny.config.n_vocab and 0 < info["recall_at_build"] <= 1
+    p = open_engine(store, tiny.name, key, output_search="approximate").open()
+    W = tiny.params["wte.weight"].astype(np.float64)
+    recalls, worst = [], 0.0
+    try:
+        for x in output_search.hidden_states(tiny, tokenizer.encode(PROMPTS[1])):
+            with p.recording() as reqs:
+                ids, logits = p.top_k(x, 40)
+            assert [r.kind for r in reqs] == ["wte.ann"]
+            assert len(set(ids.tolist())) == 40 and 0 <= ids.min() and ids.max() < tiny.config.n_vocab
+            worst = max(worst, float(np.abs(logits - (W @ x)[ids]).max()))
+            recalls.append(output_search.recall(ids, np.argsort(-(W @ x))[:40]))
+        sent = counting(store)  # a token's output search is one statement, as the exact one is
+        p.top_k(x, 40)
+        assert len(sent) == 1 and "ORDER BY vector <=>" in sent[0], sent
+    finally:
+        store.__dict__.pop("_run", None)  # the spy off: the store is the module's
+        p.close()
+    assert worst < 1e-4, worst
+    table, _ = store._ann(m["matrices"]["wte"]["namespace"], ("matrix", "wte"), "inner_product")
+    with store.lock:
+        plan = "\n".join(r[0] for r in store.conn.execute(sql.SQL(
+            "EXPLAIN SELECT id FROM {} ORDER BY vector <=> %s::vector LIMIT 40").format(table),
+            [np.ones(tiny.config.n_embd + 2, np.float32)]).fetchall())
+    assert "Index Scan using" in plan and "vector_idx" in plan, plan
+    print(f"\ntiny (random weights) on pgvector: recall@40 {np.mean(recalls):.3f}, logits within {worst:.1e}")

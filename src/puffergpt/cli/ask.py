@@ -17,6 +17,7 @@ from puffergpt.cli.options import (
     data_option,
     fail,
     open_model,
+    output_search_option,
     resolve_model,
 )
 from puffergpt.sampling import Sampling
@@ -30,6 +31,7 @@ from puffergpt.sampling import Sampling
               help="search: every product a vector search; reference: the numpy GPT-2")
 @backend_option
 @data_option
+@output_search_option
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="0 is greedy")
 @click.option("--top-k", type=int, default=40, show_default=True)
 @click.option("--seed", type=int, default=None, help="makes sampling reproducible")
@@ -46,8 +48,8 @@ from puffergpt.sampling import Sampling
 @click.option("--ablate", "ablate", multiple=True, metavar="PART",
               help="switch a part of the model off at every position, repeatable: 'attn L.H' (layer L's head H, "
                    "its mixed values zeroed before c_proj) or 'mlp L' (layer L's MLP output, bias included)")
-def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, seed, n_tokens, as_json, inspect,
-             lens_k, versus, ablate) -> None:
+def generate(prompt, model, engine, backend, dsn, data_dir, output_search, temperature, top_k, seed, n_tokens,
+             as_json, inspect, lens_k, versus, ablate) -> None:
     """Continue PROMPT."""
     from puffergpt.completion import complete
 
@@ -62,13 +64,14 @@ def generate(prompt, model, engine, backend, dsn, data_dir, temperature, top_k, 
     model, _ = resolve_model(model)
     ids = tokenizer.encode(prompt)
     s = Sampling(temperature, top_k, seed)
-    with clear_errors(), open_model(engine, model, backend, data_dir, dsn) as opened:
+    with clear_errors(), open_model(engine, model, backend, data_dir, dsn, output_search=output_search) as opened:
         off = checked(opened.config, s, len(ids), n_tokens, ablate, versus)
         steps = complete(opened.products, ids, n_tokens, s, inspect=lens_k if inspect else 0, explain=inspect,
                          versus=versus, ablation=off)
         run_generate(steps, prompt, ids, as_json,
                      {"model": model, "engine": engine, "backend": backend if engine == "search" else None}
-                     | ({"ablate": off.parts} if off.parts else {}))
+                     | ({"ablate": off.parts} if off.parts else {})
+                     | ({"output_search": output_search} if output_search != "exact" else {}))
 
 
 def checked(config, s, n_prompt: int, n: int, ablate: tuple[str, ...], versus: int | None):

@@ -54,9 +54,13 @@ from puffergpt.stores import BACKENDS
 @click.option("--seed", type=click.IntRange(min=0), default=None,
               help="with --clients and a temperature above 0: learner i samples with seed + i")
 @(lambda f: workers_option(f, default="auto"))  # the bench measures a class: every core
+@click.option("--output-search", "output_text", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, metavar="TEXT_FILE",
+              help="instead: the next token's search, approximate (an HNSW index, built here) against exact, at "
+                   "every position of TEXT_FILE (e.g. tests/data/english.txt): time, recall@40, greedy changes")
 @click.pass_context
 def bench(ctx, model, backends, dsn, data_dir, quick, json_out, chart_out, no_torch, rounds, clients, url, tokens,
-          temperature, seed, workers) -> None:
+          temperature, seed, workers, output_text) -> None:
     """Time the engines side by side on one model: numpy, transformers, each backend.
     With --clients N: N simulated learners against one server, together and one after another."""
     from puffergpt import bench as b
@@ -65,6 +69,10 @@ def bench(ctx, model, backends, dsn, data_dir, quick, json_out, chart_out, no_to
     bad = [n for n in names if n not in BACKENDS]
     if bad or not names:
         fail(f"unknown backend {bad[0] if bad else backends!r}: use some of {', '.join(BACKENDS)}")
+    if output_text is not None:
+        if clients is not None or url is not None:
+            fail("--output-search measures the output search of each backend here: not with --clients or --url")
+        return output_bench(model, names, dsn, data_dir, output_text, json_out)
     check_mode(ctx, clients, url, names)
     if clients is not None:
         return clients_bench(clients, url, tokens, temperature, seed, model, names[0], dsn, data_dir, json_out,
@@ -109,6 +117,37 @@ def loaded(ckpt, model: str, dirs: dict[str, Path], dsn: str | None, stores: lis
         loads[name] = {"load_s": round(time.perf_counter() - t0, 2), "disk_mb": store_size_mb(store)}
         engines[name] = open_engine(store, model).open
     return engines, loads
+
+
+def output_bench(model: str, names: list[str], dsn: str | None, data_dir: Path | None, text: Path,
+                 json_out: Path | None) -> None:
+    """--output-search: each backend's output search, approximate against exact, over a text's
+    positions (the hidden states numpy's, the same for both searches and every backend)."""
+    from puffergpt import loading, output_search, tokenizer
+
+    ids = tokenizer.encode(text.read_text())
+    rows = []
+    with clear_errors(), tempfile.TemporaryDirectory(prefix="puffergpt-bench-") as tmp:
+        ckpt = checkpoints.load(model)
+        xs = output_search.hidden_states(ckpt, ids)
+        for name in names:
+            store = open_store(name, data_dir or Path(tmp) / name, dsn)
+            try:
+                key = loading.model_key(model)
+                loading.load(store, ckpt, key)
+                t0 = time.perf_counter()
+                loading.build_output_index(store, key, model)
+                index_s = time.perf_counter() - t0
+                products = loading.open_engine(store, model).views()
+                got = output_search.measure(products, xs)
+                rows.append({"model": ckpt.name if len(ckpt.name) <= 10 else Path(ckpt.name).name[:10],
+                             "backend": name, "index_s": index_s, "text": str(text), **got})
+            finally:
+                store.close()
+    click.echo(output_search.table(rows))
+    if json_out:
+        json_out.write_text(json.dumps(rows, indent=2) + "\n")
+        click.echo(f"wrote {json_out}")
 
 
 def store_size_mb(store) -> float | None:

@@ -94,6 +94,14 @@ def client_key_option(f):
                              "[env PUFFERGPT_API_KEY: its first key]")(f)
 
 
+def output_search_option(f):
+    return click.option("--output-search", type=click.Choice(["exact", "approximate"]), default="exact",
+                        show_default=True,
+                        help="how the next token is found: exact scores every token vector; approximate searches "
+                             "the store's HNSW index (built by `puffergpt load --output-index`), which may miss "
+                             "some of the best (docs/benchmarks.md)")(f)
+
+
 def notebook_option(f):
     return click.option("--notebook", "notebook_path", type=click.Path(path_type=Path), default=None,
                         help="the insight notebook, a git repository [default: DATA/notebook]")(f)
@@ -191,12 +199,16 @@ class Opened:
 
 
 def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn: str | None,
-               max_running: int | None = None, text_ttl_s: float | None = None) -> Opened:
+               max_running: int | None = None, text_ttl_s: float | None = None,
+               output_search: str = "exact") -> Opened:
     """The one way a command opens a model: ``engine`` "reference" is the numpy GPT-2 on the
     checkpoint; "search" the engine on the store, verified, the model loaded on first use, with
     at most ``max_running`` texts generating at once (a server's bound; default the scheduler's)
-    and its texts' keys dropped by any server once unused for ``text_ttl_s`` (default 30 minutes)."""
+    and its texts' keys dropped by any server once unused for ``text_ttl_s`` (default 30 minutes);
+    ``output_search``: how a text's next token is found unless it says (``Engine``)."""
     if engine == "reference":
+        if output_search != "exact":
+            fail("--output-search approximate searches a store's index: use it with --engine search")
         from puffergpt.reference import NumpyProducts
 
         ckpt = checkpoints.load(model)
@@ -204,7 +216,7 @@ def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn
     checkpoints.check_model(model)  # a bad name or path says so before the store is opened
     store = open_store(backend, data_dir, dsn)
     try:
-        e = search_engine(store, model, max_running, text_ttl_s)
+        e = search_engine(store, model, max_running, text_ttl_s, output_search)
     except BaseException:
         store.close()
         raise
@@ -212,12 +224,12 @@ def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn
 
 
 def open_served(model: str, backend: str, data_dir: Path | None, dsn: str | None, notebook_path: Path | None,
-                max_running: int | None = None, text_ttl_s: float | None = None):
+                max_running: int | None = None, text_ttl_s: float | None = None, output_search: str = "exact"):
     """(Opened, Notebook): what serve and mcp hold, the model on its store (loaded on first use)
     and the notebook; a notebook that can't be opened closes the store and says which option."""
     from puffergpt import notebook as nb
 
-    opened = open_model("search", model, backend, data_dir, dsn, max_running, text_ttl_s)
+    opened = open_model("search", model, backend, data_dir, dsn, max_running, text_ttl_s, output_search)
     try:
         return opened, nb.Notebook(notebook_dir(notebook_path, data_dir))
     except nb.NotebookError as e:
@@ -225,7 +237,8 @@ def open_served(model: str, backend: str, data_dir: Path | None, dsn: str | None
         fail(f"{e} (choose another with --notebook DIR)")
 
 
-def search_engine(store, model: str, max_running: int | None = None, text_ttl_s: float | None = None) -> Engine:
+def search_engine(store, model: str, max_running: int | None = None, text_ttl_s: float | None = None,
+                  output_search: str = "exact") -> Engine:
     """The model's engine on a store, loading it into the store on first use."""
     from puffergpt import loading
     from puffergpt.scheduler import Scheduler
@@ -234,7 +247,8 @@ def search_engine(store, model: str, max_running: int | None = None, text_ttl_s:
 
     def engine() -> Engine:  # verified: never serve a damaged store
         return loading.open_engine(store, model, verify=True, progress=True,
-                                   scheduler=Scheduler(max_running) if max_running else None, **ttl)
+                                   scheduler=Scheduler(max_running) if max_running else None,
+                                   output_search=output_search, **ttl)
 
     try:
         return engine()

@@ -23,6 +23,7 @@ from puffergpt.cli.options import (
     notebook_dir,
     notebook_option,
     open_served,
+    output_search_option,
     resolve_model,
     store_settings,
     workers_option,
@@ -35,6 +36,7 @@ from puffergpt.cli.options import (
 @backend_option
 @data_option
 @notebook_option
+@output_search_option
 @click.option("--host", default="127.0.0.1", show_default=True, help="the address to listen on")
 @click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
 @click.option("--max-texts", type=click.IntRange(1, 1000), default=32, show_default=True, help="texts open at once")
@@ -67,8 +69,8 @@ from puffergpt.cli.options import (
 @click.option("--max-request-tokens", type=click.IntRange(1, 10**7), default=8192, show_default=True,
               help="tokens a /v1 request may compute over its choices (prompt tokens read, scored, new); "
                    "more is refused up front")
-def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, max_running, idle_minutes,
-          text_ttl, workers, cors_origins, allowed_hosts, api_keys, public_read_only, no_auth, public_url,
+def serve(model, backend, dsn, data_dir, notebook_path, output_search, host, port, max_texts, max_running,
+          idle_minutes, text_ttl, workers, cors_origins, allowed_hosts, api_keys, public_read_only, no_auth, public_url,
           max_request_seconds, max_request_tokens) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
     from puffergpt.server.auth import check_exposure
@@ -85,7 +87,8 @@ def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, m
         click.echo(f"puffergpt: --no-auth: anyone who reaches {host} may generate and write the notebook", err=True)
     model, fallback = resolve_model(model)
     with clear_errors(held=SHARED):
-        opened, notebook = open_served(model, backend, data_dir, dsn, notebook_path, max_running, text_ttl)
+        opened, notebook = open_served(model, backend, data_dir, dsn, notebook_path, max_running, text_ttl,
+                                       output_search)
     config = ServerConfig(max_open_texts=share(max_texts, workers), idle_s=idle_minutes * 60,
                           trusted_hosts=trusted, fallback=fallback, cors_origins=cors_origins,
                           max_request_s=max_request_seconds, max_request_tokens=max_request_tokens,
@@ -101,7 +104,7 @@ def serve(model, backend, dsn, data_dir, notebook_path, host, port, max_texts, m
         else:
             spec = WorkerSpec(model, backend, str(default_data(data_dir)), {**store_settings(dsn),
                               **opened.store.worker_options()}, asdict(config), share(max_running, workers), text_ttl,
-                              str(notebook_dir(notebook_path, data_dir)))
+                              str(notebook_dir(notebook_path, data_dir)), output_search)
             serve_with_workers(spec, workers, host, port, f"puffergpt: {model} on {backend}, {documents}, "
                                                            f"{workers} worker processes. Open {url}")
 

@@ -35,7 +35,10 @@ def make_model(out: Path, preset: str, seed: int) -> None:
 @click.option("--metric", type=click.Choice(METRICS), default=None,
               help="the encoding of rows as documents [default: the store's most precise]")
 @click.option("--repair", is_flag=True, help="read every document back and rewrite what does not match")
-def load(model, backend, dsn, data_dir, metric, repair) -> None:
+@click.option("--output-index", is_flag=True,
+              help="also build the approximate (HNSW) index over the token vectors that --output-search "
+                   "approximate searches (minutes at GPT-2's size); with --repair, build it again")
+def load(model, backend, dsn, data_dir, metric, repair, output_index) -> None:
     """Write a model's weights into the store, one document a row."""
     from puffergpt import costs, loading
 
@@ -45,6 +48,11 @@ def load(model, backend, dsn, data_dir, metric, repair) -> None:
         t0 = time.perf_counter()
         try:
             m = loading.load(store, ckpt, loading.model_key(model), metric=metric, repair=repair)
+            if output_index:
+                m = loading.build_output_index(store, loading.model_key(model), model, rebuild=repair)
+                click.echo(f"{model}: the approximate index over its {m['indexes']['wte']['rows']:,} token vectors "
+                           f"is built (HNSW); recall@40 against exact, token vectors as queries: "
+                           f"{m['indexes']['wte']['recall_at_build']:.3f}", err=True)
         finally:
             store.close()
     nbytes = loading.stored_bytes(m)

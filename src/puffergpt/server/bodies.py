@@ -138,6 +138,7 @@ class SamplingBody(Strict):
     temperature: float = Field(1.0, ge=0, le=100)
     top_k: int = Field(40, ge=1, le=tokenizer.VOCAB_SIZE)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    output_search: Literal["exact", "approximate"] | None = None  # None: as the text has it (the server's default)
 
 
 class GeneratedAt(Strict):
@@ -225,6 +226,14 @@ class MapBody(Strict):
     words: list[str] = Field(..., min_length=2, max_length=MAX_MAP_WORDS)
     text_id: str | None = Field(None, max_length=64)
     position: int | None = None
+
+
+class OutputSearchBody(Strict):
+    """A text's token whose prediction both output searches answer (``output_search.at``)."""
+    text_id: str = Field(..., max_length=64)
+    position: int = Field(..., ge=1)
+    k: int = Field(40, ge=1, le=MAX_VIEW_K)
+    ef: int | None = Field(None, ge=1, le=1000)  # the index's search list (None: the one it was built with)
 
 
 class ContextsBody(Strict):

@@ -217,6 +217,7 @@ class CommonBody(BaseModel):
     stop: str | list[str] | None = Field(default_factory=list, validate_default=True)
     stream: bool = False
     stream_options: dict | None = None
+    output_search: Literal["exact", "approximate"] | None = None  # puffergpt's extension (issue 35)
 
     @field_validator("stop")
     @classmethod

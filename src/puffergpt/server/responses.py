@@ -227,6 +227,24 @@ class Contexts(Response):
     requests: list[dict[str, Any]]
 
 
+class OutputSearch(Response):
+    """The next token's search, exact and approximate, side by side (``output_search.at``): each
+    one's tokens, logits, ms and rows scored (None: the store does not say), what the index missed
+    (with its exact rank), recall@k; ``available`` False with ``why`` where there is no index."""
+
+    available: bool
+    position: int
+    k: int
+    why: str | None = None
+    exact: dict[str, Any] | None = None
+    approximate: dict[str, Any] | None = None
+    missed: list[dict[str, Any]] | None = None
+    recall: float | None = None
+    same_greedy: bool | None = None
+    index: dict[str, Any] | None = None
+    requests: list[dict[str, Any]] = []
+
+
 class Compare(Response):
     """The engine's top-k beside the reference's logits, and the largest difference."""
 

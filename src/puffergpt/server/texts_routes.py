@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
-from puffergpt import inspector, tokenizer, views
+from puffergpt import inspector, output_search, tokenizer, views
 from puffergpt.sampling import Sampling
 from puffergpt.server import responses
 from puffergpt.server.bodies import (
@@ -151,6 +151,8 @@ def generate(body: SamplingBodyInspect, t: TextDep, config: ConfigDep, generatio
     ``inspect``, each token also carries its attention and lens."""
     s = check_generation(t.config, Sampling(body.temperature, body.top_k, body.seed), t.length, body.max_tokens,
                          config.max_new_tokens)  # errors before the stream are plain 4xx
+    if body.output_search is not None:
+        output_search.choose(t, body.output_search)  # 400 naming the command where there is no index
     stop_event = t.begin()  # 409 if it is generating already
     inspect = body.lens_k if body.inspect else 0
     return stream(generations, lambda stop: generation_events(t, body.max_tokens, s, inspect, stop),

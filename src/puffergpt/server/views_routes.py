@@ -1,7 +1,8 @@
 """The embedding views: an analogy, a word's neighbours, a map of token vectors (with
 the path of a text's token through the layers). Each is a fetch and a search or two on
-products of its own, counted in the response's ``requests``. And a word in two or three
-contexts, layer by layer (``contexts.py``): a prefill and a lens search a prompt, each on
+products of its own, counted in the response's ``requests``. The next token of a text's
+position found exactly and through the approximate index, side by side (``output_search.py``).
+And a word in two or three contexts, layer by layer (``contexts.py``): a prefill and a lens search a prompt, each on
 products of its own."""
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from collections.abc import Callable
 
 from fastapi import APIRouter
 
-from puffergpt import contexts, inspector, views
+from puffergpt import contexts, inspector, output_search, views
 from puffergpt.engine import Engine
 from puffergpt.server import responses
-from puffergpt.server.bodies import AnalogyBody, ContextsBody, MapBody, NeighboursBody
+from puffergpt.server.bodies import AnalogyBody, ContextsBody, MapBody, NeighboursBody, OutputSearchBody
 from puffergpt.server.render import request_json
 from puffergpt.server.responses import BODY, errors
 from puffergpt.server.state import EngineDep, TextsDep, open_text
@@ -68,6 +69,16 @@ def embedding_map(body: MapBody, engine: EngineDep, texts: TextsDep) -> dict:
         got, _, _ = inspector.inspect(t, body.position, 5, explain=False)
         residual = got["residual"]
     return view(engine, lambda p: views.embedding_map(p, list(body.words), residual, engine.token_counts))
+
+
+@router.post("/output_search", response_model=responses.OutputSearch, operation_id="compareOutputSearch",
+             summary="The next token found exactly and through the approximate index",
+             responses=errors(*BODY, 404, 503))
+def output_search_view(body: OutputSearchBody, texts: TextsDep) -> dict:
+    """The next token at a text's position found both ways, exact (every token vector scored) and
+    through the store's approximate index, side by side: what the index missed, and each one's time."""
+    got, requests = output_search.at(open_text(body.text_id, texts), body.position, body.k, body.ef)
+    return {**got, "requests": [request_json(r) for r in requests]}
 
 
 @router.post("/contexts", response_model=responses.Contexts, operation_id="compareContexts",

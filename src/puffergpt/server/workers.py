@@ -72,6 +72,7 @@ class WorkerSpec:
     max_running: int
     text_ttl_s: float
     notebook: str | None = None
+    output_search: str = "exact"  # serve --output-search: how a text's next token is found by default
 
 
 class Worker:
@@ -227,8 +228,8 @@ def worker_main() -> None:
     config = worker_config(spec.config)
     store = open_store(spec.backend, Path(spec.data_dir) if spec.data_dir else None, **spec.store_options)
     try:
-        engine = loading.open_engine(store, spec.model, scheduler=Scheduler(spec.max_running),
-                                     text_ttl_s=spec.text_ttl_s)  # checked by the parent
+        engine = loading.open_engine(store, spec.model, scheduler=Scheduler(spec.max_running),  # checked by the parent
+                                     text_ttl_s=spec.text_ttl_s, output_search=spec.output_search)
         notebook = None
         if spec.notebook is not None:
             from puffergpt import notebook as nb

@@ -25,6 +25,8 @@ function samplingBody() {
     top_k: readTopK(),
     seed: readNumber("seed", 0, Number.MAX_SAFE_INTEGER, "Seed", null),
   };
+  const how = $("output-search-mode").value; // exact, or the store's approximate index ("": the server's)
+  if (how) body.output_search = how;
   if ($("inspect-live").checked) body.inspect = true; // attention and the lens with every token
   return body;
 }

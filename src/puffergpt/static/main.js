@@ -13,6 +13,7 @@ import { initInside } from "./inside.js";
 import { initInsightForm } from "./insight.js";
 import { initKv } from "./kvcache.js";
 import { initNotebook } from "./notebook.js";
+import { initOutputSearch } from "./outputsearch.js";
 import { initPhases } from "./phases.js";
 import { S, renderAll, view } from "./state.js";
 import { initTokens } from "./tokens.js";
@@ -63,6 +64,7 @@ function initPlayground() {
   view("controls", renderControls);
   initControls();
   initCompare();
+  initOutputSearch();
   initEmbedding();
   initContexts();
   initInsightForm();

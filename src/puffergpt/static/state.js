@@ -125,5 +125,5 @@ export function select(p) {
   document.querySelectorAll("#tokens .token.selected").forEach((el) => el.classList.remove("selected"));
   const el = document.querySelector(`#tokens .token[data-position="${p}"]`);
   if (el) el.classList.add("selected");
-  render("candidates", "inside", "waterfall", "controls");
+  render("candidates", "inside", "waterfall", "controls", "output-search");
 }

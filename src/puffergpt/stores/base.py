@@ -58,6 +58,10 @@ class StoreHeld(StoreError):
         self.data_dir, self.holder = data_dir, holder
 
 
+class NoIndex(StoreError):
+    """The store has no approximate index where one was asked for (``build_index`` makes one)."""
+
+
 class ReaderDied(StoreError):
     """The process reading the store died (the database aborted on damaged files)."""
 
@@ -440,6 +444,59 @@ class Store(ABC):
     def _check_metric(self, metric: str | None) -> None:
         if metric is not None and metric not in self.metrics:
             raise StoreError(f"the {self.name} store has no metric {metric!r}; it has {', '.join(self.metrics)}")
+
+    # --- optional: an approximate (ANN) index over the documents of one attribute value ---
+    @_serial
+    def build_index(self, ns: str, on: tuple[str, str], metric: str, params: dict, progress=None) -> dict:
+        """Build (or rebuild) an approximate nearest-neighbour index over the documents of ns whose
+        str attribute ``on[0]`` is ``on[1]`` (the weights' ``("matrix", "wte")``), ranked by ``metric``.
+        ``params``: the index's own (HNSW: ``m``, ``ef_construction``); ``progress(done, total)``
+        is called as rows go in. -> what was built (kind, params, rows), for the manifest."""
+        layout = self.layout(ns)
+        self._check_metric(metric)
+        return self._build_index(ns, layout, self._on(on, layout), metric, dict(params), progress)
+
+    @_serial
+    def has_index(self, ns: str, on: tuple[str, str], metric: str) -> bool:
+        """Whether an approximate index over ns's ``on`` documents, by ``metric``, is built here."""
+        return self._has_index(ns, self._on(on, self.layout(ns)), metric)
+
+    @_serial
+    def search_approximate(self, ns: str, on: tuple[str, str], queries: Sequence[Query], metric: str,
+                           include: Sequence[str] = (), ef: int = 128) -> Hits:
+        """Approximate top-k through the index ``build_index`` made: each query's ``top_k`` hits
+        (best first) among ns's ``on`` documents, with the metric's value computed in full
+        precision for each hit returned (so a hit's score is exact; which hits come back is not:
+        the index may miss some of the true top k). ``ef``: the search's candidate list (HNSW).
+        NoIndex where none is built."""
+        layout = self.layout(ns)
+        self._check_metric(metric)
+        on = self._on(on, layout)
+        qs = [self._valid_query(q, layout) for q in queries]
+        if any(q.top_k is None or q.filter for q in qs):
+            raise StoreError("an approximate search asks for a top_k and filters by nothing else")
+        if isinstance(ef, bool) or not isinstance(ef, numbers.Integral) or not 1 <= ef <= 1000:
+            raise StoreError(f"invalid ef {ef!r}: an integer from 1 to 1,000")
+        return self._search_approximate(ns, layout, on, qs, metric, tuple(include), int(ef))
+
+    @staticmethod
+    def _on(on, layout: Layout) -> tuple[str, str]:
+        if (not isinstance(on, (tuple, list)) or len(on) != 2 or layout.schema.get(on[0]) != "str"
+                or not isinstance(on[1], str)):
+            raise StoreError(f"an index is over the documents of one value of a str attribute, "
+                             f"(attribute, value), not {on!r}")
+        return on[0], on[1]
+
+    def _build_index(self, ns, layout, on, metric, params, progress) -> dict:
+        raise NoIndex(f"the {self.name} store can't build an approximate index")
+
+    def _has_index(self, ns, on, metric) -> bool:
+        return False
+
+    def _search_approximate(self, ns, layout, on, queries, metric, include, ef) -> Hits:
+        """The searches; NoIndex where none is built (checked here, not by a request of its own
+        before every search: the output search costs one request, as the exact one does)."""
+        raise NoIndex(f"the {self.name} store has no approximate index")
 
     # --- optional capabilities: these defaults are right for a database on a server ---
     def disk_bytes(self) -> int | None:

@@ -17,6 +17,7 @@ The data directory (one process at a time; ``datadir.Home``):
     puffergpt.lock    held by the process that has it open
     meta.json         put_meta / get_meta (manifests, stamps), replaced atomically
     zvec/             the weights on zvec (zvec.py)
+    zvec-index/       approximate (HNSW) indexes over the token vectors, where built (zvec.py)
     qdrant/           the weights on Qdrant Edge, where zvec can't run (qdrant_edge.py)
     tmp/              a text's keys, wiped at open
 
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from puffergpt.stores import datadir, qdrant_edge
 from puffergpt.stores import zvec as zv
-from puffergpt.stores.base import Store, StoreError
+from puffergpt.stores.base import NoIndex, Store, StoreError
 
 log = logging.getLogger("puffergpt")
 FORMAT = 2  # 1: an earlier release's (weights on Qdrant Edge under edge/, no format.json)
@@ -113,6 +114,22 @@ class EmbeddedStore(Store):
     def _count(self, ns, layout, filter):
         return self._of(ns)._count(ns, layout, filter)
 
+    # --- the approximate index over the token vectors: zvec's HNSW (none where the weights are on Qdrant Edge) ---
+    def _build_index(self, ns, layout, on, metric, params, progress):
+        return self._indexer()._build_index(ns, layout, on, metric, params, progress)
+
+    def _has_index(self, ns, on, metric):
+        return not self.fallback and self.weights._has_index(ns, on, metric)
+
+    def _search_approximate(self, ns, layout, on, queries, metric, include, ef):
+        return self._indexer()._search_approximate(ns, layout, on, queries, metric, include, ef)
+
+    def _indexer(self) -> zv.ZvecStore:
+        if self.fallback:
+            raise NoIndex("this data directory keeps the weights on Qdrant Edge (zvec can't run on this CPU, or it "
+                          "was made so), where puffergpt builds no approximate index: use --output-search exact")
+        return self.weights
+
     def _put_meta(self, key, value):
         self.weights._put_meta(key, value)  # the weights written out first
 
@@ -138,7 +155,7 @@ class EmbeddedStore(Store):
     def disk_bytes(self) -> int:
         """Bytes of this store's files (weights, keys, metadata), not those of others sharing
         --data (pgvector's local server, the notebook)."""
-        own = [self.root / d for d in (zv.KEPT, qdrant_edge.KEPT, "tmp", datadir.META_FILE, FORMAT_FILE)]
+        own = [self.root / d for d in (zv.KEPT, zv.INDEXES, qdrant_edge.KEPT, "tmp", datadir.META_FILE, FORMAT_FILE)]
         return sum(p.stat().st_size for d in own if d.exists()
                    for p in ([d] if d.is_file() else d.rglob("*")) if p.is_file())
 

@@ -3,7 +3,7 @@
 A namespace is a table ``"ns:<name>"`` (id text primary key, vector vector(dim),
 one typed column per attribute: int -> bigint, float -> double precision, str -> text) with a B-tree on the
 attribute columns, so that a filter on ``matrix`` (or layer, head) reads only the
-rows it keeps. There is deliberately no ANN index: every search is an exact scan
+rows it keeps. There is deliberately no ANN index on a namespace: every search is an exact scan
 of the rows that match its filter, ordered by pgvector's operators
 
 - ``<#>`` negative inner product (returned negated: the inner product, larger is closer),
@@ -11,6 +11,10 @@ of the rows that match its filter, ordered by pgvector's operators
 - ``<=>`` cosine distance.
 
 pgvector computes each of them in float32 over float32 vectors, as DuckDB does.
+
+The one approximate search, ``--output-search approximate``'s, is pgvector's HNSW on tables
+of their own (``"ann:<digest>"``: one value's vectors padded to one length, and their copies),
+made by ``build_index`` beside the namespace, never on it.
 
 Many queries travel in one round trip: their vectors, and the filter values that
 differ between them, are arrays unnested into a query relation ``q`` that joins
@@ -39,6 +43,7 @@ reads back with its keys in their order.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import shlex
@@ -52,7 +57,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import numpy as np
 
 from puffergpt.stores import pglocal
-from puffergpt.stores.base import Filter, Hits, Layout, Query, Store, StoreError, check_name
+from puffergpt.stores.base import Filter, Hits, Layout, NoIndex, Query, Store, StoreError, check_name
 
 try:
     import psycopg
@@ -66,6 +71,7 @@ except ImportError as e:  # pragma: no cover - the package's optional dependenci
         f"the pgvector backend needs psycopg 3 and pgvector ({e}): pip install 'psycopg[binary]' pgvector"
     ) from None
 
+PAD_SLACK = 1.5  # M over the longest vector: see zvec.PAD_SLACK
 _SQL_TYPES = {"int": "bigint", "float": "double precision", "str": "text"}
 # metric -> (pgvector's operator over t.vector and q.v, smaller is closer; the metric's value from it)
 _METRICS = {
@@ -192,6 +198,8 @@ class PgvectorStore(Store):
         self.conn: psycopg.Connection | None = None
         self._closed = False
         self._ns: dict[str, Layout] = {}
+        self._ef: int | None = None  # hnsw.ef_search as this session has it set (None: the server's default)
+        self._ann_M: dict[str, float] = {}  # an index's vectors' length, by its _meta key
         self._used = time.monotonic()  # when a call last used the connection (_check_idle)
         with self.lock:
             self._connect()
@@ -306,6 +314,7 @@ class PgvectorStore(Store):
             pass
         self.conn = None
         self._ns.clear()
+        self._ef = None
 
     def _run(self, query, params: Sequence | dict | None = None, binary: bool = True) -> list:
         cur = self.conn.execute(query, params, binary=binary)
@@ -355,6 +364,10 @@ class PgvectorStore(Store):
         with self.conn.transaction():
             self._run(sql.SQL("DROP TABLE IF EXISTS {}").format(_table(ns)))
             self._run("DELETE FROM _namespaces WHERE name = %s", [ns])
+            for (key,) in self._run("DELETE FROM _meta WHERE starts_with(key, %s) RETURNING key", [f"index:{ns}:"]):
+                self._run(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(  # its approximate indexes' tables
+                    _ann_table(key), _ann_table(key, "copies")))
+                self._ann_M.pop(key, None)
         self._ns.pop(ns, None)
 
     @_locked
@@ -505,6 +518,103 @@ class PgvectorStore(Store):
             )
         return Hits(index[np.fromiter(cols[0], np.int64, n)], np.fromiter(cols[1], np.float64, n), attrs)
 
+    # --- an approximate index: pgvector's HNSW over the padded vectors, in a table of their own ---
+    @staticmethod
+    def _ann(ns: str, on: tuple[str, str], metric: str) -> tuple[sql.Identifier, str]:
+        """The index's table (a digest: PostgreSQL cuts names at 63 bytes) and its _meta key."""
+        key = f"index:{ns}:{on[0]}={on[1]}:{metric}"
+        return _ann_table(key), key
+
+    @_locked
+    def _has_index(self, ns, on, metric):
+        table, key = self._ann(ns, on, metric)
+        return self._get_meta(key) is not None and self._one("SELECT to_regclass(%s)", [table.as_string(
+            self.conn)])[0] is not None
+
+    @_locked
+    def _build_index(self, ns, layout, on, metric, params, progress):
+        """``CREATE INDEX ... USING hnsw (vector vector_cosine_ops)`` on a table of the documents'
+        vectors padded to one length M (zvec.py says why: the nearest by cosine is then the largest
+        inner product). Identical vectors go into the graph once: the others are in a second table
+        (id, its first copy's id), and a hit brings its copies. The namespace's table is not touched."""
+        if metric != "inner_product":
+            raise StoreError(f"the pgvector store's approximate index ranks by inner product (puffergpt's default "
+                             f"encoding), not {metric}: load the model without --metric")
+        m, efc = int(params.get("m", 16)), int(params.get("ef_construction", 100))
+        rows = self._run(sql.SQL("SELECT id, vector FROM {} WHERE {} = %s ORDER BY id").format(
+            _table(ns), sql.Identifier(on[0])), [on[1]])
+        if not rows:
+            raise StoreError(f"namespace {ns!r} holds no documents with {on[0]}={on[1]!r} to index")
+        ids = np.array([r[0] for r in rows], object)
+        d = np.stack([r[1].to_numpy() for r in rows])  # (rows, dim)
+        _, first, inverse = np.unique(d, axis=0, return_index=True, return_inverse=True)
+        first_of = ids[first][inverse.ravel()]
+        sq = (d.astype(np.float64) ** 2).sum(axis=1)
+        M = float(np.sqrt(sq.max())) * PAD_SLACK + 1e-6
+        padded = np.concatenate([d, np.sqrt(np.maximum(M * M - sq, 0)).astype(np.float32)[:, None]], axis=1)
+        table, key = self._ann(ns, on, metric)
+        self._ann_M.pop(key, None)
+        copies = _ann_table(key, "copies")
+        with self.conn.transaction():
+            self._run(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(table, copies))
+            self._run(sql.SQL("CREATE TABLE {} (id text PRIMARY KEY, vector vector({}) NOT NULL)").format(
+                table, sql.Literal(d.shape[1] + 1)))
+            self._run(sql.SQL("CREATE TABLE {} (id text PRIMARY KEY, first text NOT NULL)").format(copies))
+            with self.conn.cursor().copy(sql.SQL("COPY {} (id, vector) FROM STDIN (FORMAT BINARY)").format(
+                    table)) as cp:
+                cp.set_types(["text", "vector"])
+                for i in range(len(ids)):
+                    if first_of[i] == ids[i]:
+                        cp.write_row((ids[i], padded[i]))
+                    if progress and (i + 1) % 2048 == 0:
+                        progress(i + 1, len(ids))
+            with self.conn.cursor().copy(sql.SQL("COPY {} (id, first) FROM STDIN").format(copies)) as cp:
+                for i in np.flatnonzero(first_of != ids):
+                    cp.write_row((ids[i], first_of[i]))
+            if progress:
+                progress(len(ids), len(ids))
+            self._run(sql.SQL("CREATE INDEX ON {} (first)").format(copies))
+            self._run("SET LOCAL maintenance_work_mem = '512MB'")  # the graph built in memory, not on disk
+            self._run(sql.SQL("CREATE INDEX ON {} USING hnsw (vector vector_cosine_ops) WITH (m = {}, "
+                              "ef_construction = {})").format(table, sql.Literal(m), sql.Literal(efc)))
+            self._run(sql.SQL("ANALYZE {}").format(table))
+            built = {"kind": "hnsw", "database": "pgvector", "metric": metric, "m": m, "ef_construction": efc,
+                     "rows": len(ids), "distinct": len(first), "reduction": "padded to one length, searched by cosine"}
+            self._put_meta(key, {**built, "M": M})
+        return built
+
+    @_locked
+    def _search_approximate(self, ns, layout, on, queries, metric, include, ef):
+        """One statement a query: the graph's k nearest by cosine, each with its copies, and the
+        attributes from the namespace's table. hnsw.ef_search is set for the session when it
+        changes (a statement of its own, once)."""
+        table, key = self._ann(ns, on, metric)
+        if key not in self._ann_M:  # read once: a search is one statement
+            if (info := self._get_meta(key)) is None:
+                raise NoIndex(f"the pgvector store has no approximate index over {ns} {on[0]}={on[1]}")
+            self._ann_M[key] = float(info["M"])
+        M = self._ann_M[key]
+        if self._ef != ef:
+            self._run(sql.SQL("SET hnsw.ef_search = {}").format(sql.Literal(int(ef))))
+            self._ef = ef
+        sel = sql.SQL("").join(sql.SQL(", t.{}").format(sql.Identifier(a)) for a in include)
+        parts = []
+        for i, q in enumerate(queries):
+            v = np.append(q.vector, np.float32(0)).astype(np.float32)
+            rows = self._run(sql.SQL(
+                "WITH h AS (SELECT id, vector <=> %b::vector AS d FROM {a} ORDER BY vector <=> %b::vector LIMIT {k}), "
+                "c AS (SELECT h.id AS first, h.id, h.d FROM h UNION ALL "
+                "SELECT c.first, c.id, h.d FROM h JOIN {c} c ON c.first = h.id) "
+                "SELECT c.d{sel} FROM c JOIN {t} t ON t.id = c.id "
+                "ORDER BY c.d, c.first, c.id LIMIT {k}").format(a=table, c=_ann_table(key, "copies"), t=_table(ns),
+                                                                sel=sel, k=sql.Literal(int(q.top_k))), [v, v])
+            qn = float(np.sqrt((q.vector.astype(np.float64) ** 2).sum()))
+            parts.append(Hits(np.full(len(rows), i, np.int64),
+                              np.array([(1 - r[0]) * M * qn for r in rows], np.float64),  # cosine -> d.q
+                              {a: np.array([r[1 + j] for r in rows], _NP_TYPES[({"id": "str"} | layout.schema)[a]])
+                               for j, a in enumerate(include)}))
+        return Hits.concat(parts, include)
+
     # --- metadata ---
     @_locked
     def _put_meta(self, key, value):
@@ -536,6 +646,12 @@ class PgvectorStore(Store):
                 self.conn = None
             if self.local is not None:
                 self.local.release()
+
+
+def _ann_table(key: str, part: str = "") -> sql.Identifier:
+    """An approximate index's table (``part`` "copies": its copies' table), named by a digest of
+    its _meta key: PostgreSQL cuts names at 63 bytes."""
+    return sql.Identifier("ann:" + hashlib.sha1(key.encode()).hexdigest()[:24] + (f":{part}" if part else ""))
 
 
 def storage(dim: int) -> str:
