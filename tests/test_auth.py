@@ -37,10 +37,10 @@ def apps(loaded, tiny, tmp_path_factory):
     for name, config in {"keys": ServerConfig(api_keys=KEYS), "read-only": ServerConfig(public_read_only=True),
                          "both": ServerConfig(api_keys=KEYS[:1], public_read_only=True)}.items():
         book = nb.Notebook(tmp_path_factory.mktemp("auth") / "notebook")
-        made[name] = (TestClient(create_app(engine, config, notebook=book)), book)
+        made[name] = (TestClient(create_app(engine, config, notebook=book)).__enter__(), book)
     yield made
-    for c, _ in made.values():
-        c.close()
+    for c, _ in made.values():  # the lifespan's end closes every text (the store is the session's)
+        c.__exit__(None, None, None)
 
 
 def bearer(key: str) -> dict:
@@ -109,7 +109,8 @@ def test_public_read_only_generates_for_anyone_and_writes_no_notebook(apps):
     c, book = apps["read-only"]
     before = commits(book)
     assert c.post("/v1/completions", json=COMPLETION).status_code == 200
-    assert c.post("/api/texts", json={"prompt": "hello"}).status_code == 201
+    r = c.post("/api/texts", json={"prompt": "hello"})
+    assert r.status_code == 201 and c.delete(f"/api/texts/{r.json()['id']}").status_code == 200
     for path, body in (("/api/insights", INSIGHT), ("/api/insights/push", {})):
         r = c.post(path, json=body, headers=bearer(KEYS[0]))  # no key is set: no one writes
         message = str(r.json())  # {"detail"} today; whatever /api's error shape, the words are in it

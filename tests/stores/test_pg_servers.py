@@ -104,7 +104,7 @@ def test_a_learner_continues_on_another_server_after_a_kill(cluster, demo):
         assert not cluster.alive(dead) and len(tokens) > len(prompt) + 4
         # The learner's next request reaches the other server, which does not hold the text.
         r = client.post(f"/api/texts/{t['id']}/generate", json={"max_tokens": 1, "temperature": 0})
-        assert r.status_code == 404 and r.json()["code"] == "text_not_found", r.text
+        assert r.status_code == 404 and r.json()["error"]["code"] == "text_not_found", r.text
         # Reopened through the balancer from what the learner kept, then carried on.
         body = {"prompt_ids": tokens, "reopen": {"length": len(tokens), "generated": [
             {"position": p, "temperature": 0.0} for p in range(len(prompt), len(tokens))]}}
