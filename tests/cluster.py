@@ -42,7 +42,7 @@ def haproxy_config(port: int, servers: dict[str, int]) -> str:
         "    retries 3", "    option redispatch 1",
         "frontend learners", f"    bind 127.0.0.1:{port}", "    default_backend puffergpt",
         "backend puffergpt", "    balance roundrobin", "    cookie puffergpt insert indirect nocache",
-        "    option httpchk", "    http-check send meth GET uri /api/status ver HTTP/1.1 hdr Host 127.0.0.1",
+        "    option httpchk", "    http-check send meth GET uri /ready ver HTTP/1.1 hdr Host 127.0.0.1",
     ]
     lines += [f"    server {name} 127.0.0.1:{p} check inter 250ms fall 1 rise 1 cookie {name}"
               for name, p in servers.items()]
