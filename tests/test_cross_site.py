@@ -11,6 +11,7 @@ tests/test_cross_site_page.py)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -43,6 +44,7 @@ ROUTES = [
     ("POST", "/api/texts/{id}/cut", {"position": 1}),
     ("POST", "/api/texts/{id}/branch", {"position": 1, "rank": 1}),
     ("POST", "/api/texts/{id}/stop", {}),
+    ("POST", "/api/texts/{id}/steps/3/ablate", {"parts": ["mlp 0"], "mode": "mean"}),
     ("DELETE", "/api/texts/{id}", {}),
     ("POST", "/api/compare", {"prompt": "hello", "top_k": 5}),
     ("POST", "/api/analogy", {"a": " man", "b": " woman", "c": " king", "k": 3}),
@@ -165,6 +167,19 @@ def test_a_request_another_site_can_send_is_refused_and_nothing_runs(served, tex
         assert headers.get("origin", "Sec-Fetch-Site") in message, message
     else:
         assert "application/json" in message and (headers.get("content-type", "no Content-Type") in message), message
+
+
+def test_every_route_that_changes_state_or_costs_work_is_listed(served):
+    """The list above is every route the app answers to a POST, PUT, PATCH or DELETE: a new one
+    is checked here the day it is added."""
+    def template(path: str) -> str:
+        path = re.sub(r"/steps/[0-9]+/", "/steps/{position}/", path)
+        return path.replace("{id}", "{text_id}").replace("{insight}", "{insight_id}")
+
+    listed = {(m, template(p)) for m, p, _ in ROUTES}
+    doc = httpx.get(served.url + "/openapi.json").json()  # every route the app documents
+    routes = {(m.upper(), p) for p, item in doc["paths"].items() for m in item if m not in ("get", "head", "options")}
+    assert routes - listed == set() and listed - routes == set()
 
 
 def test_the_notebook_takes_its_own_page_only(served, text_id):
