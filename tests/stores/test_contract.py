@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from puffergpt.stores import BACKENDS, Hits, Layout, Query, Store, StoreError, open_store, register
+from puffergpt.stores.base import NoIndex
 
 SCHEMA = {"matrix": "str", "row": "int"}
 
@@ -426,3 +427,24 @@ def test_embedded_ephemeral_namespaces_end_with_the_process(tmp_path):
     s = open_store("embedded", tmp_path)
     assert s.namespaces() == ["kept"]
     s.close()
+
+
+def test_an_approximate_index_is_built_where_the_store_can_and_refused_by_name_elsewhere(store):
+    """The optional index (issue 35): the embedded store on zvec and pgvector build one over a
+    matrix's rows; the fallback (Qdrant Edge, a CPU without AVX2) and turbopuffer say they can't,
+    by name, and a search through an index that was never built is refused too."""
+    metric = "inner_product" if "inner_product" in store.metrics else sorted(store.metrics)[0]
+    fill(store, partition="matrix", metric=metric)
+    can = store.name == "pgvector" or (store.name == "embedded" and not store.fallback)
+    if can:
+        built = store.build_index("m", ("matrix", "a"), metric, {"m": 8, "ef_construction": 32})
+        assert built["rows"] == 50 and store.has_index("m", ("matrix", "a"), metric)
+        return
+    with pytest.raises(NoIndex) as e:
+        store.build_index("m", ("matrix", "a"), metric, {"m": 8, "ef_construction": 32})
+    assert "approximate index" in str(e.value), e.value
+    assert store.name in str(e.value) or "Qdrant Edge" in str(e.value), e.value  # which store, or what it holds
+    assert not store.has_index("m", ("matrix", "a"), metric)
+    with pytest.raises(NoIndex):
+        store.search_approximate("m", ("matrix", "a"), [Query(np.ones(8, np.float32), top_k=3)], metric,
+                                 ("row",), 10)
