@@ -20,11 +20,12 @@ import tempfile
 import time
 from unittest import mock
 
-from puffergpt import checkpoints, loading, tokenizer
-from puffergpt.completion import complete
-from puffergpt.engine import Engine
-from puffergpt.loading import open_engine
-from puffergpt.sampling import Sampling
+from puffergpt.app.completion import complete
+from puffergpt.model import checkpoints, tokenizer
+from puffergpt.model.sampling import Sampling
+from puffergpt.search import loading
+from puffergpt.search.engine import Engine
+from puffergpt.search.loading import open_engine
 from puffergpt.stores import open_store
 
 PROMPT = "The quick brown fox jumps over the lazy dog"

@@ -19,11 +19,12 @@ from collections import defaultdict
 
 import numpy as np
 
-from puffergpt import checkpoints, loading
-from puffergpt.loading import open_engine
-from puffergpt.sampling import Sampling
+from puffergpt.model import checkpoints
+from puffergpt.model.sampling import Sampling
+from puffergpt.search import loading
+from puffergpt.search.loading import open_engine
 from puffergpt.stores import open_store
-from puffergpt.text import Text
+from puffergpt.texts.text import Text
 
 
 def main() -> None:

@@ -28,9 +28,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from cluster import Cluster  # noqa: E402  (the tests' helper: the same processes the test starts)
-from puffergpt import bench_clients as bc  # noqa: E402
-from puffergpt import checkpoints, loading, tokenizer  # noqa: E402
-from puffergpt.reference import Reference  # noqa: E402
+from puffergpt.bench import clients as bc  # noqa: E402
+from puffergpt.model import checkpoints, tokenizer  # noqa: E402
+from puffergpt.model.reference import Reference  # noqa: E402
+from puffergpt.search import loading
 from puffergpt.stores import pglocal  # noqa: E402
 from puffergpt.stores.pgvector import PgvectorStore  # noqa: E402
 

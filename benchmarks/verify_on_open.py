@@ -16,8 +16,9 @@ from __future__ import annotations
 import argparse
 import time
 
-from puffergpt import checkpoints, loading
-from puffergpt.loading import open_engine
+from puffergpt.model import checkpoints
+from puffergpt.search import loading
+from puffergpt.search.loading import open_engine
 from puffergpt.stores import open_store
 
 

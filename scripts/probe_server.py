@@ -46,11 +46,12 @@ from pathlib import Path
 
 import httpx
 
-from puffergpt import checkpoints, loading, tokenizer
 from puffergpt import notebook as nb
-from puffergpt.engine import Engine
-from puffergpt.loading import open_engine
-from puffergpt.reference import NumpyProducts
+from puffergpt.model import checkpoints, tokenizer
+from puffergpt.model.reference import NumpyProducts
+from puffergpt.search import loading
+from puffergpt.search.engine import Engine
+from puffergpt.search.loading import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import server
 from puffergpt.stores import open_store

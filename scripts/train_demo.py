@@ -38,9 +38,9 @@ from safetensors.torch import save_file
 from transformers import GPT2Config, GPT2LMHeadModel
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
-from puffergpt import token_counts
-from puffergpt.tokenizer import EOT, decode, encode
-from puffergpt.views import CARD_ANALOGIES
+from puffergpt.lens.views import CARD_ANALOGIES
+from puffergpt.model import token_counts
+from puffergpt.model.tokenizer import EOT, decode, encode
 
 BLOCK = 256  # context length = n_positions
 VOCAB = 50257
@@ -778,7 +778,7 @@ training tokens as long as the validation set){split_note}:
 {nb}
 - **Analogies** (`wte[b] - wte[a] + wte[c]`, the rows as they are, nearest trained row by
   cosine, leaving out a, b, c: the search the page's analogy does; the list is
-  `puffergpt.views.CARD_ANALOGIES`, and the page's "How many of the card's analogies does it get
+  `puffergpt.lens.views.CARD_ANALOGIES`, and the page's "How many of the card's analogies does it get
   right?" asks it again):
   {len(good)} of {len(proof['analogies'])} tried answer right ({listed} {tried_note}):
 {an}

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from puffergpt import checkpoints, loading
+from puffergpt.model import checkpoints
+from puffergpt.search import loading
 from puffergpt.stores import open_store
 
 

@@ -36,7 +36,7 @@ def layer(rng, n_in=768, n_out=3072):
 def encoding_error_through(store, metric: str) -> float:
     """Store a layer's rows under ``metric``'s encoding, search every row, and return the
     max abs error of the outputs against float64 numpy (asserted within STORE_BOUNDS)."""
-    from puffergpt.documents import Encoding
+    from puffergpt.search.documents import Encoding
     from puffergpt.stores import Query
 
     w, b, x = layer(np.random.default_rng(1))
@@ -88,10 +88,10 @@ def compare_with_reference(ckpt, text, prompt: str, n: int, metric: str = "inner
     """Greedy-generate on ``text`` (a Text over the engine) and with numpy side by side,
     asserting at every step the same top-40 ids, logits within LOGIT_BOUNDS[metric] and the
     same token; closes ``text``. Returns (worst logit difference, tokens)."""
-    from puffergpt import tokenizer
-    from puffergpt.reference import NumpyProducts
-    from puffergpt.sampling import Sampling
-    from puffergpt.text import Text
+    from puffergpt.model import tokenizer
+    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.sampling import Sampling
+    from puffergpt.texts.text import Text
 
     ids = tokenizer.encode(prompt)
     ref = Text(NumpyProducts(ckpt))
@@ -118,8 +118,8 @@ def compare_with_reference(ckpt, text, prompt: str, n: int, metric: str = "inner
 def products_for(kind: str, loaded, ckpt):
     """A products factory for ckpt: "search", the engine on a store it is loaded into
     (``loaded``, the conftest fixture); anything else ("numpy", "reference"), numpy."""
-    from puffergpt.loading import open_engine
-    from puffergpt.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.search.loading import open_engine
 
     if kind != "search":
         return lambda: NumpyProducts(ckpt)

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from helpers import assert_close, message, products_for
-from puffergpt import completion, tokenizer
-from puffergpt.engine import requests_per_token
-from puffergpt.loading import open_engine
-from puffergpt.reference import Ablation, Cache, NumpyProducts, forward
-from puffergpt.sampling import Sampling
+from puffergpt.app import completion
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import Ablation, Cache, NumpyProducts, forward
+from puffergpt.model.sampling import Sampling
+from puffergpt.search.engine import requests_per_token
+from puffergpt.search.loading import open_engine
 from test_demo_model import COPY_HEAD, COPY_LAYER, COPY_PROMPT
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")

@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from helpers import assert_close, message, products_for
-from puffergpt import attribution, completion, inside, inspector, tokenizer
-from puffergpt.loading import open_engine
-from puffergpt.reference import NumpyProducts
-from puffergpt.sampling import Sampling
-from puffergpt.text import Text, TextError
+from puffergpt.app import completion
+from puffergpt.lens import attribution, inside, inspector
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import NumpyProducts
+from puffergpt.model.sampling import Sampling
+from puffergpt.search.loading import open_engine
+from puffergpt.texts.text import Text, TextError
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")
 transformers = pytest.importorskip("transformers")

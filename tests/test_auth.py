@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 
 from puffergpt import notebook as nb
 from puffergpt.cli import main
-from puffergpt.loading import open_engine
+from puffergpt.search.loading import open_engine
 from puffergpt.server import ServerConfig, create_app
-from puffergpt.server.auth import check_exposure
+from puffergpt.server.guards.auth import check_exposure
 
 KEYS = ("first-key-0123", "second-key-4567")
 COMPLETION = {"prompt": "hello", "max_tokens": 2, "temperature": 0}
@@ -126,8 +126,8 @@ def test_public_read_only_generates_for_anyone_and_writes_no_notebook(apps):
 
 def test_mcp_server_sends_the_key(apps):
     """`puffergpt mcp --server URL --api-key KEY` drives a server started with that key."""
-    from puffergpt.mcp_server import Remote, RemoteError
-    from puffergpt.sampling import Sampling
+    from puffergpt.mcp.server import Remote, RemoteError
+    from puffergpt.model.sampling import Sampling
     from puffergpt.server.app import serving
 
     c, _ = apps["keys"]
@@ -155,7 +155,7 @@ def test_workers_serve_with_the_keys_and_hosts_given():
     import json
     from dataclasses import asdict
 
-    from puffergpt.server.workers import worker_config
+    from puffergpt.server.processes.workers import worker_config
 
     config = ServerConfig(api_keys=KEYS, public_read_only=True, trusted_hosts=("127.0.0.1", "host.docker.internal"),
                           cors_origins=("http://localhost:3000",))

@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from puffergpt import bench_clients as bc
-from puffergpt import tokenizer
+from puffergpt.bench import clients as bc
 from puffergpt.cli import main
-from puffergpt.loading import open_engine
-from puffergpt.reference import NumpyProducts, Reference
-from puffergpt.sampling import Sampling
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import NumpyProducts, Reference
+from puffergpt.model.sampling import Sampling
+from puffergpt.search.loading import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
-from puffergpt.text import opened
+from puffergpt.texts.text import opened
 
 
 @pytest.fixture(scope="module")

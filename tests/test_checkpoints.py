@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from puffergpt import checkpoints, hub
-from puffergpt.checkpoints import PRESETS, CheckpointError, GPT2Config, expected_shapes
-from puffergpt.hub import HUB_MODELS, HubModel, fetch_verified
+from puffergpt.model import checkpoints, hub
+from puffergpt.model.checkpoints import PRESETS, CheckpointError, GPT2Config, expected_shapes
+from puffergpt.model.hub import HUB_MODELS, HubModel, fetch_verified
 
 TINY = PRESETS["tiny"]
 
@@ -560,7 +560,7 @@ def test_environment_in_a_real_process(tmp_path, env, words):
     env = {k: v.format(port=port) for k, v in env.items()}
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "XDG_"))}
     clean |= {"HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")} | env
-    code = ("import json; from puffergpt import hub; "
+    code = ("import json; from puffergpt.model import hub; "
             "print(json.dumps([hub.default_model(progress=False), str(hub.default_cache_dir())]))")
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean, timeout=60)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from puffergpt import checkpoints, hub, tokenizer
 from puffergpt.cli import main
-from puffergpt.reference import Reference
+from puffergpt.model import checkpoints, hub, tokenizer
+from puffergpt.model.reference import Reference
 
 PROMPT = "Hello world, this is"
 ENGINES = ["reference", "search"]
@@ -252,7 +252,7 @@ def test_analogy_and_replay_load_the_model_on_first_use(cli_ckpt, tmp_path):
     data directory, analogy and `notebook replay --engine search` load the model as generate
     does, then answer as numpy does."""
     from puffergpt import notebook as nb
-    from puffergpt.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyProducts
     from test_notebook import step_evidence
 
     ckpt = checkpoints.load(str(cli_ckpt))

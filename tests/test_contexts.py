@@ -13,12 +13,14 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from puffergpt import contexts, model_info, tokenizer
 from puffergpt.cli import main
-from puffergpt.loading import open_engine
-from puffergpt.reference import NumpyProducts
+from puffergpt.lens import contexts
+from puffergpt.model import info as model_info
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import NumpyProducts
+from puffergpt.search.loading import open_engine
 from puffergpt.server import create_app
-from puffergpt.text import TextError
+from puffergpt.texts.text import TextError
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")
 transformers = pytest.importorskip("transformers")

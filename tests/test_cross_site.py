@@ -21,14 +21,14 @@ from click.testing import CliRunner
 
 from helpers import message
 from puffergpt import notebook as nb
-from puffergpt import tokenizer
 from puffergpt.cli import main
-from puffergpt.engine import Engine
-from puffergpt.loading import open_engine
-from puffergpt.reference import NumpyProducts
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import NumpyProducts
+from puffergpt.search.engine import Engine
+from puffergpt.search.loading import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
-from puffergpt.server.cross_site import check_origin
+from puffergpt.server.guards.cross_site import check_origin
 
 ALLOWED = "http://localhost:3000"
 # What a request's work calls on the store (a text's keys are upserted off the critical path, maybe after

@@ -20,8 +20,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from puffergpt import notebook as nb
-from puffergpt.loading import open_engine
-from puffergpt.reference import NumpyProducts
+from puffergpt.model.reference import NumpyProducts
+from puffergpt.search.loading import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 from test_cross_site import STORE_CALLS, Served, evidence

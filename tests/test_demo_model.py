@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from puffergpt import tokenizer
-from puffergpt.reference import Cache, NumpyProducts, Trace, forward, softmax
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import Cache, NumpyProducts, Trace, forward, softmax
 
 HELD_OUT = Path(__file__).parent / "data" / "english.txt"  # never trained on: scripts/train_demo.py drops it
 CARD = Path(__file__).parent.parent / "src" / "puffergpt" / "models" / "demo" / "README.md"
@@ -129,7 +129,7 @@ def test_named_analogies_answer_right(demo):
 
 
 def untrained_ids(ckpt) -> np.ndarray:
-    """Ids of rows equal to another row, by numpy's unique (independent of puffergpt.untrained)."""
+    """Ids of rows equal to another row, by numpy's unique (independent of puffergpt.model.untrained)."""
     _, inverse, counts = np.unique(ckpt.params["wte.weight"], axis=0, return_inverse=True, return_counts=True)
     return np.flatnonzero(counts[inverse.ravel()] > 1)
 
@@ -166,7 +166,7 @@ def test_model_card_states_the_figures(demo):
 def test_the_pages_embedding_words_are_trained_rows(demo):
     """The embedding panel's first words for the demo (model_info.EMBEDDING_WORDS) are rows the
     model trained, and its first analogy is one the card names as right."""
-    from puffergpt.model_info import embedding_words
+    from puffergpt.model.info import embedding_words
 
     w = embedding_words("demo")
     dup = set(untrained_ids(demo).tolist())

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from cluster import haproxy_binary, haproxy_config
 from helpers import held_by_another_process
-from puffergpt import bench_clients as bc
+from puffergpt.bench import clients as bc
 from puffergpt.cli import main
 
 DEPLOY = Path(__file__).resolve().parents[1] / "docs" / "deploy.md"

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from helpers import assert_close, encoding_error_through, layer
-from puffergpt.documents import METRICS, Encoding
+from puffergpt.search.documents import METRICS, Encoding
 from puffergpt.stores import open_store
 
 # Max abs error of y = x @ W + b for a (768 -> 3072) layer with GPT-2-like scales,

@@ -4,13 +4,13 @@ import numpy as np
 import pytest
 
 from helpers import PROMPTS, compare_with_reference
-from puffergpt import tokenizer
-from puffergpt.engine import Engine
-from puffergpt.loading import open_engine
-from puffergpt.reference import Reference
-from puffergpt.sampling import Sampling
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import Reference
+from puffergpt.model.sampling import Sampling
+from puffergpt.search.engine import Engine
+from puffergpt.search.loading import open_engine
 from puffergpt.stores.base import StoreError
-from puffergpt.text import Text
+from puffergpt.texts.text import Text
 
 
 def greedy_on(engine: Engine, ids: list[int], n: int) -> list[int]:
@@ -117,7 +117,7 @@ def test_closing_drops_the_keys_namespace(loaded, tiny):
 def test_texts_made_ready_open_on_spare_shards_and_still_equal_numpy(tmp_path, tiny):
     """ready_texts(n) on the embedded store leaves n emptied key shards; the next texts open on
     them (no shard made), see none of the earlier keys, and give numpy's tokens."""
-    from puffergpt import loading
+    from puffergpt.search import loading
     from puffergpt.stores import open_store
 
     store = open_store("embedded", tmp_path)

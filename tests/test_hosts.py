@@ -10,9 +10,9 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from puffergpt.cli import main
-from puffergpt.loading import open_engine
+from puffergpt.search.loading import open_engine
 from puffergpt.server import ServerConfig, create_app
-from puffergpt.server.hosts import trusted_hosts
+from puffergpt.server.guards.hosts import trusted_hosts
 
 DOCKER = "host.docker.internal"
 

@@ -7,14 +7,17 @@ import numpy as np
 import pytest
 
 from helpers import assert_close, products_for
-from puffergpt import checkpoints, completion, inside, inspector, loading, tokenizer, views
-from puffergpt.checkpoints import GPT2Config
-from puffergpt.engine import round_trips_per_token
-from puffergpt.loading import open_engine
-from puffergpt.reference import Reference
-from puffergpt.sampling import Sampling
+from puffergpt.app import completion
+from puffergpt.lens import inside, inspector, views
+from puffergpt.model import checkpoints, tokenizer
+from puffergpt.model.checkpoints import GPT2Config
+from puffergpt.model.reference import Reference
+from puffergpt.model.sampling import Sampling
+from puffergpt.search import loading
+from puffergpt.search.engine import round_trips_per_token
+from puffergpt.search.loading import open_engine
 from puffergpt.stores import open_store
-from puffergpt.text import Text, TextError
+from puffergpt.texts.text import Text, TextError
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")
 transformers = pytest.importorskip("transformers")
@@ -249,7 +252,7 @@ def test_decided_layer_on_a_real_prompt_where_the_readings_differ(loaded, hf, de
     top-1 (","), layer 3's is not ("'s"), the last is again. Checked against transformers' lens,
     through the search engine, the server's inspect JSON and the CLI's line."""
     from puffergpt.cli.ask import step_line
-    from puffergpt.server.render import inspect_json, step_inspect_json
+    from puffergpt.server.playground.render import inspect_json, step_inspect_json
 
     ids = tokenizer.encode("A cat")
     _, want_lens = hf_inside(hf(demo), ids)

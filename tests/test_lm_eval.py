@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from puffergpt import tokenizer
+from puffergpt.model import tokenizer
 from test_openai import servers  # noqa: F401  (the fixture: one uvicorn thread a model)
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")

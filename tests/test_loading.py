@@ -2,10 +2,11 @@
 
 import pytest
 
-from puffergpt import checkpoints, loading
-from puffergpt.checkpoints import expected_shapes
-from puffergpt.documents import ENCODING_VERSION
-from puffergpt.loading import open_engine
+from puffergpt.model import checkpoints
+from puffergpt.model.checkpoints import expected_shapes
+from puffergpt.search import loading
+from puffergpt.search.documents import ENCODING_VERSION
+from puffergpt.search.loading import open_engine
 from puffergpt.stores import open_store
 from puffergpt.stores.base import StoreError
 
@@ -94,9 +95,9 @@ def test_an_altered_document_is_detected_and_named(store, tiny):
 def test_an_altered_attribute_is_detected_and_repaired(store, tiny, attr):
     """The check covers what a search returns and the engine uses, not only the vectors:
     a document whose row number changed would put its output in another row's place."""
-    from puffergpt.loading import open_engine
-    from puffergpt.sampling import Sampling
-    from puffergpt.text import Text
+    from puffergpt.model.sampling import Sampling
+    from puffergpt.search.loading import open_engine
+    from puffergpt.texts.text import Text
 
     m = loading.load(store, tiny, "tiny", progress=False)
     ns, name = m["matrices"]["h.0.mlp.c_fc"]["namespace"], "h.0.mlp.c_fc"
@@ -110,7 +111,7 @@ def test_an_altered_attribute_is_detected_and_repaired(store, tiny, attr):
     assert loading.verify(store, m) == {}
     t = Text(open_engine(store, "tiny").open())  # and the engine reads the repaired matrix right
     t.append([1, 2, 3])
-    ref = __import__("puffergpt.reference", fromlist=["Reference"]).Reference(tiny).greedy([1, 2, 3], 4)
+    ref = __import__("puffergpt.model.reference", fromlist=["Reference"]).Reference(tiny).greedy([1, 2, 3], 4)
     assert [st.token_id for st in t.generate(4, Sampling(0, 40))] == ref
     t.close()
 

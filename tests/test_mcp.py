@@ -18,10 +18,11 @@ from mcp.client import Client
 from mcp.client.stdio import StdioServerParameters
 
 import puffergpt
-from puffergpt import mcp_server, tokenizer
 from puffergpt import notebook as nb
-from puffergpt.loading import open_engine
-from puffergpt.reference import Reference
+from puffergpt.mcp import server as mcp_server
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import Reference
+from puffergpt.search.loading import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 from puffergpt.server.bodies import MAX_NEW_TOKENS

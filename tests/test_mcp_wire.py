@@ -17,7 +17,7 @@ import threading
 
 import pytest
 
-from puffergpt.mcp_stdio import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, screen
+from puffergpt.mcp.stdio import INVALID_PARAMS, INVALID_REQUEST, PARSE_ERROR, screen
 
 WAIT_S = 120  # a guard against a server that never answers, not a timing claim
 

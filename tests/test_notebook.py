@@ -18,16 +18,17 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from helpers import message
-from puffergpt import attribution, inspector, tokenizer
 from puffergpt import notebook as nb
 from puffergpt.cli.notebook import notebook as notebook_cli
-from puffergpt.loading import open_engine
+from puffergpt.lens import attribution, inspector
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import NumpyProducts, Reference
+from puffergpt.model.sampling import Sampling
 from puffergpt.notebook import GitError, InsightNotFound, InvalidInsight, Notebook, NotebookError
-from puffergpt.reference import NumpyProducts, Reference
-from puffergpt.sampling import Sampling
+from puffergpt.search.loading import open_engine
 from puffergpt.server import errors
-from puffergpt.server.notebook import notebook_router
-from puffergpt.text import Text, opened
+from puffergpt.server.playground.notebook import notebook_router
+from puffergpt.texts.text import Text, opened
 
 PROMPT = "The quick brown fox"
 HOSTILE = "../../../etc/passwd <script>alert('x')</script> & <b>bold</b> 🎉🧠 ..\\..\\win"
@@ -626,7 +627,7 @@ def test_cli_list_show_replay_push(tmp_path, engine_evidence, tiny_dir):
 
 
 def test_cli_replay_on_the_search_engine(tmp_path, tiny, tiny_dir, evidence):
-    from puffergpt import loading
+    from puffergpt.search import loading
     from puffergpt.stores import open_store
 
     data = tmp_path / "data"

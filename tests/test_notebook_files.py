@@ -25,7 +25,7 @@ from puffergpt import notebook as nb
 from puffergpt.cli.notebook import notebook as notebook_cli
 from puffergpt.notebook import Notebook, NotebookError
 from puffergpt.server import errors
-from puffergpt.server.notebook import notebook_router
+from puffergpt.server.playground.notebook import notebook_router
 
 DIR_ID = "2099-01-01-000000-dir-abcdef"  # the probe's name: newest first, so listed before the rest
 

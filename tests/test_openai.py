@@ -14,11 +14,11 @@ import openai
 import pytest
 import uvicorn
 
-from puffergpt import tokenizer
-from puffergpt.loading import open_engine
+from puffergpt.model import tokenizer
+from puffergpt.search.loading import open_engine
 from puffergpt.server import ServerConfig, create_app
-from puffergpt.server.openai_bodies import ChatResponse, CompletionResponse, ModelList
-from puffergpt.server.tokenize_routes import DetokenizeResponse, TokenizeResponse
+from puffergpt.server.openai.protocol import ChatResponse, CompletionResponse, ModelList
+from puffergpt.server.openai.tokenize import DetokenizeResponse, TokenizeResponse
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")
 transformers = pytest.importorskip("transformers")

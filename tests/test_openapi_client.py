@@ -32,10 +32,10 @@ from fastapi.testclient import TestClient
 from openapi_spec_validator import validate
 
 from puffergpt import notebook as nb
-from puffergpt import tokenizer
 from puffergpt.cli import main
-from puffergpt.loading import open_engine
-from puffergpt.reference import Reference
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import Reference
+from puffergpt.search.loading import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 

@@ -11,8 +11,10 @@ import pytest
 from click.testing import CliRunner
 from starlette.testclient import TestClient
 
-from puffergpt import loading, output_search, tokenizer
 from puffergpt.cli import main
+from puffergpt.lens import output_search
+from puffergpt.model import tokenizer
+from puffergpt.search import loading
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.stores import open_store
 from puffergpt.stores.base import NoIndex

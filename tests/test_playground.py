@@ -16,8 +16,8 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from puffergpt.loading import open_engine
-from puffergpt.reference import NumpyProducts
+from puffergpt.model.reference import NumpyProducts
+from puffergpt.search.loading import open_engine
 from puffergpt.server import create_app
 from puffergpt.server.app import serving
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from helpers import PROMPTS, assert_close
-from puffergpt import tokenizer
-from puffergpt.reference import Cache, NumpyProducts, Reference, forward, gelu, layer_norm, softmax
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import Cache, NumpyProducts, Reference, forward, gelu, layer_norm, softmax
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")  # noqa: F841
 transformers = pytest.importorskip("transformers")
@@ -75,7 +75,7 @@ def test_a_trace_names_what_it_holds_as_gpt2_does(tiny):
     """A forward pass's trace is keyed by GPT-2's names, as the request kinds are: each layer's
     residual, attention scores and weights, heads, c_proj outputs and neurons, then ln_f's
     input; each of the last token's shape."""
-    from puffergpt.reference import Cache, NumpyProducts, Trace, forward
+    from puffergpt.model.reference import Cache, NumpyProducts, Trace, forward
 
     c, trace = tiny.config, Trace()
     forward(NumpyProducts(tiny), np.array([1, 2, 3]), 0, Cache(), trace)

@@ -25,15 +25,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from puffergpt import checkpoints, loading, tokenizer
-from puffergpt.loading import open_engine
-from puffergpt.reference import Reference
-from puffergpt.sampling import Sampling
-from puffergpt.scheduler import Scheduler
+from puffergpt.model import checkpoints, tokenizer
+from puffergpt.model.reference import Reference
+from puffergpt.model.sampling import Sampling
+from puffergpt.search import loading
+from puffergpt.search.loading import open_engine
+from puffergpt.search.scheduler import Scheduler
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import server
 from puffergpt.stores import open_store
-from puffergpt.text import opened
+from puffergpt.texts.text import opened
 
 PROMPT = "The quick brown fox"
 
@@ -577,8 +578,8 @@ def book_client(tmp_path, loaded, tiny):
 
 
 def evidence_of(tiny) -> dict:
-    from puffergpt.reference import NumpyProducts
-    from puffergpt.text import Text
+    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.texts.text import Text
 
     text = Text(NumpyProducts(tiny))
     try:

@@ -16,12 +16,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from helpers import LOGIT_BOUNDS, assert_close, message
-from puffergpt import inspector, tokenizer
-from puffergpt.loading import open_engine
-from puffergpt.reference import NumpyProducts, Reference
-from puffergpt.sampling import Sampling
+from puffergpt.lens import inspector
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import NumpyProducts, Reference
+from puffergpt.model.sampling import Sampling
+from puffergpt.search.loading import open_engine
 from puffergpt.server import ServerConfig, create_app
-from puffergpt.text import Text, TextError, TextNotFound, Texts
+from puffergpt.texts.registry import Texts
+from puffergpt.texts.text import Text, TextError, TextNotFound
 
 PROMPT = "He said to me that she"
 GREEDY = Sampling(0, 40)

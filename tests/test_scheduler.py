@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from helpers import LOGIT_BOUNDS, assert_close
-from puffergpt import tokenizer
-from puffergpt.engine import Engine
-from puffergpt.loading import open_engine
-from puffergpt.reference import NumpyProducts
-from puffergpt.sampling import Sampling
-from puffergpt.scheduler import Batcher, Scheduler, split
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import NumpyProducts
+from puffergpt.model.sampling import Sampling
+from puffergpt.search.engine import Engine
+from puffergpt.search.loading import open_engine
+from puffergpt.search.scheduler import Batcher, Scheduler, split
 from puffergpt.stores import Query
 from puffergpt.stores.base import Hits, StoreError
-from puffergpt.text import Text
+from puffergpt.texts.text import Text
 
 PROMPTS = ["The list", "A man", "A cat", "The quick brown fox jumps over the lazy dog"]
 

@@ -7,12 +7,12 @@ import pytest
 from fastapi.testclient import TestClient
 
 from helpers import message
-from puffergpt import tokenizer
 from puffergpt.cli import serve
-from puffergpt.loading import open_engine
-from puffergpt.reference import NumpyProducts, Reference
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import NumpyProducts, Reference
+from puffergpt.search.loading import open_engine
 from puffergpt.server import ServerConfig, create_app
-from puffergpt.server.body_limit import MAX_BODY
+from puffergpt.server.guards.body_limit import MAX_BODY
 
 PROMPT = "The quick brown fox"
 
@@ -309,7 +309,7 @@ def test_a_text_keeps_bounded_memory_at_any_top_k(client):
 @pytest.fixture(scope="module")
 def small_vocab(tmp_path_factory, loaded):
     """A model with a vocabulary of 300 tokens (GPT-2's first 300), served: (client, store)."""
-    from puffergpt import checkpoints
+    from puffergpt.model import checkpoints
 
     c = checkpoints.GPT2Config(n_vocab=300, n_ctx=64, n_embd=32, n_layer=1, n_head=2)
     d = checkpoints.save_dir(tmp_path_factory.mktemp("ckpt") / "small-vocab", c, checkpoints.random_params(c, seed=5))

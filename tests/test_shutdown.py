@@ -119,9 +119,10 @@ def test_the_streams_above_cannot_end_before_the_signal(demo):
     """What the shutdown test relies on: greedy, the demo model writes 200 tokens after PROMPT
     without <|endoftext|> (at temperature 1 it may end within two), so a stream it reads is
     still open when SIGTERM comes."""
-    from puffergpt import completion, tokenizer
-    from puffergpt.reference import NumpyProducts
-    from puffergpt.sampling import Sampling
+    from puffergpt.app import completion
+    from puffergpt.model import tokenizer
+    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.sampling import Sampling
 
     got = [s.token_id for s in completion.complete(lambda: NumpyProducts(demo), tokenizer.encode(PROMPT), 200,
                                                    Sampling(0.0))]

@@ -22,12 +22,13 @@ import pytest
 
 import helpers
 from helpers import vector_file
-from puffergpt import loading, tokenizer
-from puffergpt.loading import open_engine
-from puffergpt.reference import Reference
-from puffergpt.sampling import Sampling
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import Reference
+from puffergpt.model.sampling import Sampling
+from puffergpt.search import loading
+from puffergpt.search.loading import open_engine
 from puffergpt.stores.embedded import EmbeddedStore
-from puffergpt.text import Text
+from puffergpt.texts.text import Text
 
 PROMPT = "Hello world, this is"
 

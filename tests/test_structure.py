@@ -50,8 +50,8 @@ def imported(name: str, path: Path, known: dict[str, Path]) -> list[Edge]:
             if node.level:  # from . import x, from ..stores import y
                 anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
-            # `from puffergpt import text` imports the module puffergpt.text; `from puffergpt.text
-            # import Text` imports puffergpt.text.
+            # `from puffergpt import text` imports the module puffergpt.texts.text; `from puffergpt.texts.text
+            # import Text` imports puffergpt.texts.text.
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         else:
             continue
@@ -121,7 +121,7 @@ def one_cycle(graph: dict[str, list[Edge]], comp: list[str]) -> list[tuple[str, 
 def test_no_import_circles_among_the_package_modules():
     known = modules()
     graph = {name: imported(name, path, known) for name, path in known.items()}
-    assert "puffergpt.reference" in graph and graph["puffergpt.engine"], "the import graph came out empty"
+    assert "puffergpt.model.reference" in graph and graph["puffergpt.search.engine"], "the import graph came out empty"
     described = []
     for comp in circles(graph):
         steps = [f"{u} ({known[u].relative_to(ROOT)}:{e.line}) imports {e.target}" for u, e in one_cycle(graph, comp)]
@@ -245,13 +245,14 @@ def imports_of(module: str) -> set[str]:
 def test_the_engine_names_documents_through_the_document_scheme_not_the_loader():
     """engine.py asks documents.py where rows live; it never imports the loader (which
     imports it: ``loading.open_engine`` hands it a checked manifest)."""
-    assert "puffergpt.loading" not in imports_of("puffergpt.engine")
-    assert "puffergpt.documents" in imports_of("puffergpt.engine")
+    assert "puffergpt.search.loading" not in imports_of("puffergpt.search.engine")
+    assert "puffergpt.search.documents" in imports_of("puffergpt.search.engine")
 
 
 def test_a_text_knows_nothing_of_inspection():
     """Inspection is a layer over a text (inspector.py): text.py imports neither its views."""
-    got = imports_of("puffergpt.text") & {"puffergpt.inside", "puffergpt.attribution", "puffergpt.inspector"}
+    got = imports_of("puffergpt.texts.text") & {"puffergpt.lens.inside", "puffergpt.lens.attribution",
+                                               "puffergpt.lens.inspector"}
     assert not got, f"text.py imports {sorted(got)}: inspection belongs in inspector.py"
 
 

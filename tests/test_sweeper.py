@@ -11,11 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from puffergpt import sweeper, tokenizer
-from puffergpt.engine import KEY_SCHEMA
-from puffergpt.loading import open_engine
-from puffergpt.sampling import Sampling
-from puffergpt.text import TextNotFound, Texts
+from puffergpt.model import tokenizer
+from puffergpt.model.sampling import Sampling
+from puffergpt.search import sweeper
+from puffergpt.search.engine import KEY_SCHEMA
+from puffergpt.search.loading import open_engine
+from puffergpt.texts.registry import Texts
+from puffergpt.texts.text import TextNotFound
 
 TTL = 100.0
 

@@ -5,12 +5,14 @@ import threading
 import numpy as np
 import pytest
 
-from puffergpt import inspector, tokenizer, views
-from puffergpt.completion import complete
-from puffergpt.loading import open_engine
-from puffergpt.reference import Reference
-from puffergpt.sampling import Sampling
-from puffergpt.text import KEEP_CANDIDATES, Text, TextBusy, TextError, Texts
+from puffergpt.app.completion import complete
+from puffergpt.lens import inspector, views
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import Reference
+from puffergpt.model.sampling import Sampling
+from puffergpt.search.loading import open_engine
+from puffergpt.texts.registry import Texts
+from puffergpt.texts.text import KEEP_CANDIDATES, Text, TextBusy, TextError
 
 GREEDY = Sampling(0, 40)
 PROMPT = tokenizer.encode("The quick brown fox jumps over the lazy dog")

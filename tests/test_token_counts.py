@@ -23,9 +23,10 @@ import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
-from puffergpt import token_counts, tokenizer, untrained, views
-from puffergpt.checkpoints import demo_dir
-from puffergpt.loading import open_engine
+from puffergpt.lens import views
+from puffergpt.model import token_counts, tokenizer, untrained
+from puffergpt.model.checkpoints import demo_dir
+from puffergpt.search.loading import open_engine
 from puffergpt.server import create_app
 
 V = tokenizer.VOCAB_SIZE
@@ -102,7 +103,7 @@ def test_the_counts_file_equals_a_fresh_count_of_the_training_text(counts):
 
 
 def _demo_wte() -> np.ndarray:
-    from puffergpt import checkpoints
+    from puffergpt.model import checkpoints
 
     return checkpoints.load("demo").params["wte.weight"]
 
@@ -131,8 +132,8 @@ def test_rare_rows_are_marked_in_neighbours_and_analogy(client, counts):
 def test_the_cli_analogy_marks_rare_answers_of_a_model_with_counts_beside_it(tmp_path):
     """Any checkpoint directory with a token_counts.npz gets its answers marked (a made model here,
     its counts made up: id % 200, so about half of the rows are rare)."""
-    from puffergpt.checkpoints import make_model
     from puffergpt.cli import main
+    from puffergpt.model.checkpoints import make_model
 
     ckpt = make_model(tmp_path / "tiny", "tiny", seed=0)
     made = np.arange(V) % 200

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from puffergpt import tokenizer
-from puffergpt.tokenizer import EOT, VOCAB_SIZE, decode, encode, token_text
+from puffergpt.model import tokenizer
+from puffergpt.model.tokenizer import EOT, VOCAB_SIZE, decode, encode, token_text
 
 REPLACEMENT = "\ufffd"
 

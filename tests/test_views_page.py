@@ -354,8 +354,8 @@ def test_switching_the_copying_head_off_breaks_the_copy_and_the_versus_sums(requ
     chart (the runner-up by default, another candidate on a click) sums to the difference shown."""
     import numpy as np
 
-    from puffergpt import tokenizer
-    from puffergpt.reference import Ablation, Cache, NumpyProducts, forward
+    from puffergpt.model import tokenizer
+    from puffergpt.model.reference import Ablation, Cache, NumpyProducts, forward
     from test_demo_model import COPY_HEAD, COPY_LAYER, COPY_PROMPT
 
     p = request.getfixturevalue("page" if width == 1400 else "phone").page

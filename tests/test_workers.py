@@ -23,8 +23,8 @@ import urllib.request
 
 import pytest
 
-from puffergpt import tokenizer
-from puffergpt.reference import Reference
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import Reference
 
 PROMPTS = ["The quick brown fox", "A man", "One day", "The list"]
 

@@ -348,11 +348,12 @@ def test_unknown_backend(tmp_path):
 def test_the_engine_on_every_backend(store, tiny):
     """The engine on this store: greedy tokens and top-40 logits equal the numpy reference."""
     from helpers import assert_close
-    from puffergpt import loading, tokenizer
-    from puffergpt.loading import open_engine
-    from puffergpt.reference import NumpyProducts
-    from puffergpt.sampling import Sampling
-    from puffergpt.text import Text
+    from puffergpt.model import tokenizer
+    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.sampling import Sampling
+    from puffergpt.search import loading
+    from puffergpt.search.loading import open_engine
+    from puffergpt.texts.text import Text
 
     loading.load(store, tiny, "tiny", progress=False)  # the store's most precise metric
     ids = tokenizer.encode("The quick brown fox")
@@ -369,10 +370,13 @@ def test_the_learning_views_on_every_backend(store, tiny):
     """Attention per layer and head, the lens and an analogy, as this store's searches,
     equal numpy's (which tests/test_inside.py holds to transformers)."""
     from helpers import assert_close
-    from puffergpt import completion, loading, tokenizer, views
-    from puffergpt.loading import open_engine
-    from puffergpt.reference import NumpyProducts
-    from puffergpt.sampling import Sampling
+    from puffergpt.app import completion
+    from puffergpt.lens import views
+    from puffergpt.model import tokenizer
+    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.sampling import Sampling
+    from puffergpt.search import loading
+    from puffergpt.search.loading import open_engine
 
     loading.load(store, tiny, "tiny", progress=False)
     engine = open_engine(store, tiny.name, "tiny")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from helpers import held_by_another_process
-from puffergpt import loading
+from puffergpt.search import loading
 from puffergpt.stores import Query, StoreError, open_store
 from puffergpt.stores.embedded import EmbeddedStore
 

@@ -22,8 +22,9 @@ import pytest
 from playwright.sync_api import expect
 
 from cluster import Cluster
-from puffergpt import loading, tokenizer
-from puffergpt.reference import Reference
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import Reference
+from puffergpt.search import loading
 from puffergpt.stores.pgvector import PgvectorStore
 from test_playground import browser, generated, open_page, shot, wait_idle  # noqa: F401  (browser: a fixture)
 

@@ -12,15 +12,16 @@ import pytest
 from psycopg import sql
 
 from helpers import compare_with_reference, encoding_error_through
-from puffergpt import loading, tokenizer
-from puffergpt.documents import METRICS
-from puffergpt.loading import open_engine
-from puffergpt.reference import Reference
-from puffergpt.sampling import Sampling
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import Reference
+from puffergpt.model.sampling import Sampling
+from puffergpt.search import loading
+from puffergpt.search.documents import METRICS
+from puffergpt.search.loading import open_engine
 from puffergpt.stores import Query, StoreError, open_store
 from puffergpt.stores import pgvector as pgvector_store
 from puffergpt.stores.pgvector import PgvectorStore, redact
-from puffergpt.text import Text
+from puffergpt.texts.text import Text
 
 GREEDY = Sampling(0, 40)
 PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy dog.", "for i in range(10):"]
@@ -222,9 +223,9 @@ def test_the_cli_on_pgvector_gives_the_reference_tokens(pg_dsn):
 
     from click.testing import CliRunner
 
-    from puffergpt import checkpoints, tokenizer
     from puffergpt.cli import main
-    from puffergpt.reference import Reference
+    from puffergpt.model import checkpoints, tokenizer
+    from puffergpt.model.reference import Reference
 
     run = CliRunner().invoke
     env = {"PUFFERGPT_DSN": pg_dsn}
@@ -571,7 +572,7 @@ def test_the_approximate_index_on_pgvector_gives_true_logits_through_hnsw(tiny_p
     """pgvector's HNSW over wte (a table of the padded vectors, searched by cosine): each candidate
     a token with its logit as numpy has it, recall computed against numpy's exact top 40, the
     plan an HNSW index scan (so the search is the index's, not an exact sort)."""
-    from puffergpt import output_search
+    from puffergpt.lens import output_search
 
     _, store, key, _ = tiny_pg
     m = loading.build_output_index(store, key, tiny.name, {"m": 8, "ef_construction": 32, "ef": 100}, progress=False)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from puffergpt import sweeper
-from puffergpt.engine import KEY_SCHEMA
+from puffergpt.search import sweeper
+from puffergpt.search.engine import KEY_SCHEMA
 from puffergpt.stores import BACKENDS, open_store
 
 TTL = 60.0

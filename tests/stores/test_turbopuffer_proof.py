@@ -8,9 +8,10 @@ import uuid
 import pytest
 from click.testing import CliRunner
 
-from puffergpt import checkpoints, loading
-from puffergpt.checkpoints import GPT2Config
 from puffergpt.cli import main
+from puffergpt.model import checkpoints
+from puffergpt.model.checkpoints import GPT2Config
+from puffergpt.search import loading
 from puffergpt.stores.base import StoreError
 from puffergpt.stores.turbopuffer import TurbopufferStore
 from tpuf_emulator import running
@@ -70,10 +71,10 @@ def test_cli_load_and_greedy_generate_on_turbopuffer_equal_the_reference(emu):
 
 
 def test_a_model_of_gpt2s_depth_loads_completely(emu, deep):
-    from puffergpt.loading import open_engine
-    from puffergpt.reference import Reference
-    from puffergpt.sampling import Sampling
-    from puffergpt.text import Text
+    from puffergpt.model.reference import Reference
+    from puffergpt.model.sampling import Sampling
+    from puffergpt.search.loading import open_engine
+    from puffergpt.texts.text import Text
 
     s = store_on(emu)
     m = loading.load(s, deep, "deep", progress=False)

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from puffergpt import loading
+from puffergpt.search import loading
 from puffergpt.stores import Query, StoreError
 from puffergpt.stores import zvec as zv
 from puffergpt.stores.embedded import EmbeddedStore
@@ -231,7 +231,7 @@ def test_a_cpu_without_avx2_falls_back_to_qdrant_edge(tmp_path, tiny_dir, tiny):
     """zvec 0.8.0 dies with SIGILL on import without AVX2 (an emulated Nehalem shows it): there the
     embedded store reads /proc/cpuinfo first, keeps everything on Qdrant Edge and says so in one
     line; its searches still equal numpy's, and `puffergpt generate` gives numpy's tokens."""
-    from puffergpt.reference import Reference
+    from puffergpt.model.reference import Reference
 
     bare = qemu("Nehalem", "-c", "import zvec")
     assert bare.returncode in (-signal.SIGILL, 128 + signal.SIGILL), "zvec now imports without AVX2: see NEEDS"

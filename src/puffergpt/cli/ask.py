@@ -9,7 +9,6 @@ import time
 
 import click
 
-from puffergpt import tokenizer
 from puffergpt.cli.options import (
     MODEL_HELP,
     backend_option,
@@ -20,7 +19,8 @@ from puffergpt.cli.options import (
     output_search_option,
     resolve_model,
 )
-from puffergpt.sampling import Sampling
+from puffergpt.model import tokenizer
+from puffergpt.model.sampling import Sampling
 
 
 @click.command()
@@ -51,7 +51,7 @@ from puffergpt.sampling import Sampling
 def generate(prompt, model, engine, backend, dsn, data_dir, output_search, temperature, top_k, seed, n_tokens,
              as_json, inspect, lens_k, versus, ablate) -> None:
     """Continue PROMPT."""
-    from puffergpt.completion import complete
+    from puffergpt.app.completion import complete
 
     if not prompt:
         fail("the prompt is empty: give some text to continue")
@@ -77,8 +77,8 @@ def generate(prompt, model, engine, backend, dsn, data_dir, output_search, tempe
 def checked(config, s, n_prompt: int, n: int, ablate: tuple[str, ...], versus: int | None):
     """The generation's options checked against the model, each refusal naming its option.
     -> the parts switched off (``reference.Ablation``)"""
-    from puffergpt.reference import Ablation
-    from puffergpt.text import TextError, check_generation, check_token_ids
+    from puffergpt.model.reference import Ablation
+    from puffergpt.texts.text import TextError, check_generation, check_token_ids
 
     try:
         check_generation(config, s, n_prompt, n)
@@ -98,7 +98,7 @@ def checked(config, s, n_prompt: int, n: int, ablate: tuple[str, ...], versus: i
 def run_generate(steps, prompt, ids, as_json, summary) -> None:
     """Render a completion: the text as it streams (or one JSON line a token), then the
     usage of the prefill and the decode."""
-    from puffergpt.completion import Usage
+    from puffergpt.app.completion import Usage
 
     t0, done = time.perf_counter(), []
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")  # a character may span tokens
@@ -131,7 +131,7 @@ def run_generate(steps, prompt, ids, as_json, summary) -> None:
 def step_line(step) -> dict:
     """The --json line of a token; with --inspect, its attention, lens, attribution and
     neurons (see docs/cli.md)."""
-    from puffergpt import inside
+    from puffergpt.lens import inside
 
     d = step.to_json()
     if step.inspect is not None:
@@ -162,8 +162,8 @@ def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
 
     Words are GPT-2 tokens: a word inside a sentence carries its leading space (" man"). An answer
     seen rarely in training is marked with its count, where the model's counts are known."""
-    from puffergpt import views
-    from puffergpt.text import TextError
+    from puffergpt.lens import views
+    from puffergpt.texts.text import TextError
 
     model, _ = resolve_model(model)
     with clear_errors(), open_model("search", model, backend, data_dir, dsn) as opened:
@@ -203,8 +203,8 @@ def contexts(word, prompts, model, engine, backend, dsn, data_dir, as_json) -> N
     For each layer, the cosine between the contexts' residual vectors at WORD's first
     occurrence, and what each context's logit lens says there. WORD is one GPT-2 token: inside
     a sentence it carries its leading space (" mole")."""
-    from puffergpt import contexts as ctx
-    from puffergpt.text import TextError
+    from puffergpt.lens import contexts as ctx
+    from puffergpt.texts.text import TextError
 
     try:
         ctx.check(word, list(prompts))  # a bad word or prompt says so before a model is opened

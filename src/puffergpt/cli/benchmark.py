@@ -18,7 +18,6 @@ from pathlib import Path
 
 import click
 
-from puffergpt import checkpoints
 from puffergpt.cli.options import (
     MODEL_HELP,
     clear_errors,
@@ -28,6 +27,7 @@ from puffergpt.cli.options import (
     open_store,
     workers_option,
 )
+from puffergpt.model import checkpoints
 from puffergpt.stores import BACKENDS
 
 
@@ -63,7 +63,7 @@ def bench(ctx, model, backends, dsn, data_dir, quick, json_out, chart_out, no_to
           temperature, seed, workers, output_text) -> None:
     """Time the engines side by side on one model: numpy, transformers, each backend.
     With --clients N: N simulated learners against one server, together and one after another."""
-    from puffergpt import bench as b
+    from puffergpt.bench import engines as b
 
     names = [n.strip() for n in backends.split(",") if n.strip()]
     bad = [n for n in names if n not in BACKENDS]
@@ -105,8 +105,8 @@ def bench(ctx, model, backends, dsn, data_dir, quick, json_out, chart_out, no_to
 def loaded(ckpt, model: str, dirs: dict[str, Path], dsn: str | None, stores: list) -> tuple[dict, dict]:
     """The model loaded into a store of each backend, in its directory (opened stores go on
     ``stores``, for the caller to close): each engine's ``open``, and each load's seconds and size."""
-    from puffergpt import loading
-    from puffergpt.loading import open_engine
+    from puffergpt.search import loading
+    from puffergpt.search.loading import open_engine
 
     engines, loads = {}, {}
     for name, data_dir in dirs.items():
@@ -123,7 +123,9 @@ def output_bench(model: str, names: list[str], dsn: str | None, data_dir: Path |
                  json_out: Path | None) -> None:
     """--output-search: each backend's output search, approximate against exact, over a text's
     positions (the hidden states numpy's, the same for both searches and every backend)."""
-    from puffergpt import loading, output_search, tokenizer
+    from puffergpt.lens import output_search
+    from puffergpt.model import tokenizer
+    from puffergpt.search import loading
 
     ids = tokenizer.encode(text.read_text())
     rows = []
@@ -183,7 +185,7 @@ def clients_bench(clients: int, url: str | None, tokens: int | None, temperature
                   model: str, backend: str, dsn: str | None, data_dir: Path | None, json_out: Path | None,
                   workers: int = 1) -> None:
     """N learners against the server at --url, or against one started here on --model."""
-    from puffergpt import bench_clients as bc
+    from puffergpt.bench import clients as bc
 
     with clear_errors():
         plan = bc.Plan(clients, tokens or 24, temperature or 0.0, seed=seed)
@@ -202,7 +204,7 @@ def own_server(plan, model: str, backend: str, dsn: str | None, data_dir: Path |
     serve`` in a process of its own (not this one's, where the learners' threads would take
     turns with it) on a free loopback port, with ``workers`` processes, the model in a temporary
     store unless --data, room for every learner's text; stopped as Ctrl-C stops it."""
-    from puffergpt import bench_clients as bc
+    from puffergpt.bench import clients as bc
 
     with tempfile.TemporaryDirectory(prefix="puffergpt-bench-") as tmp:
         port = free_port()
@@ -226,7 +228,7 @@ def own_server(plan, model: str, backend: str, dsn: str | None, data_dir: Path |
 
 def ready(proc: subprocess.Popen, url: str, start_s: float = 600.0) -> str:
     """``url`` once the server there answers (a first start loads the model), or a BenchError."""
-    from puffergpt import bench_clients as bc
+    from puffergpt.bench import clients as bc
 
     deadline = time.monotonic() + start_s
     while time.monotonic() < deadline:

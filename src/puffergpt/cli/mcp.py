@@ -39,7 +39,8 @@ def mcp(server_url, model, backend, dsn, data_dir, notebook_path, api_key) -> No
     """Serve the tools generate, inspect, save_insight, list_insights and replay_insight over MCP (stdio)."""
     import anyio
 
-    from puffergpt import mcp_server, mcp_stdio
+    from puffergpt.mcp import server as mcp_server
+    from puffergpt.mcp import stdio as mcp_stdio
 
     logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="puffergpt mcp: %(message)s")
     if server_url is not None:
@@ -63,7 +64,7 @@ def mcp(server_url, model, backend, dsn, data_dir, notebook_path, api_key) -> No
 def open_local(model, backend, dsn, data_dir, notebook_path):
     """The model on its store and the notebook, as ``serve`` opens them; anything printed
     while loading goes to stderr, never into the protocol."""
-    from puffergpt import mcp_server
+    from puffergpt.mcp import server as mcp_server
 
     with contextlib.redirect_stdout(sys.stderr), clear_errors():
         model, _ = resolve_model(model)

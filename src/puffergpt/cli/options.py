@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
-from puffergpt import checkpoints, hub
+from puffergpt.model import checkpoints, hub
 from puffergpt.stores import BACKENDS
 
 if TYPE_CHECKING:
-    from puffergpt.engine import Engine
+    from puffergpt.search.engine import Engine
     from puffergpt.stores import Store
 
 MODEL_HELP = "gpt2 (downloaded once), demo (ships with puffergpt), another GPT-2 family name, or a checkpoint directory"
@@ -52,7 +52,7 @@ def backend_option(f):
 
 def workers_option(f, default: str = "1"):
     def check(ctx, param, value):
-        from puffergpt.server.workers import count
+        from puffergpt.server.processes.workers import count
 
         try:
             return count(value)
@@ -66,7 +66,7 @@ def workers_option(f, default: str = "1"):
 
 def _api_keys(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
     """--api-key's values, else PUFFERGPT_API_KEY's keys (separated by commas), each checked."""
-    from puffergpt.server.auth import check_key
+    from puffergpt.server.guards.auth import check_key
 
     got = values or tuple(k.strip() for k in os.environ.get("PUFFERGPT_API_KEY", "").split(",") if k.strip())
     try:
@@ -209,7 +209,7 @@ def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn
     if engine == "reference":
         if output_search != "exact":
             fail("--output-search approximate searches a store's index: use it with --engine search")
-        from puffergpt.reference import NumpyProducts
+        from puffergpt.model.reference import NumpyProducts
 
         ckpt = checkpoints.load(model)
         return Opened(lambda: NumpyProducts(ckpt), ckpt.config)
@@ -240,8 +240,8 @@ def open_served(model: str, backend: str, data_dir: Path | None, dsn: str | None
 def search_engine(store, model: str, max_running: int | None = None, text_ttl_s: float | None = None,
                   output_search: str = "exact") -> Engine:
     """The model's engine on a store, loading it into the store on first use."""
-    from puffergpt import loading
-    from puffergpt.scheduler import Scheduler
+    from puffergpt.search import loading
+    from puffergpt.search.scheduler import Scheduler
 
     ttl = {} if text_ttl_s is None else {"text_ttl_s": text_ttl_s}
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import click
 
-from puffergpt import checkpoints
 from puffergpt.cli.options import (
     MODEL_HELP,
     SERVING,
@@ -28,6 +27,7 @@ from puffergpt.cli.options import (
     store_settings,
     workers_option,
 )
+from puffergpt.model import checkpoints
 
 
 @click.command()
@@ -73,10 +73,10 @@ def serve(model, backend, dsn, data_dir, notebook_path, output_search, host, por
           idle_minutes, text_ttl, workers, cors_origins, allowed_hosts, api_keys, public_read_only, no_auth, public_url,
           max_request_seconds, max_request_tokens) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
-    from puffergpt.server.auth import check_exposure
-    from puffergpt.server.hosts import trusted_hosts
+    from puffergpt.server.guards.auth import check_exposure
+    from puffergpt.server.guards.hosts import trusted_hosts
+    from puffergpt.server.processes.workers import WorkerSpec, share
     from puffergpt.server.state import ServerConfig
-    from puffergpt.server.workers import WorkerSpec, share
 
     try:  # before anything loads: a server open to anyone, a bad name
         check_exposure(host, api_keys, public_read_only, no_auth)
@@ -111,7 +111,7 @@ def serve(model, backend, dsn, data_dir, notebook_path, output_search, host, por
 
 def serve_here(opened, model: str, config, notebook, host: str, port: int, max_running: int) -> None:
     """One process: the app over the engine opened here."""
-    from puffergpt.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyProducts
     from puffergpt.server import create_app
     from puffergpt.server.app import run, server
 
@@ -127,8 +127,8 @@ def serve_with_workers(spec, n: int, host: str, port: int, started: str) -> None
     """N worker processes behind one front here (server/workers.py, server/front.py); this process
     holds the store while they run."""
     from puffergpt.server.app import run
-    from puffergpt.server.front import create_front, front_server
-    from puffergpt.server.workers import running
+    from puffergpt.server.processes.front import create_front, front_server
+    from puffergpt.server.processes.workers import running
 
     with running(spec, n) as pool:
         click.echo(started)
@@ -137,7 +137,7 @@ def serve_with_workers(spec, n: int, host: str, port: int, started: str) -> None
 
 def origins(values: tuple[str, ...]) -> tuple[str, ...]:
     """--cors-origin's values, each checked and normalised (``cross_site.check_origin``)."""
-    from puffergpt.server.cross_site import check_origin
+    from puffergpt.server.guards.cross_site import check_origin
 
     try:
         return tuple(check_origin(v) for v in values)

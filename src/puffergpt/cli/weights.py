@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from puffergpt import checkpoints
 from puffergpt.cli.options import MODEL_HELP, backend_option, clear_errors, data_option, fail, open_store
-from puffergpt.documents import METRICS
+from puffergpt.model import checkpoints
+from puffergpt.search.documents import METRICS
 
 
 @click.command("make-model")
@@ -40,7 +40,7 @@ def make_model(out: Path, preset: str, seed: int) -> None:
                    "approximate searches (minutes at GPT-2's size); with --repair, build it again")
 def load(model, backend, dsn, data_dir, metric, repair, output_index) -> None:
     """Write a model's weights into the store, one document a row."""
-    from puffergpt import costs, loading
+    from puffergpt.search import costs, loading
 
     with clear_errors():
         ckpt = checkpoints.load(model)
@@ -68,7 +68,7 @@ def load(model, backend, dsn, data_dir, metric, repair, output_index) -> None:
 @data_option
 def verify(model, backend, dsn, data_dir) -> None:
     """Read every document back and check it against the manifest."""
-    from puffergpt import loading
+    from puffergpt.search import loading
 
     with clear_errors():
         store = open_store(backend, data_dir, dsn)

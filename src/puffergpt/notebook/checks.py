@@ -9,8 +9,8 @@ import re
 import unicodedata
 from collections.abc import Sequence
 
-from puffergpt import tokenizer
-from puffergpt.inside import MAX_VIEW_K
+from puffergpt.lens.inside import MAX_VIEW_K
+from puffergpt.model import tokenizer
 from puffergpt.notebook.insight import (
     EVIDENCE_KEYS,
     ID_RE,
@@ -28,7 +28,7 @@ from puffergpt.notebook.insight import (
     InsightNotFound,
     InvalidInsight,
 )
-from puffergpt.text import MAX_PROMPT_IDS
+from puffergpt.texts.text import MAX_PROMPT_IDS
 
 MAX_PARTS = 4096  # an attribution's parts: 1 + n_layer x (n_head + 2) + 1, GPT-2 small's 170
 

@@ -33,8 +33,8 @@ def checkable(ev: dict) -> bool:
 def data_from_products(open_products: Callable[[], object]) -> DataAt:
     """A data_at over any Products (the engine's ``open``, or numpy's), through the inspector
     the playground uses: the text read again on a text of its own, then the view's searches."""
-    from puffergpt import attribution, inspector, views
-    from puffergpt.text import opened
+    from puffergpt.lens import attribution, inspector, views
+    from puffergpt.texts.text import opened
 
     def data_at(ev: dict) -> dict:
         kind, d, p = ev["kind"], ev["data"], ev["position"]
@@ -90,7 +90,7 @@ def _values(what: str, stored: Iterable[tuple[str, float]], now: dict[str, float
 
 
 def _parts(what: str, stored: dict, now: dict, tol: float) -> list[dict]:
-    from puffergpt.attribution import label
+    from puffergpt.lens.attribution import label
 
     named = lambda a: {label(x): x["value"] for x in a["parts"]}  # noqa: E731
     items = _values(what, [("logit", stored["logit"])], {"logit": now["logit"]}, tol)

@@ -10,7 +10,7 @@ import unicodedata
 
 import yaml
 
-from puffergpt import tokenizer
+from puffergpt.model import tokenizer
 from puffergpt.notebook.checks import check_evidence
 from puffergpt.notebook.insight import EVIDENCE_FORMAT, FORMAT_VERSION, FORMATS, Insight, InvalidInsight, NotebookError
 

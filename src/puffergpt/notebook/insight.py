@@ -7,7 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from puffergpt.text import KEEP_CANDIDATES
+from puffergpt.texts.text import KEEP_CANDIDATES
 
 FORMAT_VERSION = 2  # an insight without evidence is written in format 2
 # An insight with evidence is written in format 3: format 1 with the kinds "attribution" and

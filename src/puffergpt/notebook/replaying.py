@@ -13,7 +13,7 @@ from puffergpt.notebook.evidence import DataAt, checkable, compare_data
 from puffergpt.notebook.insight import NOTHING_TO_REPLAY, TOLERANCE, CandidatesAt, Insight, InvalidInsight
 
 if TYPE_CHECKING:
-    from puffergpt.reference import Products
+    from puffergpt.model.reference import Products
 
 
 def replay(
@@ -67,8 +67,8 @@ def candidates_from_products(open_products: Callable[[], Products]) -> Candidate
     """A candidates_at over any Products (the engine's ``open``, or numpy's), through the
     application layer's one generation path, as the playground reads a text:
     prompt_ids[:position] in one prefill, then the top-k for the token at position."""
-    from puffergpt.completion import complete
-    from puffergpt.sampling import Sampling
+    from puffergpt.app.completion import complete
+    from puffergpt.model.sampling import Sampling
 
     def candidates_at(prompt_ids: Sequence[int], position: int, k: int):
         (step,) = list(complete(open_products, list(prompt_ids[:position]), 1, Sampling(1.0, k)))  # driven to its end

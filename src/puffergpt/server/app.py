@@ -30,28 +30,28 @@ from collections.abc import Callable, Iterator
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from puffergpt import __version__, sweeper, tokenizer
-from puffergpt.engine import Engine
-from puffergpt.reference import Products
-from puffergpt.server import (
-    errors,
-    model_routes,
-    openai,
-    openapi_doc,
-    probes,
-    static_routes,
-    texts_routes,
-    tokenize_routes,
-    views_routes,
-)
-from puffergpt.server.auth import Auth
-from puffergpt.server.body_limit import MAX_BODY, BoundedBody
-from puffergpt.server.cross_site import CrossSite
-from puffergpt.server.hosts import TrustedHosts
+from puffergpt import __version__
+from puffergpt.model import tokenizer
+from puffergpt.model.reference import Products
+from puffergpt.search import sweeper
+from puffergpt.search.engine import Engine
+from puffergpt.server import errors, openapi_doc
+from puffergpt.server.guards.auth import Auth
+from puffergpt.server.guards.body_limit import MAX_BODY, BoundedBody
+from puffergpt.server.guards.cross_site import CrossSite
+from puffergpt.server.guards.hosts import TrustedHosts
+from puffergpt.server.openai import routes as openai
+from puffergpt.server.openai import tokenize as tokenize_routes
 from puffergpt.server.openapi_doc import add_document
+from puffergpt.server.playground import model as model_routes
+from puffergpt.server.playground import static as static_routes
+from puffergpt.server.playground import texts as texts_routes
+from puffergpt.server.playground import views as views_routes
+from puffergpt.server.processes import probes
 from puffergpt.server.state import Served, ServerConfig
 from puffergpt.server.streaming import SHUTDOWN, Generations
-from puffergpt.text import Texts, log
+from puffergpt.texts.registry import Texts
+from puffergpt.texts.text import log
 
 __all__ = ["MAX_BODY", "ServerConfig", "create_app", "run", "server"]
 
@@ -105,7 +105,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
         app.include_router(router)
     if notebook is not None:
         from puffergpt import notebook as nb
-        from puffergpt.server.notebook import notebook_router
+        from puffergpt.server.playground.notebook import notebook_router
 
         app.include_router(notebook_router(notebook, nb.candidates_from_products(engine.open), model=engine.model,
                                            data_at=nb.data_from_products(engine.open)))

@@ -13,12 +13,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from puffergpt import tokenizer
-from puffergpt.contexts import MAX_PROMPT_CHARS as MAX_CONTEXT_CHARS
-from puffergpt.contexts import MAX_PROMPTS as MAX_CONTEXTS
-from puffergpt.inside import MAX_VIEW_K
-from puffergpt.text import MAX_PROMPT_IDS
-from puffergpt.views import MAX_MAP_WORDS
+from puffergpt.lens.contexts import MAX_PROMPT_CHARS as MAX_CONTEXT_CHARS
+from puffergpt.lens.contexts import MAX_PROMPTS as MAX_CONTEXTS
+from puffergpt.lens.inside import MAX_VIEW_K
+from puffergpt.lens.views import MAX_MAP_WORDS
+from puffergpt.model import tokenizer
+from puffergpt.texts.text import MAX_PROMPT_IDS
 
 MAX_PROMPT_CHARS = 16 * 1024
 MAX_NEW_TOKENS = 512

@@ -16,11 +16,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from puffergpt.checkpoints import CheckpointError
-from puffergpt.server.openai_bodies import OpenAIError
+from puffergpt.model.checkpoints import CheckpointError
+from puffergpt.server.openai.protocol import OpenAIError
 from puffergpt.server.streaming import Ended
 from puffergpt.stores.base import StoreError
-from puffergpt.text import TextBusy, TextError, TextNotFound
+from puffergpt.texts.text import TextBusy, TextError, TextNotFound
 
 OPENAI_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's, beside /v1: a bad field is a 400 there too
 

@@ -22,8 +22,8 @@ from urllib.parse import urlsplit
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from puffergpt.server.auth import needs_key
-from puffergpt.server.responses import WHY
+from puffergpt.server.guards.auth import needs_key
+from puffergpt.server.playground.responses import WHY
 
 OPENAPI_URL = "/openapi.json"
 TAGS = [  # the groups of operations, in the document's order
@@ -135,7 +135,7 @@ def add_document(app: FastAPI, public_url: str | None, keys: bool = False) -> No
 
     @app.get(OPENAPI_URL, include_in_schema=False)
     def openapi(request: Request, tags: str | None = None) -> JSONResponse:
-        from puffergpt.server.openai_bodies import OpenAIError
+        from puffergpt.server.openai.protocol import OpenAIError
 
         server = public_url or str(request.base_url).rstrip("/")
         try:

@@ -10,14 +10,15 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from puffergpt.engine import Engine
-from puffergpt.reference import Products
-from puffergpt.server.auth import check_key
+from puffergpt.model.reference import Products
+from puffergpt.search.engine import Engine
 from puffergpt.server.bodies import MAX_NEW_TOKENS
-from puffergpt.server.cross_site import check_origin
+from puffergpt.server.guards.auth import check_key
+from puffergpt.server.guards.cross_site import check_origin
 from puffergpt.server.openapi_doc import check_public_url
 from puffergpt.server.streaming import Generations
-from puffergpt.text import Text, Texts
+from puffergpt.texts.registry import Texts
+from puffergpt.texts.text import Text
 
 MAX_REQUEST_S = 600.0  # a generation's seconds (serve --max-request-seconds): 512 GPT-2 tokens take ~1.5 min embedded
 # Tokens a /v1 request computes (serve --max-request-tokens), summed over its choices: each prompt token

@@ -1,0 +1,11 @@
+"""GPT-2 as math, knowing no store: the bottom layer.
+
+- ``reference.py``: the one forward pass (layer norm, GELU, softmax, attention mixing) over the
+  seam ``Products`` (what supplies the weights' products), and ``NumpyProducts``, numpy's;
+- ``checkpoints.py``, ``hub.py``, ``errors.py``: a checkpoint found, downloaded (pinned,
+  verified), made (the presets) and read; ``info.py``: the model described for a newcomer;
+- ``tokenizer.py``, ``sampling.py``: text to ids and back; picking the next token;
+- ``untrained.py``, ``token_counts.py``: which token vectors training never (or barely) moved.
+
+May import: numpy, safetensors, the tokenizer's libraries, and nothing else of puffergpt.
+"""

@@ -1,0 +1,12 @@
+"""The searches: GPT-2's weights as documents in a store, every product one exact search.
+
+- ``documents.py``: a row w with bias b as d = (w, b, pad), the query q = (x, 1, 0), and the
+  product read back from the distance (y = (M² + |q|² − distance) / 2);
+- ``engine.py``: the ``Engine`` over one loaded model, and the products it supplies to the
+  forward pass, each a search, counted and priced (``costs.py``);
+- ``scheduler.py``: many texts' searches batched into one request per matrix;
+- ``sweeper.py``: the key namespaces of texts no server holds any more, dropped;
+- ``loading.py``: a checkpoint written into a store, verified against its manifest.
+
+May import: ``puffergpt.model`` and ``puffergpt.stores``.
+"""

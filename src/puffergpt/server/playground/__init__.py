@@ -1,0 +1,8 @@
+"""The playground's HTTP feature: the page and its API.
+
+- ``static.py``: the page, ``/how``, their scripts, and the API's docs from local assets;
+- ``texts.py``: open, edit, generate (server-sent events), stop, close, look inside, switch parts off;
+- ``views.py``: the embedding and output-search views; ``model.py``: ``/api/info`` and Compare;
+- ``notebook.py``: save, list, read and replay insights;
+- ``render.py``: the JSON shapes the page reads; ``responses.py``: their OpenAPI models.
+"""

@@ -1,0 +1,178 @@
+"""What a load balancer, an orchestrator and Prometheus ask a server:
+
+- ``GET /health``: liveness, the process answers: 200 ``{"status": "ok"}``;
+- ``GET /ready``: readiness: the store answers a search of one row of the model
+  (``Engine.probe``) and still holds the manifest this server opened, complete and current
+  (``loading.read_manifest``; ``serve`` checked the documents against it when it started):
+  200 ``{"status": "ready"}``, else 503 ``{"status": "unavailable", "reason": ...}``;
+- ``GET /metrics``: Prometheus' text format, from the maintained ``prometheus_client``, in a
+  registry of the app's own: HTTP requests answered (method, route, status), tokens the
+  generations wrote, requests to the store (op, outcome) and their seconds (a histogram),
+  texts running, queued and open, the texts' searches asked and merged. Behind
+  ``serve --workers N`` the front adds the workers' up (``front.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel
+
+from puffergpt.search import loading
+from puffergpt.search.engine import Engine
+from puffergpt.server.state import ServedDep
+from puffergpt.texts.registry import Texts
+
+READY_S = 5.0  # /ready waits this long for the store: a balancer's probe must not hang
+STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+router = APIRouter(tags=["probes"])
+
+
+class EngineCollector:
+    """The engine's figures, read when Prometheus scrapes."""
+
+    def __init__(self, engine: Engine, texts: Texts):
+        self.engine, self.texts = engine, texts
+
+    def collect(self):
+        s = self.engine.status()
+        yield CounterMetricFamily("puffergpt_tokens_generated", "tokens the generations wrote (the page, /v1)",
+                                  value=self.engine.scheduler.tokens)
+        yield GaugeMetricFamily("puffergpt_texts_running", "texts generating now", value=s["running"])
+        yield GaugeMetricFamily("puffergpt_texts_queued", "texts waiting their turn to generate", value=s["queued"])
+        yield GaugeMetricFamily("puffergpt_texts_open", "texts open on this server", value=len(self.texts))
+        yield CounterMetricFamily("puffergpt_text_searches", "searches the texts asked (several may share one "
+                                                             "store request)", value=s["searches"]["asks"])
+        yield CounterMetricFamily("puffergpt_text_searches_merged", "searches answered by a store request shared "
+                                                                    "with another text", value=s["searches"]["merged"])
+
+
+class Metrics:
+    """One app's metrics, in a registry of its own (one process may build many apps)."""
+
+    def __init__(self, engine: Engine, texts: Texts):
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("puffergpt_http_requests", "HTTP requests answered", ["method", "route", "status"],
+                                registry=r)
+        self.store_requests = Counter("puffergpt_store_requests", "requests to the store (search, fetch, upsert, "
+                                                                  "...)", ["op", "outcome"], registry=r)
+        self.store_seconds = Histogram("puffergpt_store_request_seconds", "seconds a request to the store took",
+                                       ["op"], buckets=STORE_BUCKETS, registry=r)
+        r.register(EngineCollector(engine, texts))
+        engine.store.watch(self.stored)  # held weakly: this app's metrics, while it lives
+
+    def stored(self, op: str, seconds: float, ok: bool) -> None:
+        self.store_requests.labels(op, "ok" if ok else "error").inc()
+        self.store_seconds.labels(op).observe(seconds)
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class Counted:
+    """Count each request once its answer starts, by method, route (the path's template:
+    bounded, never the path itself) and status. Outermost: refusals count too."""
+
+    def __init__(self, app, metrics: Metrics):
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                route = getattr(scope.get("route"), "path", None) or "unrouted"
+                self.metrics.requests.labels(scope["method"], route, str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
+@router.get("/health", operation_id="health", summary="Liveness: the process answers")
+def health() -> dict:
+    """Liveness: the process answers."""
+    return {"status": "ok"}
+
+
+def readiness(engine: Engine) -> str | None:
+    """Why the server can't serve now, or None."""
+    try:
+        stored = loading.read_manifest(engine.store, engine.key, engine.model)
+        if stored.get("matrices") != engine.manifest.get("matrices"):
+            return "the store holds another load of the model than this server opened: restart the server"
+        engine.probe()
+    except Exception as e:  # a probe reports any failure as not ready, with the reason
+        return f"the store did not answer: {e}"[:500]
+    return None
+
+
+class Readiness(BaseModel):
+    """A readiness probe's answer: "ready", or "unavailable" and why (not an error: a status)."""
+
+    status: str
+    reason: str | None = None
+
+
+READY_RESPONSES = {200: {"model": Readiness, "description": '`{"status": "ready"}`'},
+                   503: {"model": Readiness, "description": '`{"status": "unavailable", "reason": "..."}`: the store '
+                                                             'failed, or no longer holds the model served'}}
+
+
+@router.get("/ready", operation_id="ready", summary="Readiness: the store answers a one-row search",
+            responses=READY_RESPONSES)
+async def ready(served: ServedDep) -> JSONResponse:
+    """Readiness: the store answers a one-row search, and holds the manifest served."""
+    try:
+        why = await asyncio.wait_for(asyncio.to_thread(readiness, served.engine), READY_S)
+    except TimeoutError:
+        why = f"the store did not answer within {READY_S:.0f} s"
+    if why is not None:
+        return JSONResponse({"status": "unavailable", "reason": why}, status_code=503)
+    return JSONResponse({"status": "ready"})
+
+
+@router.get("/metrics", operation_id="metrics", summary="Prometheus metrics (text format)",
+            response_class=PlainTextResponse,
+            responses={200: {"content": {"text/plain": {"schema": {"type": "string"}}}}})
+def metrics(request: Request) -> Response:
+    """Prometheus' text format."""
+    return Response(request.app.state.metrics.text(), media_type=CONTENT_TYPE_LATEST)
+
+
+class Summed:
+    """The workers' metrics (``serve --workers N``), each sample added up over the workers
+    (counters, histograms' buckets and sums, the texts' gauges alike), and how many answered.
+    The ``_created`` samples (a start time each) are left out: a sum of them means nothing."""
+
+    def __init__(self, texts: list[str]):
+        self.texts = texts
+
+    def collect(self):
+        families: dict[str, Metric] = {}
+        totals: dict[tuple, float] = {}
+        for text in self.texts:
+            for f in text_string_to_metric_families(text):
+                families.setdefault(f.name, Metric(f.name, f.documentation, f.type))
+                for sample in f.samples:
+                    if not sample.name.endswith("_created"):
+                        key = (f.name, sample.name, tuple(sorted(sample.labels.items())))
+                        totals[key] = totals.get(key, 0.0) + sample.value
+        for (family, name, labels), value in totals.items():
+            families[family].add_sample(name, dict(labels), value)
+        yield from families.values()
+        yield GaugeMetricFamily("puffergpt_workers", "worker processes whose metrics are added up here",
+                                value=len(self.texts))
+
+
+def summed(texts: list[str]) -> bytes:
+    """The Prometheus text of several workers' ``/metrics`` texts added up."""
+    r = CollectorRegistry()
+    r.register(Summed(texts))
+    return generate_latest(r)

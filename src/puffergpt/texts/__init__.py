@@ -1,0 +1,9 @@
+"""Texts: what a learner works on, read through any ``Products`` (numpy or searches).
+
+- ``text.py``: a ``Text`` (type, generate, step back, branch, cut: only unread tokens cost),
+  its ``Step`` s, and ``opened`` (a text of its own, closed on any exit);
+- ``registry.py``: ``Texts``, the open texts of one engine (a bound, expiry when idle).
+
+May import: ``puffergpt.model``. Never a store: a text reaches the searches only through the
+seam, so the same text runs on numpy and on every backend.
+"""
