@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "puffergpt"
 MAX_FUNCTION_LINES = 100
-MAX_README_LINES = 250
+MAX_README_LINES = 200
 
 
 # --- import circles ------------------------------------------------------------------------
