@@ -250,9 +250,8 @@ def test_decided_layer_is_where_the_final_top1_stays():
 def test_decided_layer_on_a_real_prompt_where_the_readings_differ(loaded, hf, demo):
     """Demo model, "A cat" -> next token: the lens's top-1 at layer 2 already is the final
     top-1 (","), layer 3's is not ("'s"), the last is again. Checked against transformers' lens,
-    through the search engine, the server's inspect JSON and the CLI's line."""
-    from puffergpt.cli.ask import step_line
-    from puffergpt.server.playground.render import inspect_json, step_inspect_json
+    through the search engine, the protocol's inspect JSON and the CLI's line."""
+    from puffergpt.app.protocol import inspect_json, step_inspect_json, step_line
 
     ids = tokenizer.encode("A cat")
     _, want_lens = hf_inside(hf(demo), ids)

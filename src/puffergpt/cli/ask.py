@@ -1,5 +1,6 @@
 """``puffergpt generate``, ``analogy`` and ``contexts``: ask the model from the terminal, and
-render what it says (the text as it streams, or one JSON line a token, then the usage)."""
+render what it says (the text as it streams, or one JSON line a token: ``protocol.step_line``,
+then the usage)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 
 import click
 
+from puffergpt.app.protocol import MAX_CONTEXT_CHARS, step_line
 from puffergpt.cli.options import (
     MODEL_HELP,
     backend_option,
@@ -19,6 +21,7 @@ from puffergpt.cli.options import (
     output_search_option,
     resolve_model,
 )
+from puffergpt.lens.inside import MAX_VIEW_K
 from puffergpt.model import tokenizer
 from puffergpt.model.sampling import Sampling
 
@@ -40,7 +43,7 @@ from puffergpt.model.sampling import Sampling
 @click.option("--inspect", is_flag=True,
               help="with --json: each token's attention per layer and head, the logit lens, what each part "
                    "adds to its logit (attribution) and each layer's most active MLP neurons")
-@click.option("--lens-k", type=click.IntRange(5, 100), default=10, show_default=True,
+@click.option("--lens-k", type=click.IntRange(5, MAX_VIEW_K), default=10, show_default=True,
               help="tokens per layer in the lens")
 @click.option("--versus", type=int, default=None, metavar="ID",
               help="with --inspect: the attribution's versus explains logit(chosen) - logit(ID) "
@@ -128,25 +131,6 @@ def run_generate(steps, prompt, ids, as_json, summary) -> None:
         click.echo(f"[switched off at every position: {', '.join(summary['ablate'])}]", err=True)
 
 
-def step_line(step) -> dict:
-    """The --json line of a token; with --inspect, its attention, lens, attribution and
-    neurons (see docs/cli.md)."""
-    from puffergpt.lens import inside
-
-    d = step.to_json()
-    if step.inspect is not None:
-        got = step.inspect
-        d["attention"] = [[[round(float(w), 6) for w in head[: step.position]] for head in layer]
-                          for layer in got["weights"]]
-        d["lens"] = [[{"token_id": int(i), "logit": float(v)} for i, v in zip(e["ids"], e["logits"], strict=True)]
-                     for e in got["lens"]]
-        d["decided_layer"] = inside.decided_layer(got["lens"])
-        d["final_top1"] = tokenizer.token_dict(inside.final_top1(got["lens"]))
-        if "attribution" in got:
-            d["attribution"], d["neurons"] = got["attribution"], got["neurons"]
-    return d
-
-
 @click.command()
 @click.argument("a")
 @click.argument("b")
@@ -154,7 +138,7 @@ def step_line(step) -> dict:
 @click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
 @backend_option
 @data_option
-@click.option("-k", "k", type=click.IntRange(1, 100), default=10, show_default=True, help="answers to show")
+@click.option("-k", "k", type=click.IntRange(1, MAX_VIEW_K), default=10, show_default=True, help="answers to show")
 @click.option("--json", "as_json", is_flag=True,
               help='{"results": [{"token_id", "text", "score", "count", "rare"}, ...], "rare_below", "rare_note", ...}')
 def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
@@ -207,7 +191,7 @@ def contexts(word, prompts, model, engine, backend, dsn, data_dir, as_json) -> N
     from puffergpt.texts.text import TextError
 
     try:
-        ctx.check(word, list(prompts))  # a bad word or prompt says so before a model is opened
+        ctx.check(word, list(prompts), MAX_CONTEXT_CHARS)  # a bad word or prompt says so before a model is opened
     except TextError as e:
         fail(str(e))
     model, _ = resolve_model(model)

@@ -135,11 +135,6 @@ class Step:
         return [{"token_id": int(i), "text": tokenizer.token_text(int(i)), "logit": float(l), "prob": float(p)}
                 for i, l, p in zip(self.ids, self.logits, probs, strict=True)]
 
-    def to_json(self) -> dict:
-        return {"position": self.position, "token_id": self.token_id, "text": self.text,
-                "candidates": self.candidates(), "requests": len(self.requests),
-                "round_trips": sum(r.round_trips for r in self.requests), "ms": round(self.ms, 3)}
-
 
 class Text:
     def __init__(self, products: Products, text_id: str | None = None, ablation: Ablation = NO_ABLATION):

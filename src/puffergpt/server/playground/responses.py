@@ -2,7 +2,7 @@
 names their fields. Each allows extra keys, and declares only keys every response has
 (a key present only sometimes, such as an inspection's ``attribution``, stays an extra):
 the JSON the page reads (``static/*.js``) is exactly what the routes render
-(``render.py``, ``views.py``, ``completion.py``). ``errors`` declares the error answers a
+(``app/protocol.py``, ``completion.py``). ``errors`` declares the error answers a
 route really sends, each in the one error shape (``ErrorBody``, ``errors.py``)."""
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The playground's texts: open one, show it, edit it, generate (server-sent events),
 stop, close, and look inside (a position's attention and lens, the key namespace).
 Each route parses, calls the text (which keeps its own rules: no edit while it
-generates, token ids, the context), and renders (``render.py``)."""
+generates, token ids, the context), and renders (``app/protocol.py``'s JSON)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
+from puffergpt.app.protocol import ablation_json, inspect_json, step_json, text_json, view_json
 from puffergpt.lens import inspector, output_search, views
 from puffergpt.model import tokenizer
 from puffergpt.model.sampling import Sampling
@@ -24,7 +26,6 @@ from puffergpt.server.bodies import (
     SamplingBodyInspect,
 )
 from puffergpt.server.playground import responses
-from puffergpt.server.playground.render import ablation_json, inspect_json, request_json, sse, step_json, text_json
 from puffergpt.server.playground.responses import BODY, errors
 from puffergpt.server.state import ConfigDep, GenerationsDep, TextDep, TextsDep
 from puffergpt.server.streaming import stream
@@ -125,6 +126,10 @@ def stop(text_id: str, t: TextDep) -> dict:
     return {"stopping": text_id}
 
 
+def sse(event: str, data: dict) -> str:
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
+
+
 def generation_events(t: Text, n: int, s: Sampling, inspect: int, stop: threading.Event) -> Iterator[str]:
     """A generation's events, in its worker thread: ``token`` each, then ``done`` or ``error``."""
     t0, count, requests = time.perf_counter(), 0, 0
@@ -189,5 +194,4 @@ def kv(t: TextDep) -> dict:
     """The text's key namespace: which positions hold keys, and which read wrote them."""
     with t.lock, t.products.recording() as requests:
         d = views.kv(t)
-    d["requests"] = [request_json(r) for r in requests]
-    return d
+    return view_json(d, requests)
