@@ -22,7 +22,7 @@ from puffergpt import notebook as nb
 from puffergpt.mcp import server as mcp_server
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import Reference
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 from puffergpt.server.bodies import MAX_NEW_TOKENS
