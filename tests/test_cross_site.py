@@ -25,7 +25,7 @@ from puffergpt.cli import main
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import NumpyProducts
 from puffergpt.search.engine import Engine
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 from puffergpt.server.guards.cross_site import check_origin

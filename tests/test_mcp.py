@@ -23,7 +23,7 @@ from puffergpt.app.protocol import MAX_NEW_TOKENS
 from puffergpt.mcp import server as mcp_server
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import Reference
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 

@@ -17,7 +17,7 @@ import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
 from puffergpt.model.reference import NumpyProducts
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import create_app
 from puffergpt.server.app import serving
 

@@ -16,7 +16,7 @@ import time
 import httpx
 import pytest
 
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 from puffergpt.server.state import MAX_REQUEST_TOKENS

@@ -105,15 +105,15 @@ def bench(ctx, model, backends, dsn, data_dir, quick, json_out, chart_out, no_to
 def loaded(ckpt, model: str, dirs: dict[str, Path], dsn: str | None, stores: list) -> tuple[dict, dict]:
     """The model loaded into a store of each backend, in its directory (opened stores go on
     ``stores``, for the caller to close): each engine's ``open``, and each load's seconds and size."""
-    from puffergpt.search import loading
-    from puffergpt.search.loading import open_engine
+    from puffergpt.search import load, manifest
+    from puffergpt.search.manifest import open_engine
 
     engines, loads = {}, {}
     for name, data_dir in dirs.items():
         store = open_store(name, data_dir, dsn)
         stores.append(store)
         t0 = time.perf_counter()
-        loading.load(store, ckpt, loading.model_key(model))
+        load.load(store, ckpt, manifest.model_key(model))
         loads[name] = {"load_s": round(time.perf_counter() - t0, 2), "disk_mb": store_size_mb(store)}
         engines[name] = open_engine(store, model).open
     return engines, loads
@@ -125,7 +125,7 @@ def output_bench(model: str, names: list[str], dsn: str | None, data_dir: Path |
     positions (the hidden states numpy's, the same for both searches and every backend)."""
     from puffergpt.lens import output_search
     from puffergpt.model import tokenizer
-    from puffergpt.search import loading
+    from puffergpt.search import load, manifest
 
     ids = tokenizer.encode(text.read_text())
     rows = []
@@ -135,12 +135,12 @@ def output_bench(model: str, names: list[str], dsn: str | None, data_dir: Path |
         for name in names:
             store = open_store(name, data_dir or Path(tmp) / name, dsn)
             try:
-                key = loading.model_key(model)
-                loading.load(store, ckpt, key)
+                key = manifest.model_key(model)
+                load.load(store, ckpt, key)
                 t0 = time.perf_counter()
-                loading.build_output_index(store, key, model)
+                load.build_output_index(store, key, model)
                 index_s = time.perf_counter() - t0
-                products = loading.open_engine(store, model).views()
+                products = manifest.open_engine(store, model).views()
                 got = output_search.measure(products, xs)
                 rows.append({"model": ckpt.name if len(ckpt.name) <= 10 else Path(ckpt.name).name[:10],
                              "backend": name, "index_s": index_s, "text": str(text), **got})
