@@ -194,3 +194,44 @@ def test_writes_cli_json_contract(demo):
     assert bad.exit_code != 0 and "Traceback" not in bad.output
     assert "layers 0..3" in bad.output and "heads 0..5" in bad.output
     assert attribution.label({"kind": "attn", "layer": 2, "head": 2}) == "L2 H2"
+
+
+def test_the_routes_give_p_all_and_a_heads_writes(demo, loaded):
+    """The page's routes: a step's probabilities over all tokens (one search, then kept), and what L2 H2 writes
+    at the copy starter's " 3" (its pieces summing to the head's bar in the attribution); bad input by name."""
+    from fastapi.testclient import TestClient
+
+    from puffergpt.search.loading import open_engine
+    from puffergpt.server import ServerConfig, create_app
+
+    store, key = loaded(demo)
+    with TestClient(create_app(open_engine(store, demo.name, key), ServerConfig(max_open_texts=2))) as client:
+        t = client.post("/api/texts", json={"prompt": COPY}).json()
+        p = t["length"]
+        client.post(f"/api/texts/{t['id']}/generate", json={"max_tokens": 1, "temperature": 0, "top_k": 40})
+        got = client.post(f"/api/texts/{t['id']}/steps/{p}/probabilities", json={})
+        assert got.status_code == 200, got.text
+        got = got.json()
+        assert [r["kind"] for r in got["requests"]] == ["wte.all"] and got["requests"][0]["extra"]
+        assert got["n_vocab"] == demo.config.n_vocab and len(got["candidates"]) == 40
+        assert 0 < got["mass"] <= 1 and got["mass"] == pytest.approx(sum(c["p_all"] for c in got["candidates"]))
+        assert [t_ for t_, _ in got["normalisers"]][:3] == [0.0, 0.05, 0.1]
+        again = client.post(f"/api/texts/{t['id']}/steps/{p}/probabilities", json={}).json()
+        assert again["requests"] == [] and again["candidates"] == got["candidates"]
+        step = client.get(f"/api/texts/{t['id']}").json()["steps"][str(p)]
+        assert step["candidates"][0]["p_all"] == got["candidates"][0]["p_all"]
+        w = client.post(f"/api/texts/{t['id']}/steps/{p}/writes", json={"head": "2.2"})
+        assert w.status_code == 200, w.text
+        w = w.json()
+        assert w["token"]["text"] == " 3" and (w["layer"], w["head"], w["position"]) == (2, 2, p - 1)
+        best = max(w["sources"], key=lambda s: s["effect"])
+        assert best["token"]["text"] == " 3" and best["top"][0]["text"] == " 3"
+        ins = client.get(f"/api/texts/{t['id']}/steps/{p}/inspect").json()
+        bar = next(x["value"] for x in ins["attribution"]["parts"] if x["label"] == "L2 H2")
+        assert abs(w["total"] - bar) <= 1e-4
+        for body, words in (({"head": "4.0"}, "layers 0..3"), ({"head": "x"}, "not a head")):
+            r = client.post(f"/api/texts/{t['id']}/steps/{p}/writes", json=body)
+            assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+        r = client.post(f"/api/texts/{t['id']}/steps/2/probabilities", json={})
+        assert r.status_code == 400 and "no candidates" in r.json()["error"]["message"]
+        assert client.post(f"/api/texts/{t['id']}/steps/{p}/writes", json={"head": "1" * 40}).status_code == 422
