@@ -88,6 +88,13 @@ def test_probabilities_over_all_tokens_and_what_l2_h2_writes(browser, server, wi
         expect(p.locator("#inside .writes-total")).to_contain_text(f"{'+' if bar >= 0 else '−'}{abs(bar):.3f}")
         expect(p.locator("#inside .writes-says")).to_contain_text("this head's bar")
         SHOTS.joinpath(f"writes-{width}.png").write_bytes(p.locator("#attention .attn-head").screenshot())
+        p.locator('#neurons button[data-rank="pushing"]').click()
+        expect(p.locator('#neurons button[data-rank="pushing"]')).to_have_attribute("aria-pressed", "true")
+        pushing = p.locator('#neurons button[data-rank="pushing"]')
+        expect(pushing).to_be_enabled()
+        pushing.hover()  # pressed and under the pointer: white on the accent, readable
+        assert pushing.evaluate("b => getComputedStyle(b).color") == "rgb(255, 255, 255)"
+        SHOTS.joinpath(f"neurons-{width}.png").write_bytes(p.locator("#neurons .neuron-ranking").screenshot())
         # A corrected sentence: mean ablation is not said to be the gentler test.
         expect(p.locator("#ablate")).to_contain_text("Neither is always the gentler test")
         expect(p.locator("#ablate")).not_to_contain_text("keeps what it always says")
