@@ -45,6 +45,8 @@ ROUTES = [
     ("POST", "/api/texts/{id}/branch", {"position": 1, "rank": 1}),
     ("POST", "/api/texts/{id}/stop", {}),
     ("POST", "/api/texts/{id}/steps/3/ablate", {"parts": ["mlp 0"], "mode": "mean"}),
+    ("POST", "/api/texts/{id}/steps/3/probabilities", {}),
+    ("POST", "/api/texts/{id}/steps/3/writes", {"head": "0.0"}),
     ("DELETE", "/api/texts/{id}", {}),
     ("POST", "/api/compare", {"prompt": "hello", "top_k": 5}),
     ("POST", "/api/analogy", {"a": " man", "b": " woman", "c": " king", "k": 3}),

@@ -128,6 +128,25 @@ def ablation_json(got: dict) -> dict:
             "requests": [request_json(r) for r in got["requests"]]}
 
 
+# --- a step's probabilities over every token, what a head writes --------------------------
+
+def probabilities_json(step: Step, n_vocab: int, requests: list) -> dict:
+    """A step's candidates with their probabilities over the whole vocabulary (``probabilities.normalise``)."""
+    cands = step.candidates()
+    return {"position": step.position, "temperature": step.temperature, "n_vocab": n_vocab,
+            "candidates": [{"rank": i, **c} for i, c in enumerate(cands)],
+            "normalisers": [[t, n] for t, n in sorted(step.normalisers.items())],
+            "mass": sum(c["p_all"] for c in cands), "requests": [request_json(r) for r in requests]}
+
+
+def writes_json(got: dict, tokens: list[int], requests: list) -> dict:
+    """What a head writes (``inspector.head_writes``), tokens as text."""
+    return {**got, "token": token_json(got["token_id"]),
+            "sources": [{**s, "token": token_json(tokens[s["position"]]),
+                         "top": [{**token_json(t), "score": v} for t, v in s["top"]]} for s in got["sources"]],
+            "requests": [request_json(r) for r in requests]}
+
+
 # --- a step and a text ---------------------------------------------------------------------
 
 def step_inspect_json(step: Step) -> dict:

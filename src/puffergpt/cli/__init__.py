@@ -5,7 +5,7 @@ application layer and renders what comes back.
                   open_store and open_model (the one way a command opens a model); the only
                   reader of the environment
     weights.py    make-model, load, verify: a checkpoint made, written into a store, read back
-    ask.py        generate, analogy and contexts, and how a completion is rendered
+    ask.py        generate, analogy, contexts and writes, and how a completion is rendered
     serving.py    serve: the playground and the HTTP API
     benchmark.py  bench: the engines timed side by side; --clients N: learners against one server
     notebook.py   notebook list|show|replay|push
@@ -28,7 +28,7 @@ def main() -> None:
     """puffergpt: GPT-2 where every matrix multiply is a vector search."""
 
 
-for command in (weights.make_model, weights.load, weights.verify, ask.generate, ask.analogy, ask.contexts,
+for command in (weights.make_model, weights.load, weights.verify, ask.generate, ask.analogy, ask.contexts, ask.writes,
                 serving.serve,
                 benchmark.bench, notebook.notebook, mcp.mcp):
     main.add_command(command)

@@ -204,13 +204,19 @@ def build_output_index(store: Store, key: str, model: str, params: dict | None =
     verified = store.stamp([]) is not None and unchanged_since_verified(store, key, m)
 
     def went_in(done: int, total: int) -> None:
+        # The store counts the vectors that go into the graph: identical rows go in once (the demo's
+        # untrained tokens share one vector), so its total may be fewer than the rows.
+        if bar.total != total:
+            bar.total = total
+            bar.set_description(f"index {key} wte ({total:,} distinct vectors of {rows:,} rows)")
         bar.update(done - bar.n)
         if done == total:
             bar.set_postfix_str("building the graph")
 
-    with tqdm(total=m["matrices"]["wte"]["rows"], unit="row", desc=f"index {key} wte", disable=not progress) as bar:
+    rows = m["matrices"]["wte"]["rows"]
+    with tqdm(total=rows, unit="vector", desc=f"index {key} wte", disable=not progress) as bar:
         built = store.build_index(ns, (PARTITION, "wte"), m["metric"], params, went_in)
-        bar.set_postfix_str("built")
+        bar.set_postfix_str(f"built: all {rows:,} rows found through the graph")
     probe = index_recall(store, ns, m, int(params["ef"]))
     m = {**m, "indexes": {"wte": {**built, "ef": int(params["ef"]), "recall_at_build": probe,
                                   "version": INDEX_VERSION}}}

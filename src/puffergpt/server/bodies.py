@@ -209,6 +209,11 @@ class AblateBody(Strict):
         return self
 
 
+class WritesBody(Strict):
+    """A head whose writes to read: "L.H" (layer L's head H, checked against the model by ``writes.head_of``)."""
+    head: str = Field(..., min_length=1, max_length=MAX_PART_CHARS)
+
+
 class AnalogyBody(Strict):
     a: str = Field(..., min_length=1, max_length=MAX_WORD_CHARS)
     b: str = Field(..., min_length=1, max_length=MAX_WORD_CHARS)

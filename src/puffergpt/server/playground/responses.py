@@ -140,6 +140,36 @@ class Ablated(Response):
     requests: list[dict[str, Any]]
 
 
+class Probabilities(Response):
+    """A step's candidates with their probabilities over the whole vocabulary (``p_all`` at T = 1, ``p_all_t``
+    at the step's T) beside the sampler's (``prob``, over these candidates), the normaliser n_T at each
+    temperature of the page's slider ([T, n_T]: p = exp((logit - n_T) / T)), the candidates' share of all the
+    mass at T = 1 (``mass``), and the search it cost (none when the step had it: marked extra)."""
+
+    position: int
+    temperature: float
+    candidates: list[dict[str, Any]]
+    normalisers: list[list[float]]
+    mass: float
+    n_vocab: int
+    requests: list[dict[str, Any]]
+
+
+class Writes(Response):
+    """What head ``layer``.``head`` writes at ``position`` (the query), a source position a piece: its attention
+    ``weight``, its ``effect`` on the logit of ``token`` (read as the attribution reads a part) and the ``top``
+    tokens it pushes; the effects sum to ``total``, the head's part in the attribution."""
+
+    token_id: int
+    token: dict[str, Any]
+    position: int
+    layer: int
+    head: int
+    sources: list[dict[str, Any]]
+    total: float
+    requests: list[dict[str, Any]]
+
+
 class KV(Response):
     """A text's key namespace: which positions hold keys, and which read wrote them."""
 
