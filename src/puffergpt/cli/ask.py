@@ -39,6 +39,17 @@ from puffergpt.model.sampling import Sampling
 @click.option("--top-k", type=int, default=40, show_default=True)
 @click.option("--seed", type=int, default=None, help="makes sampling reproducible")
 @click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="tokens to generate")
+@click.option("--presence-penalty", type=float, default=0.0, show_default=True,
+              help="OpenAI's, -2..2: subtracted once from the logit of each token already generated")
+@click.option("--frequency-penalty", type=float, default=0.0, show_default=True,
+              help="OpenAI's, -2..2: subtracted from a token's logit once for each time it was generated")
+@click.option("--repetition-penalty", type=float, default=1.0, show_default=True,
+              help="transformers' and vLLM's, > 0: each token in the text so far, its logit divided by it "
+                   "where positive and multiplied by it where negative")
+@click.option("--logit-bias", "logit_bias", multiple=True, metavar="ID=BIAS",
+              help="add BIAS (-100..100) to token ID's logit, repeatable (the candidates are the best after it)")
+@click.option("--min-p", type=float, default=0.0, show_default=True,
+              help="0..1: keep only the tokens at least this times as likely as the best")
 @click.option("--json", "as_json", is_flag=True,
               help='one JSON object a token, then a summary line; each candidate\'s "prob" is the sampler\'s (over '
                    'the top k), its "p_all" the model\'s own over the whole vocabulary (one search more a token)')
@@ -54,7 +65,8 @@ from puffergpt.model.sampling import Sampling
               help="switch a part of the model off at every position, repeatable: 'attn L.H' (layer L's head H, "
                    "its mixed values zeroed before c_proj) or 'mlp L' (layer L's MLP output, bias included)")
 def generate(prompt, model, engine, backend, dsn, data_dir, output_search, temperature, top_k, seed, n_tokens,
-             as_json, inspect, lens_k, versus, ablate) -> None:
+             presence_penalty, frequency_penalty, repetition_penalty, logit_bias, min_p, as_json, inspect, lens_k,
+             versus, ablate) -> None:
     """Continue PROMPT."""
     from puffergpt.app.completion import complete
 
@@ -68,7 +80,8 @@ def generate(prompt, model, engine, backend, dsn, data_dir, output_search, tempe
         fail("--versus sets what the attribution is compared with: give --json --inspect too")
     model, _ = resolve_model(model)
     ids = tokenizer.encode(prompt)
-    s = Sampling(temperature, top_k, seed)
+    s = Sampling(temperature, top_k, seed, 1.0, min_p, presence_penalty, frequency_penalty, repetition_penalty,
+                 parse_bias(logit_bias))
     with clear_errors(), open_model(engine, model, backend, data_dir, dsn, output_search=output_search) as opened:
         off = checked(opened.config, s, len(ids), n_tokens, ablate, versus)
         steps = complete(opened.products, ids, n_tokens, s, inspect=lens_k if inspect else 0, explain=inspect,
@@ -77,6 +90,25 @@ def generate(prompt, model, engine, backend, dsn, data_dir, output_search, tempe
                      {"model": model, "engine": engine, "backend": backend if engine == "search" else None}
                      | ({"ablate": off.parts} if off.parts else {})
                      | ({"output_search": output_search} if output_search != "exact" else {}))
+
+
+def parse_bias(pairs: tuple[str, ...]) -> dict[int, float]:
+    """--logit-bias ID=BIAS, repeated -> {id: bias} (each bound checked with the sampling)."""
+    from puffergpt.model.sampling import bias_from_json
+
+    raw = {}
+    for pair in pairs:
+        key, eq, value = pair.partition("=")
+        try:
+            raw[key.strip()] = float(value)
+        except ValueError:
+            fail(f"--logit-bias {pair!r}: write ID=BIAS, e.g. --logit-bias 50256=-100")
+        if not eq:
+            fail(f"--logit-bias {pair!r}: write ID=BIAS, e.g. --logit-bias 50256=-100")
+    try:
+        return bias_from_json(raw)
+    except ValueError as e:
+        fail(f"--logit-bias: {e}")
 
 
 def checked(config, s, n_prompt: int, n: int, ablate: tuple[str, ...], versus: int | None):

@@ -69,6 +69,10 @@ class Weights(Protocol):
     def logits(self, x: np.ndarray) -> np.ndarray:
         """Every token's score, the whole vocabulary: (C,) -> (V,). A search over all of wte."""
 
+    def token_logits(self, x: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The scores of the tokens ``ids`` only, one search restricted to their wte rows (the
+        tokens a sampling control may raise, ``sampling.py``): (C,), (n,) -> (n,)"""
+
     def row(self, name: str, i: int) -> np.ndarray:
         """Row i of an embedding, ``wte`` (token i's vector) or ``wpe``, one fetch: -> (C,)"""
 
@@ -364,6 +368,9 @@ class NumpyProducts:
 
     def top_k_many(self, x, k, kind: str = "lens.top_k"):
         return [self.top_k(v, k) for v in x]
+
+    def token_logits(self, x, ids):
+        return self.params["wte.weight"][np.asarray(ids, np.int64)] @ x  # (n, C) @ (C,) -> (n,)
 
     def row(self, name, i):
         if name not in ("wte", "wpe"):

@@ -474,6 +474,22 @@ class SearchProducts:
             out.append((hits.attrs["row"][mine].astype(np.int64), logits))
         return out
 
+    def token_logits(self, x, ids):
+        """The scores of the tokens ``ids`` only: one search whose filter is their rows (``row in ids``),
+        so each logit is the same as the top-k search's for that row: (C,), (n,) -> (n,)"""
+        ids = np.asarray(ids, np.int64)
+        q = self.enc.queries(x[None])  # (1, dim)
+        t = time.perf_counter()
+        query = Query(q[0], (("matrix", "=", "wte"), ("row", "in", tuple(int(i) for i in ids))))
+        hits, shared = self._search(self._ns(self.config.n_embd), [query], self.enc.metric, ("row",))
+        self._log("wte.scored", "search", 1, len(ids), len(ids) * q.shape[1] * 4, len(hits.query), t, shared=shared)
+        if len(hits.query) != len(ids):
+            raise StoreError(f"wte: the search for {len(ids)} token rows returned {len(hits.query)}; "
+                             "the store is incomplete: run `puffergpt verify`")
+        y = self.enc.outputs(hits.distance[None], q, self.M["wte"])[0]
+        by_row = dict(zip(hits.attrs["row"].tolist(), y.tolist(), strict=True))
+        return np.array([by_row[int(i)] for i in ids], np.float64)
+
     def _all_rows(self, matrix: str, x: np.ndarray, kind: str, include: tuple = ("row",)) -> tuple[np.ndarray, dict]:
         """Every row of a matrix scored against one vector x (C,): the outputs by row (rows,)
         and the included attributes by row. Split by row ranges where a store returns at

@@ -12,13 +12,14 @@ import math
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from puffergpt.app.protocol import MAX_CONTEXT_CHARS, MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 from puffergpt.lens.contexts import MAX_PROMPTS as MAX_CONTEXTS
 from puffergpt.lens.inside import MAX_VIEW_K
 from puffergpt.lens.views import MAX_MAP_WORDS
 from puffergpt.model import tokenizer
+from puffergpt.model.sampling import PENALTY_RANGE, Sampling, bias_from_json
 from puffergpt.texts.text import MAX_PROMPT_IDS
 
 MAX_WORD_CHARS = 64
@@ -138,6 +139,21 @@ class SamplingBody(Strict):
     top_k: int = Field(40, ge=1, le=tokenizer.VOCAB_SIZE)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     output_search: Literal["exact", "approximate"] | None = None  # None: as the text has it (the server's default)
+    # the sampling's controls (``sampling.py``), as /v1 takes them
+    min_p: float = Field(0.0, ge=0, le=1)
+    presence_penalty: float = Field(0.0, ge=-PENALTY_RANGE, le=PENALTY_RANGE)
+    frequency_penalty: float = Field(0.0, ge=-PENALTY_RANGE, le=PENALTY_RANGE)
+    repetition_penalty: float = Field(1.0, gt=0, le=100)
+    logit_bias: dict[str, float] = Field(default_factory=dict)  # token id (a JSON key) -> -100..100
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v):
+        return bias_from_json(v)
+
+    def sampling(self) -> Sampling:
+        return Sampling(self.temperature, self.top_k, self.seed, 1.0, self.min_p, self.presence_penalty,
+                        self.frequency_penalty, self.repetition_penalty, self.logit_bias)
 
 
 class GeneratedAt(Strict):

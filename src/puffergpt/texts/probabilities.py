@@ -41,8 +41,10 @@ def normalise(text: Text, p: int) -> list:
         if p > text.read_upto:
             raise TextError(f"probabilities: position {p}'s hidden state is not read yet: generate first")
         with text.products.recording(extra=True) as requests:
-            if step.normalisers is None:
-                keep(step, text.products.logits(text.hidden[p - 1]))
+            if step.normalisers is None:  # over the logits the step chose from: after its controls, if any
+                scores = text.products.logits(text.hidden[p - 1])
+                keep(step, scores if step.sampling is None else
+                     sampling.controlled(step.sampling, scores, *text.history(p))[0])
         return requests
 
 

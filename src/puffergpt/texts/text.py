@@ -118,6 +118,11 @@ class Step:
     logz: float | None = None
     logprob: float | None = None
     normalisers: dict[float, float] | None = None  # {T: n_T} over all n_vocab (``probabilities.py``): p_all
+    # With the sampling's controls (penalties, logit_bias: ``sampling.py``): ``logits`` are after them, and
+    # ``before`` holds each candidate's logit before them, ``moved`` which controls moved it (a bit mask)
+    before: np.ndarray | None = None
+    moved: np.ndarray | None = None
+    sampling: Sampling | None = None  # the controls, to apply them to the whole vocabulary (``probabilities.py``)
 
     def logprobs(self, k: int) -> list[tuple[int, float]]:
         """The k best tokens and their exact log-probabilities (needs ``logz``)."""
@@ -133,7 +138,9 @@ class Step:
         return [{"token_id": int(i), "text": tokenizer.token_text(int(i)), "logit": float(l), "prob": float(p)}
                 | ({} if n is None else {"p_all": sampling.probability_over_all(l, n, 1.0)}
                    | ({"p_all_t": sampling.probability_over_all(l, n, t)} if float(t) in n else {}))
-                for i, l, p in zip(self.ids, self.logits, probs, strict=True)]
+                | ({} if self.before is None else {"logit_before": float(self.before[r]),  # the controls' doing
+                                                    "moved": sampling.moved_names(self.moved[r])})
+                for r, (i, l, p) in enumerate(zip(self.ids, self.logits, probs, strict=True))]
 
 
 class Text:
@@ -340,13 +347,26 @@ class Text:
         """Top-k at the end of the text: replayed from an earlier step when it can be."""
         p = self.length
         old = self.steps.get(p)
-        if old is not None and len(old.ids) >= k:
+        if old is not None and old.before is None and len(old.ids) >= k:  # the search's own order and logits
             return old.ids[:k], old.logits[:k], 0
         read = 0
         if self.read_upto < p:
             read = self._read(trace)
         ids, logits = self.products.top_k(self.hidden[p - 1], k)
         return np.asarray(ids), np.asarray(logits, np.float64), read
+
+    def history(self, p: int) -> tuple[list[int], list[int]]:
+        """The controls' look back from p: every token before it, and those the model generated."""
+        return self.tokens[:p], [self.tokens[q] for q in range(p) if q in self.steps]
+
+    def _controlled(self, p: int, s: Sampling, k: int, trace: Trace | None) -> tuple:
+        """The k best candidates at the end of the text after the sampling's controls, exact over the
+        whole vocabulary (``sampling.exact_top_k``). -> (ids, logits after, before, moved, tokens read)"""
+        read = self._read(trace) if self.read_upto < p else 0
+        x = self.hidden[p - 1]
+        return (*sampling.exact_top_k(s, k, self.config.n_vocab, *self.history(p), lambda n: self._candidates(n)[:2],
+                                      lambda ids: self.products.token_logits(x, ids),
+                                      lambda: self.products.logits(x)), read)
 
     def candidates(self, p: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k best candidates for position p (1..length): the step's own where it kept k, else
@@ -448,12 +468,14 @@ class Text:
         t0, first, p = time.perf_counter(), self.read_upto, self.length
         trace = Trace() if observe is not None else None
         with self.products.recording() as requests:
-            ids, logits, read, tok, whole = self._choose(p, s, rng, full, trace)
+            ids, logits, read, tok, whole, moves = self._choose(p, s, rng, full, trace)
             users = read and any(q not in self.steps for q in range(first, first + read))  # not the model's own
             step = Step(p, tok, ids[:KEEP_CANDIDATES], logits[:KEEP_CANDIDATES], s.temperature, requests, 0.0, read,
                         "prefill" if users else "decode")
             if whole is not None:
                 step.logz, step.logprob = whole.logz, whole.logprob
+            if moves is not None:
+                step.before, step.moved, step.sampling = moves[0][:KEEP_CANDIDATES], moves[1][:KEEP_CANDIDATES], s
             self._set(p, tok)
             self.steps[p] = step
             if observe is not None:
@@ -463,19 +485,25 @@ class Text:
         return step
 
     def _choose(self, p: int, s: Sampling, rng: np.random.Generator, full: bool, trace: Trace | None,
-                keep: int = KEEP_CANDIDATES) -> tuple[np.ndarray, np.ndarray, int, int, Step | None]:
+                keep: int = KEEP_CANDIDATES) -> tuple:
         """The candidates at p, the tokens read to get them, and the token picked: from the
         whole vocabulary (``full``: the exact distribution; the step it returns holds the
         normaliser, and the (V,) scores are dropped here) or from a top-k search of the
-        candidates the sampling needs (greedy: the ``keep`` a step holds, whatever top_k).
-        -> (candidate ids, their logits, tokens read, token, the whole vocabulary's step)"""
+        candidates the sampling needs (greedy: the ``keep`` a step holds, whatever top_k),
+        after the sampling's controls. -> (candidate ids, their logits, tokens read, token, the whole
+        vocabulary's step, (logits before, moved) or None)"""
         if full:
             scores, read = self._all_logits(p, trace)
+            scores, moves = sampling.controlled(s, scores, *self.history(p))  # moves: (before, moved) or None
             tok = pick(distribution(scores, s), rng)
             whole = self._full_step(p, tok, scores, s.temperature, read, "decode")
-            return whole.ids, whole.logits, read, tok, whole
-        ids, logits, read = self._candidates(s.search_k(keep), trace)
-        return ids, logits, read, int(ids[pick(distribution(logits, s), rng)]), None
+            return whole.ids, whole.logits, read, tok, whole, moves and (moves[0][whole.ids], moves[1][whole.ids])
+        if s.controlled:
+            ids, logits, before, moved, read = self._controlled(p, s, s.search_k(keep), trace)
+        else:
+            (ids, logits, read), before, moved = self._candidates(s.search_k(keep), trace), None, None
+        moves = None if before is None else (before, moved)
+        return ids, logits, read, int(ids[pick(distribution(logits, s), rng)]), None, moves
 
     def close(self) -> None:
         self.products.close()

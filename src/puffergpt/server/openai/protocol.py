@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from puffergpt.app.protocol import MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 from puffergpt.model import tokenizer
-from puffergpt.model.sampling import Sampling
+from puffergpt.model.sampling import PENALTY_RANGE, Sampling, bias_from_json
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for max_tokens
 
@@ -45,10 +45,6 @@ NO_OPS: dict[str, tuple[tuple, str]] = {
     "user": ((ANY,), ""), "metadata": ((ANY,), ""),  # labels for the caller's own records
     "store": ((None, False), "completions are not stored here"),
     "service_tier": ((None, "auto", "default"), "there is one tier"),
-    "presence_penalty": ((None, 0), "no penalties are applied"),
-    "frequency_penalty": ((None, 0), "no penalties are applied"),
-    "repetition_penalty": ((None, 1), "no penalties are applied"),
-    "logit_bias": ((None, {}), "logits are not biased"),
     "response_format": ((None, {"type": "text"}), "GPT-2 writes plain text only: no JSON mode or schema"),
     "tools": ((None, []), "GPT-2 cannot call tools"), "tool_choice": ((None, "none"), "GPT-2 cannot call tools"),
     "parallel_tool_calls": ((None, True, False), ""),  # with no tools there is nothing to call in parallel
@@ -205,6 +201,22 @@ def body_schema(kind: type[BaseModel]) -> dict:
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
 
 
+class StreamOptions(BaseModel):
+    """OpenAI's stream_options: ``include_usage`` (a last chunk with the usage), and ``include_obfuscation``
+    only at false (this server does not pad its events against length side channels)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool = False
+    include_obfuscation: bool = False
+
+    @field_validator("include_obfuscation")
+    @classmethod
+    def _plain(cls, v):
+        if v:
+            raise ValueError("this server does not pad its events (obfuscation): leave it out or send false")
+        return v
+
+
 class CommonBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     model: str | None = None
@@ -216,8 +228,25 @@ class CommonBody(BaseModel):
     n: int | None = Field(None, ge=1, le=MAX_N)
     stop: str | list[str] | None = Field(default_factory=list, validate_default=True)
     stream: bool = False
-    stream_options: dict | None = None
+    stream_options: StreamOptions | None = None
     output_search: Literal["exact", "approximate"] | None = None  # puffergpt's extension (issue 35)
+    # the sampling's controls (``sampling.py``): OpenAI's penalties and bias, vLLM's repetition_penalty and min_p
+    presence_penalty: float | None = Field(None, ge=-PENALTY_RANGE, le=PENALTY_RANGE)
+    frequency_penalty: float | None = Field(None, ge=-PENALTY_RANGE, le=PENALTY_RANGE)
+    repetition_penalty: float | None = Field(None, gt=0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = None  # token id (a JSON key: a string) -> -100..100; checked: {id: bias}
+    min_p: float | None = Field(None, ge=0, le=1)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v):
+        return v if v is None else bias_from_json(v)
+
+    @model_validator(mode="after")
+    def _stream_options(self):
+        if self.stream_options is not None and not self.stream:  # as OpenAI answers it
+            raise OpenAIError(400, "stream_options is only allowed with stream: true", "stream_options")
+        return self
 
     @field_validator("stop")
     @classmethod
@@ -233,7 +262,10 @@ class CommonBody(BaseModel):
         """No top_k: the whole vocabulary of the model being served."""
         seed = None if self.seed is None else (self.seed + seed_offset) % 2**63
         return Sampling(1.0 if self.temperature is None else self.temperature, self.top_k or n_vocab,
-                        seed, 1.0 if self.top_p is None else self.top_p)
+                        seed, 1.0 if self.top_p is None else self.top_p, self.min_p or 0.0,
+                        self.presence_penalty or 0.0, self.frequency_penalty or 0.0,
+                        1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                        self.logit_bias or {})
 
     def needs_full(self) -> bool:
         """Whether each token must score the whole vocabulary: the exact distribution."""

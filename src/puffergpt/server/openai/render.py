@@ -157,7 +157,7 @@ def completion_events(how: Choices, reply: Reply, prompts: list[list[int]], n: i
                 if pc.finish:
                     yield _sse(reply.chunk([{"text": "", "index": pi * n + j, "logprobs": None,
                                              "finish_reason": pc.finish}]))
-    if (how.body.stream_options or {}).get("include_usage"):
+    if how.body.stream_options is not None and how.body.stream_options.include_usage:
         yield _sse(reply.chunk([], **_usage(sum(map(len, prompts)), steps)))
 
 
@@ -194,7 +194,7 @@ def chat_events(how: Choices, reply: Reply, ids: list[int], n: int, stop: thread
                                          "logprobs": None if how.k is None else _chat_logprobs(pc.tokens)}]))
             if pc.finish:
                 yield _sse(reply.chunk([{"index": j, "delta": {}, "logprobs": None, "finish_reason": pc.finish}]))
-    if (how.body.stream_options or {}).get("include_usage"):
+    if how.body.stream_options is not None and how.body.stream_options.include_usage:
         yield _sse(reply.chunk([], **_usage(len(ids), steps)))
 
 

@@ -165,7 +165,7 @@ def generate(body: SamplingBodyInspect, t: TextDep, config: ConfigDep, generatio
     """Server-sent events: ``token`` for each new token, then ``done`` (or ``error``: also
     when the server ends it, past ``--max-request-seconds`` or at shutdown). With
     ``inspect``, each token also carries its attention and lens."""
-    s = check_generation(t.config, Sampling(body.temperature, body.top_k, body.seed), t.length, body.max_tokens,
+    s = check_generation(t.config, body.sampling(), t.length, body.max_tokens,
                          config.max_new_tokens)  # errors before the stream are plain 4xx
     if body.output_search is not None:
         output_search.choose(t, body.output_search)  # 400 naming the command where there is no index
