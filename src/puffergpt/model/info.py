@@ -19,16 +19,24 @@ STARTERS = {
     "gpt2": [{"kind": "Recall a fact", "prompt": "The capital of France is"},
              {"kind": "Copy a repetition",
               "prompt": "Mr and Mrs Dursley of number four, Privet Drive. Mr and Mrs Dursley of number"},
-             {"kind": "Continue a count", "prompt": "1, 2, 3, 4, 5,"}],
+             {"kind": "Continue a count", "prompt": "1, 2, 3, 4, 5,"},
+             # greedy GPT-2 repeats its sentence here (Hugging Face's "How to generate text"): a penalty breaks it
+             {"kind": "Break a loop with a penalty", "prompt": "I enjoy walking with my cute dog",
+              "sampling": {"temperature": 0, "frequency_penalty": 0.8}}],
     # The demo model learnt WordNet's glosses, fortunes and the copying drill it was given
     # (its model card): prompts in those shapes. The copy prompt answers " 3" at temperature 0.
     "demo": [{"kind": "Define a word", "prompt": "happy (adjective):"},
              {"kind": "Copy a repetition", "prompt": "a = 7\nb = 3\nc = 9\na = 7\nb ="},
-             {"kind": "Continue a sentence", "prompt": "He said that she"}],
+             {"kind": "Continue a sentence", "prompt": "He said that she"},
+             # at T = 0 it loops ("the first of the world of the\nthe first of the world"); the penalty
+             # pushes each repeated token down, and the candidates show by how much
+             {"kind": "Break a loop with a penalty", "prompt": "Perl was created by Larry Wall in",
+              "sampling": {"temperature": 0, "frequency_penalty": 0.8}}],
 }
 
 
 def starters(model: str) -> list[dict]:
+    """Prompts to start from; one may set the page's sampling (``sampling``: its controls' values)."""
     return STARTERS.get(model, STARTERS["gpt2"])
 
 

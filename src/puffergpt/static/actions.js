@@ -18,12 +18,47 @@ function readNumber(id, lo, hi, name, fallback) {
 export const vocab = () => (S.info ? S.info.config.n_vocab : 50257);
 export const readTopK = () => readNumber("top-k", 1, vocab(), "Top-k", 40);
 
+function readReal(id, lo, hi, name, fallback, open = false) {
+  const raw = $(id).value.trim();
+  if (raw === "") return fallback;
+  const x = Number(raw);
+  if (!Number.isFinite(x) || x < lo || x > hi || (open && x === lo)) throw new Error(`${name} must be a number from ${lo} to ${hi}`);
+  return x;
+}
+
+// "50256=-100, 13=5" -> {"50256": -100, "13": 5}: token ids are the keys, as JSON sends them.
+function readBias() {
+  const out = {};
+  for (const part of $("logit-bias").value.split(",").map((x) => x.trim()).filter(Boolean)) {
+    const m = /^(\d+)\s*=\s*(-?[\d.]+)$/.exec(part);
+    if (!m) throw new Error(`logit bias: write token id = bias, e.g. 50256=-100 (not “${part}”)`);
+    out[m[1]] = Number(m[2]);
+  }
+  return out;
+}
+
+// The controls that move logits before the pick (sampling.py): sent only where set.
+function controlsBody() {
+  const body = {
+    frequency_penalty: readReal("frequency-penalty", -2, 2, "Frequency penalty", 0),
+    presence_penalty: readReal("presence-penalty", -2, 2, "Presence penalty", 0),
+    repetition_penalty: readReal("repetition-penalty", 0, 100, "Repetition penalty", 1, true),
+    min_p: readReal("min-p", 0, 1, "Min-p", 0),
+    logit_bias: readBias(),
+  };
+  const unset = { frequency_penalty: 0, presence_penalty: 0, repetition_penalty: 1, min_p: 0 };
+  for (const [k, v] of Object.entries(unset)) if (body[k] === v) delete body[k];
+  if (!Object.keys(body.logit_bias).length) delete body.logit_bias;
+  return body;
+}
+
 function samplingBody() {
   const body = {
     max_tokens: readNumber("max-tokens", 1, S.info ? S.info.max_new_tokens : 512, "Max tokens", 20),
     temperature: temperature(),
     top_k: readTopK(),
     seed: readNumber("seed", 0, Number.MAX_SAFE_INTEGER, "Seed", null),
+    ...controlsBody(),
   };
   const how = $("output-search-mode").value; // exact, or the store's approximate index ("": the server's)
   if (how) body.output_search = how;

@@ -52,12 +52,23 @@ export function pAllAt(step, lg, T) {
   return T === 0 ? (lg >= hit[1] ? 1 : 0) : Math.exp((lg - hit[1]) / T);
 }
 
-function candidateRow(c, i, position, current) {
+// The sampling's controls (penalties, bias): a step generated with them keeps each candidate's
+// logit before them and which of them moved it; "logit" is then the one after, what the pick used.
+const controlled = (step) => step.candidates.some((c) => c.logit_before !== undefined);
+const SHORT = { repetition_penalty: "repetition", frequency_penalty: "frequency", presence_penalty: "presence", logit_bias: "bias" };
+function controlCells(c) {
+  const delta = c.logit - c.logit_before;
+  return [h("td", { class: "num before", text: logit(c.logit_before) }),
+    h("td", { class: "moved", text: c.moved.length ? `${c.moved.map((m) => SHORT[m] || m).join(" + ")} ${delta >= 0 ? "+" : "−"}${logit(Math.abs(delta))}` : "" })];
+}
+
+function candidateRow(c, i, position, current, controls) {
   const isChosen = c.token_id === current;
   return h("tr", { class: isChosen ? "chosen" : null, dataset: { rank: String(i), tokenId: String(c.token_id) }, hidden: !unfolded && i >= FOLDED },
     h("td", { class: "num rank", text: String(i + 1) }),
     h("td", { class: "tok" }, visibleToken(c.text, c.bytes_hex), h("span", { class: "tid", text: String(c.token_id) })),
-    h("td", { class: "num", text: logit(c.logit) }),
+    h("td", { class: "num logit", text: logit(c.logit) }),
+    ...(controls ? controlCells(c) : []),
     probCell("p-all1", i),
     probCell("p-all", i),
     probCell("p-t", i),
@@ -92,6 +103,9 @@ function explain(step, tok, p, k) {
       : `It was sampled at T = ${step.temperature}, where the sampler gave this token p = ${pct(pc)}.`,
     S.chosen.get(keyAt(p)) === tok.id ? " You put it here with a branch." : "",
     p >= S.length ? " (Stepped back: branching from here steps forward first.)" : ""),
+    controlled(step) ? h("p", { class: "cand-controls" }, h("b", { text: "Penalties and bias " }),
+      "changed logits before the pick: “before” is the search's score, “logit” the one after, and the last column says which control moved it and by how much. " +
+      `The candidates are the ${k} best after them over all ${V} tokens: a token they lift from far below is found too (its vector is scored in one more search).`) : "",
     h("p", null, h("b", { text: "Temperature " }), `reshapes the model's distribution over all ${V} tokens: `,
       h("code", { class: "all-formula", text: `p_T(i) = exp(logit_i / T) / Σ_j exp(logit_j / T), j over all ${V}` }),
       ". T = 1 is the model's own distribution; a lower T sharpens it, a higher one flattens it; T = 0 always takes the best."),
@@ -158,13 +172,15 @@ function renderCandidates() {
     h("thead", null, h("tr", null,
       h("th", { class: "num", text: "#" }),
       h("th", { text: "token" }),
-      h("th", { class: "num", title: "the search score: the dot product of the final vector with the token's vector", text: "logit" }),
+      h("th", { class: "num", title: controlled(step) ? "the score the pick used: the search's, after the penalties and bias" : "the search score: the dot product of the final vector with the token's vector", text: "logit" }),
+      ...(controlled(step) ? [h("th", { class: "num", title: "the search score, before the penalties and bias", text: "before" }),
+        h("th", { title: "which control moved the logit, and by how much", text: "moved by" })] : []),
       probHead("p at T=1", `over all ${V} tokens`, { label: "p at T=1, over all", title: "the model's own probability: softmax of every logit" }),
       probHead(`p at T=${T.toFixed(2)}`, `over all ${V} tokens`, { id: "p-all-head", label: "p at the slider's T, over all", title: "the model's probability at the slider's temperature, over every token" }),
       probHead(`p at T=${T.toFixed(2)}`, `the sampler's, over the top ${k}`, { id: "p-temp-head", label: "the sampler's p, over the top k", title: `what the sampler draws from: the slider's T, renormalised over these ${k}` }),
       h("th", { class: "num", text: "cumulative", title: "the sampler's, summed from the best" }),
       h("th", { class: "act", dataset: { label: "" }, text: "" }))),
-    h("tbody", null, step.candidates.map((c, i) => candidateRow(c, i, p, tok.id))));
+    h("tbody", null, step.candidates.map((c, i) => candidateRow(c, i, p, tok.id, controlled(step)))));
   const save = saveButton(() => [tokenEvidence("token", p), [], `The token at position ${p} and the ${k} candidates it was chosen from.`]);
   box.replaceChildren(selHead(tok, p, step), explain(step, tok, p, k), errorAt("candidates|" + keyAt(p)), h("div", { class: "actions save-row" }, save),
     h("div", { class: "table-scroll" }, labelled(table)), k > FOLDED ? h("div", { class: "actions cand-more" }, foldButton(k)) : "");

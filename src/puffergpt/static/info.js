@@ -49,11 +49,28 @@ function revealText() {
   if (top < 0 || top > window.innerHeight * 0.6) card.scrollIntoView({ block: "start" });
 }
 
+// A starter that teaches a control sets the page's sampling to it (the penalties open) and the
+// others back to none, so the lesson is the control alone.
+const CONTROL_INPUTS = { temperature: "temperature", top_k: "top-k", frequency_penalty: "frequency-penalty",
+  presence_penalty: "presence-penalty", repetition_penalty: "repetition-penalty", min_p: "min-p" };
+const NONE = { frequency_penalty: 0, presence_penalty: 0, repetition_penalty: 1, min_p: 0 };
+function setControls(sampling) {
+  if (!sampling) return;
+  for (const [k, v] of Object.entries({ ...NONE, ...sampling })) {
+    const input = $(CONTROL_INPUTS[k]);
+    if (!input) continue;
+    input.value = String(v);
+    input.dispatchEvent(new Event("input"));
+  }
+  $("logit-bias").value = "";
+  $("penalties").open = Object.keys(sampling).some((k) => k in NONE);
+}
+
 function renderStarters(info) {
   const starters = info && Array.isArray(info.starters) && info.starters.length ? info.starters : DEFAULT_STARTERS;
   $("starters").replaceChildren(...starters.map((s) => h("button", {
     type: "button", class: "starter", dataset: { prompt: s.prompt }, title: s.prompt,
-    onclick: () => { $("prompt").value = s.prompt; revealText(); generate(); },
+    onclick: () => { $("prompt").value = s.prompt; setControls(s.sampling); revealText(); generate(); },
   }, h("span", { class: "starter-kind", text: s.kind }), h("span", { class: "starter-text", text: s.prompt }))));
 }
 
