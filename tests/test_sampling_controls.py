@@ -4,7 +4,6 @@ and at temperature 0 /v1 writes the tokens transformers' logits choose under the
 
 import httpx
 import numpy as np
-import openai
 import pytest
 from fastapi.testclient import TestClient
 

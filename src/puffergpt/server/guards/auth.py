@@ -5,10 +5,13 @@ applies the rule to every request:
 
 - with a key, every request under ``/v1`` (reads too, as OpenAI's API) and every request
   that changes state or costs work (POST, PUT, PATCH, DELETE, on every path: a text, a
-  generation, the views, the tokenizer, the notebook) needs ``Authorization: Bearer KEY``:
+  generation, the views, the notebook) needs ``Authorization: Bearer KEY``:
   a 401 otherwise, in OpenAI's shape on ``/v1`` (code ``invalid_api_key``). Reads outside
   ``/v1`` need none: the page, its files, ``/api/info``, ``/api/status``, the notebook's
-  list, ``/health``, ``/ready``, ``/metrics``;
+  list, ``/health``, ``/ready``, ``/metrics``; nor does the tokenizer at the root
+  (``/tokenize``, ``/detokenize``, ``/tokenizer_info``), as vLLM asks no key outside ``/v1``:
+  lm-eval's remote tokenizer sends its own ``auth_token`` there, not ``OPENAI_API_KEY``,
+  and it computes nothing of the model's;
 - ``--public-read-only``: anyone may generate; the notebook's writes (save, push) need
   the key, and with none set are refused (403) for everyone;
 - no key, not read-only: anyone may do anything, which ``check_exposure`` allows only on
@@ -28,6 +31,7 @@ from puffergpt.server.guards.hosts import is_loopback
 UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 NOTEBOOK = "/api/insights"
 READS_BY_POST = ("/replay",)  # notebook routes that recompute and change nothing: not writes
+TOKENIZER = frozenset({"/tokenize", "/detokenize"})  # vLLM's, keyless as vLLM's are: the module's docstring
 MIN_KEY_CHARS = 8
 
 
@@ -79,7 +83,7 @@ def needs_key(method: str, path: str, public_read_only: bool) -> bool:
     """Whether a request needs a key, when the server has keys."""
     if notebook_write(method, path):
         return True
-    if public_read_only:
+    if public_read_only or path in TOKENIZER:
         return False
     return path == "/v1" or path.startswith("/v1/") or method in UNSAFE
 
@@ -104,12 +108,22 @@ class Auth:
                                                   "--api-key", code="read_only")
         if not self.keys or not needs_key(method, path, self.read_only):
             return await self.app(scope, receive, send)
-        token = bearer(Headers(scope=scope))
+        headers = Headers(scope=scope)
+        token = bearer(headers)
         if token is not None and known(token, self.keys):
             return await self.app(scope, receive, send)
-        why = ("the API key sent is not one this server takes" if token is not None else
-               "this server needs an API key for this request")
-        await refuse(scope, send, 401, f"{why}: send the header `Authorization: Bearer KEY` with a key the server "
-                                       "was started with (puffergpt serve --api-key; on the page, the key field "
-                                       "at the top)", code="invalid_api_key",
+        page = "sec-fetch-mode" in headers and not (path == "/v1" or path.startswith("/v1/"))
+        await refuse(scope, send, 401, unauthorized(token is not None, page), code="invalid_api_key",
                      headers={"WWW-Authenticate": 'Bearer realm="puffergpt"'})
+
+
+def unauthorized(sent: bool, page: bool) -> str:
+    """The 401's message, for whoever asked: ``page``, a browser's call outside ``/v1`` (it sends
+    ``Sec-Fetch-Mode``, which no script can forge and no SDK sends), whose user types the key in
+    the page's field; any other, an API client (an SDK, curl, ``puffergpt mcp``), told the header."""
+    why = "the API key sent is not one this server takes" if sent else "this server needs an API key for this request"
+    if page:
+        return (f"{why}: type a key the server was started with (puffergpt serve --api-key) in the API key field "
+                "at the top of the page (it is sent as the header `Authorization: Bearer KEY`)")
+    return (f"{why}: send the header `Authorization: Bearer KEY` with a key the server was started with "
+            "(puffergpt serve --api-key): the OpenAI SDKs send their api_key so, puffergpt mcp its --api-key")
