@@ -73,7 +73,16 @@ def test_metrics_move_with_a_request(probed):
         return value(after, name, **labels) - value(before, name, **labels)
 
     assert moved("puffergpt_http_requests_total", method="POST", route="/v1/completions", status="200") == 1
-    assert tokens > 0 and moved("puffergpt_tokens_generated_total") == tokens
+    model = tiny_name(c)
+    assert tokens > 0 and moved("puffergpt_tokens_generated_total", model=model) == tokens
+    # what a dashboard plots, by model and route: the first token's time, the others', the tokens read and written
+    route = {"model": model, "route": "/v1/completions"}
+    assert moved("puffergpt_time_to_first_token_seconds_count", **route) == 1
+    assert moved("puffergpt_time_between_tokens_seconds_count", **route) == tokens - 1
+    assert moved("puffergpt_time_to_first_token_seconds_bucket", **route, le="+Inf") == 1
+    assert moved("puffergpt_prompt_tokens_total", **route) == r.json()["usage"]["prompt_tokens"]
+    assert moved("puffergpt_generation_tokens_total", **route) == tokens
+    assert value(after, "puffergpt_model_info", model=model) == 1
     searches = moved("puffergpt_store_requests_total", op="search", outcome="ok")
     assert searches > 0 and moved("puffergpt_store_request_seconds_count", op="search") == searches
     assert moved("puffergpt_store_request_seconds_bucket", op="search", le="+Inf") == searches
@@ -84,3 +93,38 @@ def test_metrics_move_with_a_request(probed):
     assert c.post("/v1/completions", json={"prompt": "hi", "max_tokens": -1}).status_code == 400
     got = samples(c.get("/metrics").text)
     assert value(got, "puffergpt_http_requests_total", method="POST", route="/v1/completions", status="400") == 1
+    # no family is a header alone, and no *_created sample (a start time, which no dashboard plots)
+    families = list(text_string_to_metric_families(c.get("/metrics").text))
+    assert all(f.samples for f in families) and not [f.name for f in families if f.name.endswith("_created")]
+    assert not [s.name for f in families for s in f.samples if s.name.endswith("_created")]
+
+
+def tiny_name(c) -> str:
+    return c.get("/v1/models").json()["data"][0]["id"]
+
+
+def test_refusals_are_counted_under_their_routes(loaded, tiny):
+    """A 401 (a key missing) and a 400 for an unknown Host are answered before routing: counted under
+    the route they were refused from, never "unrouted"; the page's generations are timed too."""
+    store, key = loaded(tiny)
+    app = create_app(open_engine(store, tiny.name, key), ServerConfig(api_keys=("probe-key-0123",)))
+    with TestClient(app, base_url="http://127.0.0.1:8000") as c:
+        assert c.post("/v1/completions", json={"prompt": "hi"}).status_code == 401
+        assert c.post("/api/texts", json={"prompt": "hi"}).status_code == 401
+        auth = {"Authorization": "Bearer probe-key-0123"}
+        t = c.post("/api/texts", json={"prompt": "hello there"}, headers=auth).json()
+        gen = c.post(f"/api/texts/{t['id']}/generate", json={"max_tokens": 3, "temperature": 0}, headers=auth)
+        assert gen.status_code == 200 and "event: done" in gen.text
+        got = samples(c.get("/metrics").text)
+    for route in ("/v1/completions", "/api/texts"):
+        assert value(got, "puffergpt_http_requests_total", method="POST", route=route, status="401") == 1, route
+    assert not [k for k in got if k[0] == "puffergpt_http_requests_total" and ("route", "unrouted") in k[1]]
+    page = {"model": tiny_name_of(tiny), "route": "/api/texts/{text_id}/generate"}
+    assert value(got, "puffergpt_time_to_first_token_seconds_count", **page) == 1
+    assert value(got, "puffergpt_prompt_tokens_total", **page) == 2  # "hello there": 2 tokens, read once
+    assert value(got, "puffergpt_generation_tokens_total", **page) == 3
+
+
+def tiny_name_of(ckpt) -> str:
+    from puffergpt.model.info import model_name
+    return model_name(ckpt.name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -153,6 +155,8 @@ def test_every_other_route_answers_through_the_front(served):
 def test_probes_and_metrics_add_up_through_the_front(served):
     """/health is the front's, /ready is ready when a worker is, /metrics adds up the workers'
     (each request lands on one of them: the sums move by exactly one request's figures)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     from test_probes import samples, value
 
     port, _ = served
@@ -172,14 +176,31 @@ def test_probes_and_metrics_add_up_through_the_front(served):
     route = {"method": "POST", "route": "/v1/completions", "status": "200"}
     assert value(after, "puffergpt_http_requests_total", **route) - value(before, "puffergpt_http_requests_total",
                                                                           **route) == 2
-    assert value(after, "puffergpt_tokens_generated_total") - value(before, "puffergpt_tokens_generated_total") \
+    def total(got, name):  # over every label set (the model's name among them)
+        return sum(v for (n, _), v in got.items() if n == name)
+
+    assert total(after, "puffergpt_tokens_generated_total") - total(before, "puffergpt_tokens_generated_total") \
         == sum(done)
+    assert total(after, "puffergpt_generation_tokens_total") - total(before, "puffergpt_generation_tokens_total") \
+        == sum(done)
+    assert total(after, "puffergpt_time_to_first_token_seconds_count") - total(
+        before, "puffergpt_time_to_first_token_seconds_count") == 2
+    assert any(dict(labels).get("model") for n, labels in after if n == "puffergpt_model_info")
     search = {"op": "search", "outcome": "ok"}
     moved = value(after, "puffergpt_store_requests_total", **search) - value(before, "puffergpt_store_requests_total",
                                                                              **search)
     assert moved > 0 and moved == value(after, "puffergpt_store_request_seconds_count", op="search") - value(
         before, "puffergpt_store_request_seconds_count", op="search")
     assert not any(name.endswith("_created") for name, _ in after)  # start times are not added up
+    families = list(text_string_to_metric_families(call(port, "GET", "/metrics")[1].decode()))
+    assert [f.name for f in families if not f.samples] == []  # no family of headers alone
+    # the Grafana dashboard in docs/ plots only metrics that exist here (the front's, the workers' summed)
+    dashboard = json.loads((Path(__file__).parents[1] / "docs" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    exprs.append(dashboard["templating"]["list"][1]["query"]["query"])
+    named = {m for e in exprs for m in re.findall(r"puffergpt_[a-z_]+", e)}
+    exist = {s.name for f in families for s in f.samples}
+    assert len(named) >= 10 and named <= exist, named - exist
 
 
 def test_a_killed_worker_costs_only_its_texts_and_starts_again(tiny_dir, tiny, tmp_path):

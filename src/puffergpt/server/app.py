@@ -100,15 +100,17 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
     app.state.metrics = probes.Metrics(engine, served.texts)
     add_middleware(app, config)
     errors.add_handlers(app)
-    for router in (static_routes.router, probes.router, model_routes.router, texts_routes.router,
-                   views_routes.router, tokenize_routes.router, openai.router):
-        app.include_router(router)
+    routers = [static_routes.router, probes.router, model_routes.router, texts_routes.router,
+               views_routes.router, tokenize_routes.router, openai.router]
     if notebook is not None:
         from puffergpt import notebook as nb
         from puffergpt.server.playground.notebook import notebook_router
 
-        app.include_router(notebook_router(notebook, nb.candidates_from_products(engine.open), model=engine.model,
-                                           data_at=nb.data_from_products(engine.open)))
+        routers.append(notebook_router(notebook, nb.candidates_from_products(engine.open), model=engine.model,
+                                       data_at=nb.data_from_products(engine.open)))
+    for router in routers:
+        app.include_router(router)
+    app.state.routes = [r for router in routers for r in router.routes]  # what a refusal is counted under
     return app
 
 
@@ -127,7 +129,8 @@ def add_middleware(app: FastAPI, config: ServerConfig) -> None:
                            allow_methods=["GET", "POST", "DELETE"], allow_headers=["*"], max_age=600)
     if config.trusted_hosts:  # a page elsewhere can't drive this API by DNS rebinding (hosts.py)
         app.add_middleware(TrustedHosts, names=config.trusted_hosts)
-    app.add_middleware(probes.Counted, metrics=app.state.metrics)  # every answer counted, refusals too
+    # every answer counted, refusals too: under the route they were refused from
+    app.add_middleware(probes.Counted, metrics=app.state.metrics, routes=lambda: app.state.routes)
 
 
 def server(app: FastAPI, host: str, port: int):

@@ -62,6 +62,7 @@ from puffergpt.server.openai.render import (
     whole_chat,
     whole_completion,
 )
+from puffergpt.server.processes import probes
 from puffergpt.server.state import ConfigDep, EngineDep, GenerationsDep, ServerConfig
 from puffergpt.server.streaming import finished
 from puffergpt.stores.base import NoIndex
@@ -122,9 +123,16 @@ def check_prompt(engine: Engine, config: ServerConfig, ids: list[int], body: Com
     check_generation(engine.config, body.sampling(engine.config.n_vocab), len(ids), max_tokens, config.max_new_tokens)
 
 
-def output_products(engine: Engine, body: CommonBody):
+def output_products(engine: Engine, body: CommonBody, request: Request, prompt_tokens: int):
     """How each choice opens its text: with the request's ``output_search`` (the server's default
-    when it names none). Approximate finds a top-k, so it needs one: top_k, or temperature 0."""
+    when it names none), its tokens timed and counted (``probes.timed``). Approximate finds a
+    top-k, so it needs one: top_k, or temperature 0."""
+    metrics, route = request.app.state.metrics, request.scope["route"].path
+    metrics.prompt_tokens.labels(metrics.model, route).inc(prompt_tokens)
+    return probes.timed(searched(engine, body), metrics, route)
+
+
+def searched(engine: Engine, body: CommonBody):
     if body.output_search is None:
         return engine.open
     if body.output_search == "approximate":
@@ -190,8 +198,8 @@ async def completions(body: Annotated[CompletionBody, Depends(body_of(Completion
                                f"fewer prompts a request (lm-eval: --batch_size {MAX_CHOICES} or less)", "prompt")
     for ids in prompts:
         check_prompt(engine, config, ids, body, body.new_tokens())
-    products = output_products(engine, body)
     check_work(config, list(map(len, prompts)), best_of, body.new_tokens(), body.echo and body.logprobs is not None)
+    products = output_products(engine, body, request, sum(map(len, prompts)))
     how = Choices(products, engine.config.n_vocab, body, body.new_tokens(), body.stop,
                   body.needs_full() or best_of > n, body.echo, body.logprobs)
     reply = Reply(f"cmpl-{uuid.uuid4().hex[:24]}", "text_completion", model_name(engine.model))
@@ -211,8 +219,8 @@ async def chat(body: Annotated[ChatBody, Depends(body_of(ChatBody))], engine: En
     ids = tokenizer.encode(chat_prompt(body.messages))
     check_prompt(engine, config, ids, body, body.new_tokens())
     check_work(config, [len(ids)], body.n or 1, body.new_tokens(), False)
-    how = Choices(output_products(engine, body), engine.config.n_vocab, body, body.new_tokens(), body.stop + TURN_STOPS,
-                  body.needs_full(), False, body.top_logprobs_k())
+    how = Choices(output_products(engine, body, request, len(ids)), engine.config.n_vocab, body, body.new_tokens(),
+                  body.stop + TURN_STOPS, body.needs_full(), False, body.top_logprobs_k())
     reply = Reply(f"chatcmpl-{uuid.uuid4().hex[:24]}", "chat.completion.chunk", model_name(engine.model))
     if body.stream:
         return streamed(generations, partial(chat_events, how, reply, ids, body.n or 1), config.max_request_s)

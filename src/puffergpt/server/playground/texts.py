@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 from puffergpt.app.protocol import (
@@ -36,6 +36,7 @@ from puffergpt.server.bodies import (
 )
 from puffergpt.server.playground import responses
 from puffergpt.server.playground.responses import BODY, errors
+from puffergpt.server.processes import probes
 from puffergpt.server.state import ConfigDep, GenerationsDep, TextDep, TextsDep
 from puffergpt.server.streaming import stream
 from puffergpt.stores.base import StoreError
@@ -140,13 +141,18 @@ def sse(event: str, data: dict) -> str:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n"
 
 
-def generation_events(t: Text, n: int, s: Sampling, inspect: int, stop: threading.Event) -> Iterator[str]:
-    """A generation's events, in its worker thread: ``token`` each, then ``done`` or ``error``."""
+def generation_events(t: Text, n: int, s: Sampling, inspect: int, stop: threading.Event,
+                      clock: probes.Clock) -> Iterator[str]:
+    """A generation's events, in its worker thread: ``token`` each, then ``done`` or ``error``;
+    each token timed and counted on ``clock`` (/metrics)."""
     t0, count, requests = time.perf_counter(), 0, 0
     try:
         steps = (inspector.generate(t, n, s, inspect, should_stop=stop.is_set) if inspect else
                  t.generate(n, s, should_stop=stop.is_set))
         for step in steps:
+            if step.phase == "prefill":
+                clock.prompt(step.read)
+            clock.tick()
             count, requests = count + 1, requests + len(step.requests)
             yield sse("token", step_json(step))
         with t.lock:
@@ -161,7 +167,8 @@ def generation_events(t: Text, n: int, s: Sampling, inspect: int, stop: threadin
              response_class=StreamingResponse, responses={200: responses.event_stream(
                  "event: token (a step as JSON) for each new token, then event: done, or event: error with its detail"),
                  **EDIT})
-def generate(body: SamplingBodyInspect, t: TextDep, config: ConfigDep, generations: GenerationsDep):
+def generate(body: SamplingBodyInspect, t: TextDep, config: ConfigDep, generations: GenerationsDep,
+             request: Request):
     """Server-sent events: ``token`` for each new token, then ``done`` (or ``error``: also
     when the server ends it, past ``--max-request-seconds`` or at shutdown). With
     ``inspect``, each token also carries its attention and lens."""
@@ -171,7 +178,8 @@ def generate(body: SamplingBodyInspect, t: TextDep, config: ConfigDep, generatio
         output_search.choose(t, body.output_search)  # 400 naming the command where there is no index
     stop_event = t.begin()  # 409 if it is generating already
     inspect = body.lens_k if body.inspect else 0
-    return stream(generations, lambda stop: generation_events(t, body.max_tokens, s, inspect, stop),
+    clock = request.app.state.metrics.clock(request.scope["route"].path)
+    return stream(generations, lambda stop: generation_events(t, body.max_tokens, s, inspect, stop, clock),
                   stop=stop_event, on_end=t.end, farewell=lambda why: sse("error", {"detail": why.message}),
                   limit_s=config.max_request_s)
 

@@ -6,23 +6,39 @@
   (``manifest.read_manifest``; ``serve`` checked the documents against it when it started):
   200 ``{"status": "ready"}``, else 503 ``{"status": "unavailable", "reason": ...}``;
 - ``GET /metrics``: Prometheus' text format, from the maintained ``prometheus_client``, in a
-  registry of the app's own: HTTP requests answered (method, route, status), tokens the
-  generations wrote, requests to the store (op, outcome) and their seconds (a histogram),
-  texts running, queued and open, the texts' searches asked and merged. Behind
-  ``serve --workers N`` the front adds the workers' up (``front.py``).
+  registry of the app's own: HTTP requests answered (method, route, status: a refusal before
+  routing, a 401 or 403, under the route it was refused from), tokens the generations wrote,
+  the prompt tokens they read and the generated tokens by route, the time to a generation's
+  first token and between its tokens (histograms, by route), requests to the store (op,
+  outcome) and their seconds (a histogram), texts running, queued and open, the texts'
+  searches asked and merged; the served model in a ``model`` label on the generation's figures
+  and ``puffergpt_model_info``. No ``*_created`` samples (a start time each, which a dashboard
+  never plots: ``disable_created_metrics``). Behind ``serve --workers N`` the front adds the
+  workers' up (``front.py``). ``docs/grafana-dashboard.json`` plots them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
+from starlette.routing import Match
 
+from puffergpt.model.info import model_name
 from puffergpt.search import manifest
 from puffergpt.search.engine import Engine
 from puffergpt.server.state import ServedDep
@@ -30,6 +46,10 @@ from puffergpt.texts.registry import Texts
 
 READY_S = 5.0  # /ready waits this long for the store: a balancer's probe must not hang
 STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# a first token reads the whole prompt (a prefill) and may wait its turn; the next ones cost a decode each
+FIRST_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
+TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.5, 5.0)
+disable_created_metrics()  # process-wide: no family's *_created sample, here or in a worker
 
 router = APIRouter(tags=["probes"])
 
@@ -39,11 +59,17 @@ class EngineCollector:
 
     def __init__(self, engine: Engine, texts: Texts):
         self.engine, self.texts = engine, texts
+        self.model = model_name(engine.model)
 
     def collect(self):
         s = self.engine.status()
-        yield CounterMetricFamily("puffergpt_tokens_generated", "tokens the generations wrote (the page, /v1)",
-                                  value=self.engine.scheduler.tokens)
+        info = GaugeMetricFamily("puffergpt_model_info", "the model this server serves (always 1)", labels=["model"])
+        info.add_metric([self.model], 1)
+        yield info
+        tokens = CounterMetricFamily("puffergpt_tokens_generated", "tokens the generations wrote (the page, /v1)",
+                                     labels=["model"])
+        tokens.add_metric([self.model], self.engine.scheduler.tokens)
+        yield tokens
         yield GaugeMetricFamily("puffergpt_texts_running", "texts generating now", value=s["running"])
         yield GaugeMetricFamily("puffergpt_texts_queued", "texts waiting their turn to generate", value=s["queued"])
         yield GaugeMetricFamily("puffergpt_texts_open", "texts open on this server", value=len(self.texts))
@@ -64,6 +90,16 @@ class Metrics:
                                                                   "...)", ["op", "outcome"], registry=r)
         self.store_seconds = Histogram("puffergpt_store_request_seconds", "seconds a request to the store took",
                                        ["op"], buckets=STORE_BUCKETS, registry=r)
+        self.model = model_name(engine.model)
+        by = ["model", "route"]
+        self.first_token = Histogram("puffergpt_time_to_first_token_seconds", "seconds from a generation's start "
+                                     "(its prompt unread, its turn not yet come) to its first token", by,
+                                     buckets=FIRST_TOKEN_BUCKETS, registry=r)
+        self.between_tokens = Histogram("puffergpt_time_between_tokens_seconds", "seconds between a generation's "
+                                        "consecutive tokens", by, buckets=TOKEN_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("puffergpt_prompt_tokens", "prompt tokens the generations read", by, registry=r)
+        self.generation_tokens = Counter("puffergpt_generation_tokens", "tokens the generations wrote", by,
+                                         registry=r)
         r.register(EngineCollector(engine, texts))
         engine.store.watch(self.stored)  # held weakly: this app's metrics, while it lives
 
@@ -74,13 +110,57 @@ class Metrics:
     def text(self) -> bytes:
         return generate_latest(self.registry)
 
+    def clock(self, route: str) -> Clock:
+        return Clock(self, route)
+
+
+class Clock:
+    """One generation's tokens timed and counted, from its start (now): ``prompt(n)`` when it
+    reads n prompt tokens, ``tick()`` as each token is written."""
+
+    def __init__(self, metrics: Metrics, route: str):
+        self.metrics, self.labels = metrics, (metrics.model, route)
+        self.last: float | None = None
+        self.start = time.perf_counter()
+
+    def prompt(self, n: int) -> None:
+        self.metrics.prompt_tokens.labels(*self.labels).inc(n)
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        m = self.metrics
+        (m.first_token if self.last is None else m.between_tokens).labels(*self.labels).observe(
+            now - (self.start if self.last is None else self.last))
+        m.generation_tokens.labels(*self.labels).inc()
+        self.last = now
+
+
+class Timed:
+    """A text's products whose ``wrote_token`` (called as each token is written: ``Text.generate``)
+    also ticks a clock; everything else is the products' own."""
+
+    def __init__(self, products, clock: Clock):
+        self._products, self._clock = products, clock
+
+    def __getattr__(self, name):
+        return getattr(self._products, name)
+
+    def wrote_token(self) -> None:
+        self._products.wrote_token()
+        self._clock.tick()
+
+
+def timed(open_products: Callable, metrics: Metrics, route: str) -> Callable:
+    """``open_products`` whose texts' tokens are timed, a clock each (a /v1 choice's text, from its opening)."""
+    return lambda *a, **kw: Timed(open_products(*a, **kw), metrics.clock(route))
+
 
 class Counted:
     """Count each request once its answer starts, by method, route (the path's template:
     bounded, never the path itself) and status. Outermost: refusals count too."""
 
-    def __init__(self, app, metrics: Metrics):
-        self.app, self.metrics = app, metrics
+    def __init__(self, app, metrics: Metrics, routes: Callable[[], list] = list):
+        self.app, self.metrics, self.routes = app, metrics, routes
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -88,11 +168,20 @@ class Counted:
 
         async def counted(message):
             if message["type"] == "http.response.start":
-                route = getattr(scope.get("route"), "path", None) or "unrouted"
+                route = getattr(scope.get("route"), "path", None) or self.route_of(scope)
                 self.metrics.requests.labels(scope["method"], route, str(message["status"])).inc()
             await send(message)
 
         await self.app(scope, receive, counted)
+
+    def route_of(self, scope) -> str:
+        """The route a request refused before routing (a 401, a 403, a 400 for its Host) was for,
+        matched as the router would match it; "unrouted" where none would take it."""
+        for wanted in (Match.FULL, Match.PARTIAL):  # as the router: a full match first, then one of another method
+            for route in self.routes():
+                if hasattr(route, "matches") and route.matches(scope)[0] == wanted:
+                    return getattr(route, "path", None) or "unrouted"
+        return "unrouted"
 
 
 @router.get("/health", operation_id="health", summary="Liveness: the process answers")
@@ -166,7 +255,7 @@ class Summed:
                         totals[key] = totals.get(key, 0.0) + sample.value
         for (family, name, labels), value in totals.items():
             families[family].add_sample(name, dict(labels), value)
-        yield from families.values()
+        yield from (f for f in families.values() if f.samples)  # no family of headers alone
         yield GaugeMetricFamily("puffergpt_workers", "worker processes whose metrics are added up here",
                                 value=len(self.texts))
 
