@@ -51,6 +51,12 @@ def test_which_names_are_trusted_where():
     assert trusted_hosts("0.0.0.0", ("Puffer.Example.org:443",)) == ("127.0.0.1", "localhost", "::1",
                                                                      "puffer.example.org")
     assert DOCKER in trusted_hosts("127.0.0.1", (DOCKER,))
+    # serve --public-url's own host is answered without --allowed-host naming it again
+    assert trusted_hosts("127.0.0.1", (), "https://Puffer.Example.org/base") == ("127.0.0.1", "localhost", "::1",
+                                                                               "puffer.example.org")
+    assert trusted_hosts("127.0.0.1", ("puffer.example.org",), "https://puffer.example.org:8443").count(
+        "puffer.example.org") == 1
+    assert trusted_hosts("0.0.0.0", (), "https://puffer.example.org") is None  # an open address stays open
 
 
 @pytest.mark.parametrize("value", ["http://host.docker.internal", "*.example.org", "a.example/path", ""])

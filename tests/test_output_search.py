@@ -120,6 +120,30 @@ def test_v1_output_search_is_validated_and_used(indexed, demo):
         plain = client.post("/v1/completions", json=body).json()
     assert exact["choices"][0]["text"] == plain["choices"][0]["text"]
     assert isinstance(approx["choices"][0]["text"], str) and approx["usage"]["completion_tokens"] >= 1
+    # each choice says which search chose its tokens
+    assert [c["output_search"] for c in (exact["choices"][0], approx["choices"][0], plain["choices"][0])] == [
+        "exact", "approximate", "exact"]
+
+
+def test_v1_what_only_exact_search_gives_is_refused_or_said(indexed, demo):
+    """Log-probabilities need every token's score: asked of the index, a 400 saying so; under
+    serve --output-search approximate, a request with logprobs runs exact and each choice says so."""
+    store, key, _ = indexed
+    body = {"model": demo.name, "prompt": "The list", "max_tokens": 3, "temperature": 0}
+    app = create_app(manifest.open_engine(store, demo.name, key, output_search="approximate"), ServerConfig())
+    with TestClient(app) as client:
+        for extra in ({"logprobs": 0}, {"logprobs": 2}, {"best_of": 2}):
+            r = client.post("/v1/completions", json={**body, "output_search": "approximate", **extra})
+            assert r.status_code == 400 and "only exact search" in r.json()["error"]["message"], (extra, r.text)
+        chat = {"model": demo.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
+        r = client.post("/v1/chat/completions", json={**chat, "logprobs": True, "output_search": "approximate"})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "output_search", r.text
+        default = client.post("/v1/completions", json=body).json()  # the server's default: the index
+        scored = client.post("/v1/completions", json={**body, "logprobs": 1}).json()
+        streamed = client.post("/v1/chat/completions", json={**chat, "stream": True}).text
+    assert default["choices"][0]["output_search"] == "approximate"
+    assert scored["choices"][0]["output_search"] == "exact" and scored["choices"][0]["logprobs"] is not None
+    assert '"output_search": "approximate"' in streamed
 
 
 def test_the_pages_setting_generates_through_the_index(indexed, loaded, demo):

@@ -80,7 +80,7 @@ def serve(model, backend, dsn, data_dir, notebook_path, output_search, host, por
 
     try:  # before anything loads: a server open to anyone, a bad name
         check_exposure(host, api_keys, public_read_only, no_auth)
-        trusted = trusted_hosts(host, allowed_hosts)  # no DNS rebinding onto a local server
+        trusted = trusted_hosts(host, allowed_hosts, public_url)  # no DNS rebinding onto a local server
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if no_auth:

@@ -2,7 +2,7 @@
 (``127.0.0.1``, ``localhost``, ``::1``), so that a page elsewhere can't reach it by DNS
 rebinding (a name of the attacker's that resolves to 127.0.0.1), and the names
 ``serve --allowed-host`` adds: ``host.docker.internal`` for a container on Docker's
-default network, a reverse proxy's public name. On another address, any Host unless
+default network, a reverse proxy's public name; ``serve --public-url``'s own host is one. On another address, any Host unless
 ``--allowed-host`` names some (then those and the loopback names only). Another Host is
 a 400 naming the flag that admits it. The probes (``/health``, ``/ready``, ``/metrics``)
 answer any Host: a balancer or an orchestrator asks by address, and they tell nothing a
@@ -57,11 +57,13 @@ def check_allowed_host(value: str) -> str:
     return name
 
 
-def trusted_hosts(bind: str, allowed: tuple[str, ...]) -> tuple[str, ...] | None:
-    """The Host names answered when listening on ``bind``; None: any."""
+def trusted_hosts(bind: str, allowed: tuple[str, ...], public_url: str | None = None) -> tuple[str, ...] | None:
+    """The Host names answered when listening on ``bind``; None: any. ``public_url`` (serve
+    --public-url, the address clients are told to use) adds its own host, as if it were allowed."""
     names = tuple(check_allowed_host(a) for a in allowed)
     if is_loopback(bind) or names:
-        return LOOPBACK_NAMES + tuple(n for n in names if n not in LOOPBACK_NAMES)
+        own = (host_name(urlsplit(public_url).netloc),) if public_url else ()
+        return LOOPBACK_NAMES + tuple(dict.fromkeys(n for n in names + own if n and n not in LOOPBACK_NAMES))
     return None
 
 

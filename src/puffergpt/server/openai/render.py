@@ -138,6 +138,12 @@ def _usage(prompt_tokens: int, steps: list[Step]) -> dict:
                           "all_vocabulary_searches": sum(r.kind == "wte.all" for st in steps for r in st.requests)}}
 
 
+def searched(steps: list[Step]) -> str:
+    """Which search chose a choice's tokens (puffergpt's ``output_search`` on each choice): "approximate"
+    where any came from the index over the token vectors (``wte.ann``), else "exact"."""
+    return "approximate" if any(r.kind == "wte.ann" for st in steps for r in st.requests) else "exact"
+
+
 def _sse(d: dict) -> str:
     return f"data: {json.dumps(d)}\n\n"
 
@@ -148,15 +154,17 @@ def completion_events(how: Choices, reply: Reply, prompts: list[list[int]], n: i
     steps = []
     for pi, ids in enumerate(prompts):
         for j in range(n):
+            mine = []
             for pc in how.pieces(ids, j, stop.is_set):
-                steps += pc.steps
+                mine += pc.steps
                 lp = None if how.k is None else _completion_logprobs(pc.tokens)
                 if pc.text or pc.tokens:
                     yield _sse(reply.chunk([{"text": pc.text, "index": pi * n + j, "logprobs": lp,
                                              "finish_reason": None}]))
                 if pc.finish:
                     yield _sse(reply.chunk([{"text": "", "index": pi * n + j, "logprobs": None,
-                                             "finish_reason": pc.finish}]))
+                                             "finish_reason": pc.finish, "output_search": searched(mine)}]))
+            steps += mine
     if how.body.stream_options is not None and how.body.stream_options.include_usage:
         yield _sse(reply.chunk([], **_usage(sum(map(len, prompts)), steps)))
 
@@ -174,7 +182,8 @@ def whole_completion(how: Choices, reply: Reply, prompts: list[list[int]], n: in
             score = sum(st.logprob for p in ps for st in p.steps if st.phase != "prompt" and st.logprob is not None)
             got.append((score, {"text": "".join(p.text for p in ps),
                                 "logprobs": None if how.k is None else _completion_logprobs(tokens),
-                                "finish_reason": ps[-1].finish}))
+                                "finish_reason": ps[-1].finish,
+                                "output_search": searched([st for p in ps for st in p.steps])}))
         if best_of > n:  # the n with the highest total log-probability, as OpenAI's best_of
             got = sorted(got, key=lambda g: -g[0])[:n]
         choices += [{"index": pi * n + j, **c} for j, (_, c) in enumerate(got)]
@@ -187,13 +196,16 @@ def chat_events(how: Choices, reply: Reply, ids: list[int], n: int, stop: thread
     for j in range(n):
         yield _sse(reply.chunk([{"index": j, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                  "finish_reason": None}]))
+        mine = []
         for pc in how.assistant(ids, j, stop.is_set):
-            steps += pc.steps
+            mine += pc.steps
             if pc.text or pc.tokens:
                 yield _sse(reply.chunk([{"index": j, "delta": {"content": pc.text}, "finish_reason": None,
                                          "logprobs": None if how.k is None else _chat_logprobs(pc.tokens)}]))
             if pc.finish:
-                yield _sse(reply.chunk([{"index": j, "delta": {}, "logprobs": None, "finish_reason": pc.finish}]))
+                yield _sse(reply.chunk([{"index": j, "delta": {}, "logprobs": None, "finish_reason": pc.finish,
+                                         "output_search": searched(mine)}]))
+        steps += mine
     if how.body.stream_options is not None and how.body.stream_options.include_usage:
         yield _sse(reply.chunk([], **_usage(len(ids), steps)))
 
@@ -205,5 +217,6 @@ def whole_chat(how: Choices, reply: Reply, ids: list[int], n: int, stop: threadi
         steps += [st for p in ps for st in p.steps]
         choices.append({"index": j, "message": {"role": "assistant", "content": "".join(p.text for p in ps)},
                         "logprobs": None if how.k is None else _chat_logprobs([e for p in ps for e in p.tokens]),
-                        "finish_reason": ps[-1].finish})
+                        "finish_reason": ps[-1].finish,
+                        "output_search": searched([st for p in ps for st in p.steps])})
     return reply.chunk(choices, "chat.completion", **_usage(len(ids), steps))

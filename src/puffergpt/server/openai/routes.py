@@ -140,6 +140,12 @@ def searched(engine: Engine, body: CommonBody):
             raise OpenAIError(400, "output_search 'approximate' finds the next token among a top-k: give top_k "
                                    "(or temperature 0); sampling from every token needs every logit (exact)",
                               "output_search")
+        logprobs = getattr(body, "logprobs", None)  # an int on /v1/completions (0 asks too), a bool on chat
+        if (logprobs is not None and logprobs is not False) or (getattr(body, "best_of", None) or 1) > 1:
+            raise OpenAIError(400, "output_search 'approximate' can't give log-probabilities (or best_of's ranking "
+                                   "by them): their normaliser needs every token's score, which only exact search "
+                                   "computes. Leave out output_search (each choice's output_search then says "
+                                   "'exact'), or logprobs", "output_search")
         try:
             engine.output_index()
         except NoIndex as e:
