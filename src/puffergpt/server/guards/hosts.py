@@ -2,8 +2,9 @@
 (``127.0.0.1``, ``localhost``, ``::1``), so that a page elsewhere can't reach it by DNS
 rebinding (a name of the attacker's that resolves to 127.0.0.1), and the names
 ``serve --allowed-host`` adds: ``host.docker.internal`` for a container on Docker's
-default network, a reverse proxy's public name; and ``serve --public-url``'s own host. On another address, any Host unless
-``--allowed-host`` names some (then those and the loopback names only). Another Host is
+default network, a reverse proxy's public name; and ``serve --public-url``'s own host. On
+another address, any Host unless ``--allowed-host`` names some (then those and the loopback
+names only). Another Host is
 a 400 naming the flag that admits it. The probes (``/health``, ``/ready``, ``/metrics``)
 answer any Host: a balancer or an orchestrator asks by address, and they tell nothing a
 page could use."""
