@@ -30,7 +30,8 @@ LOWEST = -1e9  # JSON has no -inf: a log-probability below this is sent as this
 def complete(open_products: Callable[[], Products], ids: list[int], n: int, s: Sampling,
              should_stop: Callable[[], bool] | None = None, inspect: int = 0,
              full: bool = False, echo: bool = False, explain: bool = False, versus: int | None = None,
-             ablation: Ablation = NO_ABLATION, over_all: bool = False) -> Iterator[Step]:
+             ablation: Ablation = NO_ABLATION, over_all: bool = False,
+             on_step: Callable[[Step], None] | None = None) -> Iterator[Step]:
     """Read ``ids`` and write up to ``n`` tokens in a text of its own, closed at the end.
     ``full``: each token scores the whole vocabulary (exact log-probabilities, ``Step.logz``);
     ``echo``: first a step (phase "prompt") for each prompt token, scored the same way;
@@ -38,7 +39,7 @@ def complete(open_products: Callable[[], Products], ids: list[int], n: int, s: S
     attribution's difference from ``versus`` (a token id; default: each step's runner-up);
     ``ablation``: parts of the model switched off for the whole text; ``over_all``: each token's
     candidates also get their probabilities over the whole vocabulary (one search more a token,
-    ``texts/probabilities.py``).
+    ``texts/probabilities.py``); ``on_step(step)`` as each step comes (a server's clock, ``/metrics``).
 
     Drive it to its end or call its ``close()`` from the thread that runs it: never leave
     an unfinished one to the garbage collector, whose finaliser would take the store's
@@ -52,7 +53,10 @@ def complete(open_products: Callable[[], Products], ids: list[int], n: int, s: S
             raise TextError("inspect works over the top-k candidates: not with top_p or full log-probabilities")
         steps = (inspector.generate(text, n, s, inspect, explain, should_stop, versus) if inspect
                  else text.generate(n, s, should_stop=should_stop, full=full))
-        yield from probabilities.normalised(text, steps) if over_all else steps
+        for step in probabilities.normalised(text, steps) if over_all else steps:
+            if on_step is not None:
+                on_step(step)
+            yield step
 
 
 # --- one choice, as a client may see it -------------------------------------------------
@@ -95,13 +99,14 @@ def _held(out: str, stops: list[str]) -> int:
 
 def choice_pieces(open_products: Callable[[], Products], ids: list[int], max_tokens: int, s: Sampling,
                   stops: list[str], full: bool, echo: bool, k: int | None,
-                  should_stop: Callable[[], bool] | None = None) -> Iterator[Piece]:
+                  should_stop: Callable[[], bool] | None = None,
+                  on_step: Callable[[Step], None] | None = None) -> Iterator[Piece]:
     """One choice: the prompt (with ``echo``, scored when ``k`` is set), then the new text
     as it becomes safe to show. Offsets count characters from the prompt's start. A generated
     ``<|endoftext|>`` ends the choice and is its last token (offset: the text's end), never text."""
     prompt = tokenizer.decode(ids)
     steps = complete(open_products, ids, max_tokens, s, should_stop, full=full or k is not None,
-                     echo=echo and k is not None)
+                     echo=echo and k is not None, on_step=on_step)
     try:
         if echo and k is None:
             yield Piece(prompt)

@@ -38,12 +38,14 @@ class Choices:
     full: bool
     echo: bool
     k: int | None  # log-probabilities' alternatives a token; None: none asked for
+    clock: Callable[[], Callable] | None = None  # a new choice's on_step: its tokens timed (/metrics)
 
     def pieces(self, ids: list[int], j: int, should_stop: Callable[[], bool]) -> Iterator[Piece]:
         """Choice j (its seed offset) of the prompt ``ids``, until ``should_stop()`` (checked
         before each piece: each echoed token is one)."""
         pieces = choice_pieces(self.open_products, ids, self.max_tokens, self.body.sampling(self.n_vocab, j),
-                               self.stops, self.full, self.echo, self.k, should_stop)
+                               self.stops, self.full, self.echo, self.k, should_stop,
+                               None if self.clock is None else self.clock())
         with contextlib.closing(pieces):  # closed here, in the thread that drove it
             while not should_stop():
                 pc = next(pieces, None)

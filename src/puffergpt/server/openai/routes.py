@@ -62,7 +62,6 @@ from puffergpt.server.openai.render import (
     whole_chat,
     whole_completion,
 )
-from puffergpt.server.processes import probes
 from puffergpt.server.state import ConfigDep, EngineDep, GenerationsDep, ServerConfig
 from puffergpt.server.streaming import finished
 from puffergpt.stores.base import NoIndex
@@ -123,16 +122,17 @@ def check_prompt(engine: Engine, config: ServerConfig, ids: list[int], body: Com
     check_generation(engine.config, body.sampling(engine.config.n_vocab), len(ids), max_tokens, config.max_new_tokens)
 
 
-def output_products(engine: Engine, body: CommonBody, request: Request, prompt_tokens: int):
-    """How each choice opens its text: with the request's ``output_search`` (the server's default
-    when it names none), its tokens timed and counted (``probes.timed``). Approximate finds a
-    top-k, so it needs one: top_k, or temperature 0."""
+def clocked(request: Request, prompt_tokens: int) -> Callable[[], Callable]:
+    """The request's prompt tokens counted, and a clock for each choice's tokens (``probes.Clock``):
+    -> a new choice's ``on_step``."""
     metrics, route = request.app.state.metrics, request.scope["route"].path
     metrics.prompt_tokens.labels(metrics.model, route).inc(prompt_tokens)
-    return probes.timed(searched(engine, body), metrics, route)
+    return lambda: metrics.clock(route).step
 
 
-def searched(engine: Engine, body: CommonBody):
+def output_products(engine: Engine, body: CommonBody):
+    """How each choice opens its text: with the request's ``output_search`` (the server's default
+    when it names none). Approximate finds a top-k, so it needs one: top_k, or temperature 0."""
     if body.output_search is None:
         return engine.open
     if body.output_search == "approximate":
@@ -205,9 +205,9 @@ async def completions(body: Annotated[CompletionBody, Depends(body_of(Completion
     for ids in prompts:
         check_prompt(engine, config, ids, body, body.new_tokens())
     check_work(config, list(map(len, prompts)), best_of, body.new_tokens(), body.echo and body.logprobs is not None)
-    products = output_products(engine, body, request, sum(map(len, prompts)))
+    products = output_products(engine, body)
     how = Choices(products, engine.config.n_vocab, body, body.new_tokens(), body.stop,
-                  body.needs_full() or best_of > n, body.echo, body.logprobs)
+                  body.needs_full() or best_of > n, body.echo, body.logprobs, clocked(request, sum(map(len, prompts))))
     reply = Reply(f"cmpl-{uuid.uuid4().hex[:24]}", "text_completion", model_name(engine.model))
     if body.stream:
         return streamed(generations, partial(completion_events, how, reply, prompts, n), config.max_request_s)
@@ -225,8 +225,8 @@ async def chat(body: Annotated[ChatBody, Depends(body_of(ChatBody))], engine: En
     ids = tokenizer.encode(chat_prompt(body.messages))
     check_prompt(engine, config, ids, body, body.new_tokens())
     check_work(config, [len(ids)], body.n or 1, body.new_tokens(), False)
-    how = Choices(output_products(engine, body, request, len(ids)), engine.config.n_vocab, body, body.new_tokens(),
-                  body.stop + TURN_STOPS, body.needs_full(), False, body.top_logprobs_k())
+    how = Choices(output_products(engine, body), engine.config.n_vocab, body, body.new_tokens(), body.stop + TURN_STOPS,
+                  body.needs_full(), False, body.top_logprobs_k(), clocked(request, len(ids)))
     reply = Reply(f"chatcmpl-{uuid.uuid4().hex[:24]}", "chat.completion.chunk", model_name(engine.model))
     if body.stream:
         return streamed(generations, partial(chat_events, how, reply, ids, body.n or 1), config.max_request_s)

@@ -126,6 +126,12 @@ class Clock:
     def prompt(self, n: int) -> None:
         self.metrics.prompt_tokens.labels(*self.labels).inc(n)
 
+    def step(self, step) -> None:
+        """A step of a generation (``completion.complete``'s ``on_step``): a written token ticks; an echoed
+        prompt token (phase "prompt", scored, not written) does not."""
+        if step.phase != "prompt":
+            self.tick()
+
     def tick(self) -> None:
         now = time.perf_counter()
         m = self.metrics
@@ -133,26 +139,6 @@ class Clock:
             now - (self.start if self.last is None else self.last))
         m.generation_tokens.labels(*self.labels).inc()
         self.last = now
-
-
-class Timed:
-    """A text's products whose ``wrote_token`` (called as each token is written: ``Text.generate``)
-    also ticks a clock; everything else is the products' own."""
-
-    def __init__(self, products, clock: Clock):
-        self._products, self._clock = products, clock
-
-    def __getattr__(self, name):
-        return getattr(self._products, name)
-
-    def wrote_token(self) -> None:
-        self._products.wrote_token()
-        self._clock.tick()
-
-
-def timed(open_products: Callable, metrics: Metrics, route: str) -> Callable:
-    """``open_products`` whose texts' tokens are timed, a clock each (a /v1 choice's text, from its opening)."""
-    return lambda *a, **kw: Timed(open_products(*a, **kw), metrics.clock(route))
 
 
 class Counted:
