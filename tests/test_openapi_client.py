@@ -38,6 +38,7 @@ from puffergpt.model.reference import Reference
 from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
+from puffergpt.server.guards.auth import needs_key
 
 PROMPT = "The list"  # the demo model goes on past 12 tokens
 CHAT = [{"role": "system", "content": "You answer about Python."}, {"role": "user", "content": "What is a list?"}]
@@ -239,8 +240,11 @@ def test_every_operation_is_named_described_and_declares_what_it_sends(server):
         for code, r in op["responses"].items():
             if code >= "400":  # a readiness probe's 503 is its status, the balancer's shape
                 assert schema_of(r) == ("Readiness" if (path, code) == ("/ready", "503") else "ErrorBody"), (path, code)
-            if m != "get" or path.startswith("/v1"):  # what serve --api-key guards (auth.needs_key)
+            if needs_key(m.upper(), path, False):  # what serve --api-key guards
                 assert "401" in op["responses"] and schema_of(op["responses"]["401"]) == "ErrorBody", (path, m)
+            else:  # the reads, and the tokenizer at the root (as vLLM's: no key)
+                assert "401" not in op["responses"], (path, m)
+    assert not needs_key("POST", "/tokenize", False) and needs_key("POST", "/v1/completions", False)
     assert "HTTPValidationError" not in json.dumps(doc)  # never sent: every error is an ErrorBody
     assert "422" not in ops[("/v1/models/{model_id}", "get")]["responses"]
     gen = ops[("/api/texts/{text_id}/generate", "post")]["responses"]
