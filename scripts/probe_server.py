@@ -48,7 +48,8 @@ import httpx
 
 from puffergpt import notebook as nb
 from puffergpt.model import checkpoints, tokenizer
-from puffergpt.model.reference import NumpyProducts
+from puffergpt.model.reference import NumpyWeights
+from puffergpt.model.session import Run
 from puffergpt.search import loading
 from puffergpt.search.engine import Engine
 from puffergpt.search.loading import open_engine
@@ -182,7 +183,7 @@ class Probe:
 def evidence(engine: Engine, name: str) -> dict:
     """A good insight's evidence: the model's top 5 after "hello there"."""
     ids = tokenizer.encode("hello there")
-    top, logits = nb.candidates_from_products(engine.open)(ids, len(ids), 5)
+    top, logits = nb.candidates_from_runs(engine.open)(ids, len(ids), 5)
     return {"kind": "token", "model": name, "prompt_ids": ids, "position": len(ids), "token_id": top[0],
             "sampling": {"temperature": 1.0, "top_k": 5, "seed": None},
             "candidates": [{"token_id": i, "logit": v} for i, v in zip(top, logits, strict=True)]}
@@ -309,7 +310,7 @@ def main() -> None:
     engine = open_engine(store, ckpt.name)
     book = nb.Notebook(tmp / "notebook")
     (tmp / "outside").mkdir()
-    app = create_app(engine, ServerConfig(max_open_texts=8), reference=lambda: NumpyProducts(ckpt), notebook=book)
+    app = create_app(engine, ServerConfig(max_open_texts=8), reference=lambda: Run(NumpyWeights(ckpt)), notebook=book)
     fields = {
         **FIELDS,
         "/api/insights": {"title": "t", "body": "b", "tags": ["x"], "evidence": evidence(engine, ckpt.name)},

@@ -17,7 +17,8 @@ from puffergpt.cli import main
 from puffergpt.lens import contexts
 from puffergpt.model import info as model_info
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import NumpyProducts
+from puffergpt.model.reference import NumpyWeights
+from puffergpt.model.session import Run
 from puffergpt.search.loading import open_engine
 from puffergpt.server import create_app
 from puffergpt.texts.text import TextError
@@ -115,7 +116,7 @@ def test_a_word_past_the_context_is_refused(tiny):
     """The context bound needs the model: a word at position 200 of a 128-token model."""
     far = "a" + " a" * 199 + " mole"
     with pytest.raises(TextError, match="position 200, past the model's context of 128 tokens"):
-        contexts.contexts(lambda: NumpyProducts(tiny), tiny.config, " mole", ["a mole", far])
+        contexts.contexts(lambda: Run(NumpyWeights(tiny)), tiny.config, " mole", ["a mole", far])
 
 
 @pytest.fixture(scope="module")

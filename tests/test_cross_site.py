@@ -23,7 +23,8 @@ from helpers import message
 from puffergpt import notebook as nb
 from puffergpt.cli import main
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import NumpyProducts
+from puffergpt.model.reference import NumpyWeights
+from puffergpt.model.session import Run
 from puffergpt.search.engine import Engine
 from puffergpt.search.loading import open_engine
 from puffergpt.server import ServerConfig, create_app
@@ -115,7 +116,7 @@ class Served:
 def evidence(engine: Engine, name: str) -> dict:
     """An insight's evidence: the model's top 5 after "hello there"."""
     ids = tokenizer.encode("hello there")
-    top, logits = nb.candidates_from_products(engine.open)(ids, len(ids), 5)
+    top, logits = nb.candidates_from_runs(engine.open)(ids, len(ids), 5)
     return {"kind": "token", "model": name, "prompt_ids": ids, "position": len(ids), "token_id": top[0],
             "sampling": {"temperature": 1.0, "top_k": 5, "seed": None},
             "candidates": [{"token_id": i, "logit": v} for i, v in zip(top, logits, strict=True)]}
@@ -132,7 +133,7 @@ def served(loaded, tiny, tmp_path_factory):
     subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
     subprocess.run(["git", "-C", str(book.path), "remote", "add", "origin", str(remote)], check=True)
     app = create_app(engine, ServerConfig(max_open_texts=8, cors_origins=(ALLOWED,)),
-                     reference=lambda: NumpyProducts(tiny), notebook=book)
+                     reference=lambda: Run(NumpyWeights(tiny)), notebook=book)
     with serving(app) as url:
         s = Served(app, store, book.path, remote, url, insight)
         yield s

@@ -355,7 +355,7 @@ def test_switching_the_copying_head_off_breaks_the_copy_and_the_versus_sums(requ
     import numpy as np
 
     from puffergpt.model import tokenizer
-    from puffergpt.model.reference import Ablation, Cache, NumpyProducts, forward
+    from puffergpt.model.reference import Ablation, Cache, NumpyWeights, forward
     from test_demo_model import COPY_HEAD, COPY_LAYER, COPY_PROMPT
 
     p = request.getfixturevalue("page" if width == 1400 else "phone").page
@@ -382,7 +382,7 @@ def test_switching_the_copying_head_off_breaks_the_copy_and_the_versus_sums(requ
     # Switch the copying head off: the page's after equals numpy's forward pass with it zeroed.
     part = f"attn {COPY_LAYER}.{COPY_HEAD}"
     ids = tokenizer.encode(COPY_PROMPT)
-    np_p = NumpyProducts(demo)
+    np_p = NumpyWeights(demo)
     logits = np_p.logits(forward(np_p, np.asarray(ids), 0, Cache(), None, Ablation.of([part], demo.config))[-1])
     want = [int(i) for i in np.argsort(-logits, kind="stable")[:10]]
     off = p.locator("#ablate")

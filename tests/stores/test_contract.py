@@ -349,15 +349,16 @@ def test_the_engine_on_every_backend(store, tiny):
     """The engine on this store: greedy tokens and top-40 logits equal the numpy reference."""
     from helpers import assert_close
     from puffergpt.model import tokenizer
-    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyWeights
     from puffergpt.model.sampling import Sampling
+    from puffergpt.model.session import Run
     from puffergpt.search import loading
     from puffergpt.search.loading import open_engine
     from puffergpt.texts.text import Text
 
     loading.load(store, tiny, "tiny", progress=False)  # the store's most precise metric
     ids = tokenizer.encode("The quick brown fox")
-    got, want = Text(open_engine(store, tiny.name, "tiny").open()), Text(NumpyProducts(tiny))
+    got, want = Text(open_engine(store, tiny.name, "tiny").open()), Text(Run(NumpyWeights(tiny)))
     for t in (got, want):
         t.append(ids)
     for a, b in zip(got.generate(8, Sampling(0, 40)), want.generate(8, Sampling(0, 40)), strict=True):
@@ -373,8 +374,9 @@ def test_the_learning_views_on_every_backend(store, tiny):
     from puffergpt.app import completion
     from puffergpt.lens import views
     from puffergpt.model import tokenizer
-    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyWeights
     from puffergpt.model.sampling import Sampling
+    from puffergpt.model.session import Run
     from puffergpt.search import loading
     from puffergpt.search.loading import open_engine
 
@@ -382,17 +384,17 @@ def test_the_learning_views_on_every_backend(store, tiny):
     engine = open_engine(store, tiny.name, "tiny")
     ids = tokenizer.encode("one two three one two")
     got = list(completion.complete(engine.open, ids, 2, Sampling(0, 40), inspect=10))
-    want = list(completion.complete(lambda: NumpyProducts(tiny), ids, 2, Sampling(0, 40), inspect=10))
+    want = list(completion.complete(lambda: Run(NumpyWeights(tiny)), ids, 2, Sampling(0, 40), inspect=10))
     for a, b in zip(got, want, strict=True):
         assert_close(f"{store.name} attention at {a.position}", a.inspect["weights"], b.inspect["weights"], 1e-4)
         for la, lb in zip(a.inspect["lens"], b.inspect["lens"], strict=True):
             assert list(la["ids"]) == list(lb["ids"]), f"{store.name} lens layer {la['layer']}"
             assert_close(f"{store.name} lens layer {la['layer']}", la["logits"], lb["logits"], 1e-3)
-    products = engine.open()
+    run = engine.open()
     try:
-        g = views.analogy(products, " man", " woman", " king", 5)["results"]
+        g = views.analogy(run.weights, " man", " woman", " king", 5)["results"]
     finally:
-        products.close()
+        run.session.close()
     w = tiny.params["wte.weight"].astype(np.float64)
     a, b, c = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
     v = w[b] - w[a] + w[c]

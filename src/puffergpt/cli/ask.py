@@ -66,7 +66,7 @@ def generate(prompt, model, engine, backend, dsn, data_dir, output_search, tempe
     s = Sampling(temperature, top_k, seed)
     with clear_errors(), open_model(engine, model, backend, data_dir, dsn, output_search=output_search) as opened:
         off = checked(opened.config, s, len(ids), n_tokens, ablate, versus)
-        steps = complete(opened.products, ids, n_tokens, s, inspect=lens_k if inspect else 0, explain=inspect,
+        steps = complete(opened.open_run, ids, n_tokens, s, inspect=lens_k if inspect else 0, explain=inspect,
                          versus=versus, ablation=off)
         run_generate(steps, prompt, ids, as_json,
                      {"model": model, "engine": engine, "backend": backend if engine == "search" else None}
@@ -167,13 +167,13 @@ def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
 
     model, _ = resolve_model(model)
     with clear_errors(), open_model("search", model, backend, data_dir, dsn) as opened:
-        products = opened.engine.views()
+        run = opened.engine.views()
         try:
-            got = views.analogy(products, a, b, c, k, opened.engine.token_counts)
+            got = views.analogy(run.weights, a, b, c, k, opened.engine.token_counts)
         except TextError as e:
             fail(str(e))
         finally:
-            products.close()
+            run.session.close()
     if as_json:
         keys = ("results", "rare_below", "counts_known", "rare_inputs", "rare_results", "rare_note", "note")
         click.echo(json.dumps({key: got[key] for key in keys}))
@@ -213,7 +213,7 @@ def contexts(word, prompts, model, engine, backend, dsn, data_dir, as_json) -> N
     model, _ = resolve_model(model)
     with clear_errors(), open_model(engine, model, backend, data_dir, dsn) as opened:
         try:
-            got = ctx.contexts(opened.products, opened.config, word, list(prompts), k=1)  # the lens's top-1
+            got = ctx.contexts(opened.open_run, opened.config, word, list(prompts), k=1)  # the lens's top-1
         except TextError as e:
             fail(str(e))
     if as_json:

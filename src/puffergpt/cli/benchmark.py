@@ -140,8 +140,7 @@ def output_bench(model: str, names: list[str], dsn: str | None, data_dir: Path |
                 t0 = time.perf_counter()
                 loading.build_output_index(store, key, model)
                 index_s = time.perf_counter() - t0
-                products = loading.open_engine(store, model).views()
-                got = output_search.measure(products, xs)
+                got = output_search.measure(loading.open_engine(store, model).views().weights, xs)
                 rows.append({"model": ckpt.name if len(ckpt.name) <= 10 else Path(ckpt.name).name[:10],
                              "backend": name, "index_s": index_s, "text": str(text), **got})
             finally:

@@ -83,8 +83,8 @@ def replay(insight_id, model, engine, backend, dsn, as_json, notebook_path, data
             click.echo(json.dumps({"id": ins.id, **r}) if as_json else f"{ins.id}: {r['reason']}")
             return
         with open_model(engine, model or ins.model, backend, data_dir, dsn) as opened:
-            r = nb.replay(ins, nb.candidates_from_products(opened.products),
-                          data_at=nb.data_from_products(opened.products))
+            r = nb.replay(ins, nb.candidates_from_runs(opened.open_run),
+                          data_at=nb.data_from_runs(opened.open_run))
     if as_json:
         click.echo(json.dumps({"id": ins.id, "model": model or ins.model, "engine": engine, **r}))
     else:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NoReturn
 import click
 
 from puffergpt.model import checkpoints, hub
+from puffergpt.model.session import Run
 from puffergpt.stores import BACKENDS
 
 if TYPE_CHECKING:
@@ -178,11 +179,11 @@ def resolve_model(model: str | None) -> tuple[str, str | None]:
 
 @dataclass
 class Opened:
-    """A model ready to compute, and what holds it. ``products()`` opens the products of one
-    text: numpy's on the checkpoint (then ``engine`` and ``store`` are None) or the engine's
-    searches on the store. Close it (or use it in ``with``) to close the store."""
+    """A model ready to compute, and what holds it. ``open_run()`` opens the run of one text
+    (``model.session.Run``): numpy's on the checkpoint (then ``engine`` and ``store`` are None) or
+    the engine's searches on the store. Close it (or use it in ``with``) to close the store."""
 
-    products: Callable[[], object]
+    open_run: Callable[[], Run]
     config: checkpoints.GPT2Config
     engine: Engine | None = None
     store: Store | None = None
@@ -209,10 +210,10 @@ def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn
     if engine == "reference":
         if output_search != "exact":
             fail("--output-search approximate searches a store's index: use it with --engine search")
-        from puffergpt.model.reference import NumpyProducts
+        from puffergpt.model.reference import NumpyWeights
 
         ckpt = checkpoints.load(model)
-        return Opened(lambda: NumpyProducts(ckpt), ckpt.config)
+        return Opened(lambda: Run(NumpyWeights(ckpt)), ckpt.config)
     checkpoints.check_model(model)  # a bad name or path says so before the store is opened
     store = open_store(backend, data_dir, dsn)
     try:

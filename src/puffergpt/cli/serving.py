@@ -111,12 +111,13 @@ def serve(model, backend, dsn, data_dir, notebook_path, output_search, host, por
 
 def serve_here(opened, model: str, config, notebook, host: str, port: int, max_running: int) -> None:
     """One process: the app over the engine opened here."""
-    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyWeights
+    from puffergpt.model.session import Run
     from puffergpt.server import create_app
     from puffergpt.server.app import run, server
 
     def reference():  # Compare reads the checkpoint only while it compares
-        return NumpyProducts(checkpoints.load(model))
+        return Run(NumpyWeights(checkpoints.load(model)))
 
     app = create_app(opened.engine, config, reference=reference, notebook=notebook)
     opened.engine.ready_texts(max_running)  # the first learners open their texts at once

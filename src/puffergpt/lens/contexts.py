@@ -14,7 +14,7 @@ block l; l = n_layer: the residual entering ln_f):
 and each context's ``attention`` from the word's position, per layer and head (L, H, p + 1).
 
 Made of searches: per prompt, one prefill of its tokens up to the word (a fetch and five
-searches a layer) and one lens search, on products of its own, closed after; the requests are
+searches a layer) and one lens search, in a run of its own, closed after; the requests are
 counted and marked extra. ``puffergpt contexts`` and the page's route both call ``contexts``.
 """
 
@@ -28,7 +28,8 @@ import numpy as np
 from puffergpt.lens import inside, inspector, views
 from puffergpt.model import tokenizer
 from puffergpt.model.checkpoints import GPT2Config
-from puffergpt.model.reference import Cache, Products, Trace, forward
+from puffergpt.model.reference import Cache, Trace, forward
+from puffergpt.model.session import Run
 from puffergpt.model.tokenizer import token_dict
 from puffergpt.texts.text import TextError
 
@@ -78,7 +79,7 @@ def _missing(word: str, i: int, prompt: str, ids: list[int]) -> str:
             "prompt it has none, and there it is often other tokens")
 
 
-def contexts(open_products: Callable[[], Products], config: GPT2Config, word: str, prompts, k: int = 5) -> dict:
+def contexts(open_run: Callable[[], Run], config: GPT2Config, word: str, prompts, k: int = 5) -> dict:
     """The word in each prompt, layer by layer (see the module's docstring): {"word_id",
     "positions", "layers": [{"layer", "cosine", "lens", "top"}], "word", "contexts",
     "attention", "k", "requests"}; ``requests`` are the store's requests, in order."""
@@ -88,7 +89,7 @@ def contexts(open_products: Callable[[], Products], config: GPT2Config, word: st
         if p >= config.n_ctx:
             raise TextError(f"in prompt {i}, {word!r} is at position {p}, past the model's context of "
                             f"{config.n_ctx} tokens")
-    reads = [_read(open_products, ids[: p + 1], k) for ids, p in zip(asked.ids, asked.positions, strict=True)]
+    reads = [_read(open_run, ids[: p + 1], k) for ids, p in zip(asked.ids, asked.positions, strict=True)]
     residual = np.stack([trace.residual for trace, _, _ in reads])  # (n, L + 1, C)
     layers = [{"layer": l, "cosine": cosines(residual[:, l]).tolist(),
                "lens": [int(lens[l]["ids"][0]) for _, lens, _ in reads],
@@ -104,19 +105,20 @@ def contexts(open_products: Callable[[], Products], config: GPT2Config, word: st
             "requests": [r for _, _, requests in reads for r in requests]}
 
 
-def _read(open_products: Callable[[], Products], ids: list[int], k: int) -> tuple[Trace, list[dict], list]:
-    """A prompt's tokens up to the word, read in products of their own (closed after), in a
+def _read(open_run: Callable[[], Run], ids: list[int], k: int) -> tuple[Trace, list[dict], list]:
+    """A prompt's tokens up to the word, read in a run of their own (closed after), in a
     turn among the texts generating: the word's trace, its lens (n_layer + 1 entries of
     top-k) and the requests both cost, marked extra."""
-    products = open_products()
+    run = open_run()
+    weights, session = run.weights, run.session
     try:
         trace = Trace()
-        with products.slot(), products.stepping(), products.recording(extra=True) as requests:
-            forward(products, np.asarray(ids), 0, Cache(), trace)  # the trace is of the last token: the word
-            lens = inside.lens(products, trace, k)  # one search, every layer a query
+        with session.slot(), session.stepping(), session.recording(extra=True) as requests:
+            forward(weights, np.asarray(ids), 0, Cache(), trace)  # the trace is of the last token: the word
+            lens = inside.lens(weights, trace, k)  # one search, every layer a query
         return trace, lens, requests
     finally:
-        products.close()
+        session.close()
 
 
 def cosines(x: np.ndarray) -> np.ndarray:

@@ -105,7 +105,7 @@ class Local:
     def __init__(self, opened, notebook: nb.Notebook | None):
         self.opened, self.notebook = opened, notebook
         self.model = opened.engine.model if opened.engine is not None else None
-        self.texts = Texts(opened.products, max_open=OPEN_TEXTS + 1)
+        self.texts = Texts(opened.open_run, max_open=OPEN_TEXTS + 1)
         self.order: OrderedDict[str, None] = OrderedDict()  # open texts, oldest first
 
     def generate(self, prompt: str, max_tokens: int, s: Sampling, k: int) -> dict:
@@ -145,8 +145,8 @@ class Local:
     def replay_insight(self, insight_id: str) -> dict:
         ins = self.book().get(insight_id)
         try:
-            r = nb.replay(ins, nb.candidates_from_products(self.opened.products), model=self.model,
-                          data_at=nb.data_from_products(self.opened.products))
+            r = nb.replay(ins, nb.candidates_from_runs(self.opened.open_run), model=self.model,
+                          data_at=nb.data_from_runs(self.opened.open_run))
         except nb.InvalidInsight:
             raise
         except ValueError as e:  # the engine refused the prompt (context, vocabulary)

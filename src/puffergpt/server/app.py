@@ -32,7 +32,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from puffergpt import __version__
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import Products
+from puffergpt.model.session import Run
 from puffergpt.search import sweeper
 from puffergpt.search.engine import Engine
 from puffergpt.server import errors, openapi_doc
@@ -83,9 +83,9 @@ async def lifespan(app: FastAPI):
     served.texts.close_all()
 
 
-def create_app(engine: Engine, config: ServerConfig | None = None, reference: Callable[[], Products] | None = None,
+def create_app(engine: Engine, config: ServerConfig | None = None, reference: Callable[[], Run] | None = None,
                notebook=None) -> FastAPI:
-    """The app over one loaded model. ``reference`` returns a numpy Products for Compare;
+    """The app over one loaded model. ``reference`` returns a numpy Run for Compare;
     ``notebook`` (a ``notebook.Notebook``) adds the insight routes."""
     config = config or ServerConfig()
     tokenizer.get_encoding()  # its tables built now (~0.5 s), not in the first learner's request
@@ -107,8 +107,8 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
         from puffergpt import notebook as nb
         from puffergpt.server.playground.notebook import notebook_router
 
-        app.include_router(notebook_router(notebook, nb.candidates_from_products(engine.open), model=engine.model,
-                                           data_at=nb.data_from_products(engine.open)))
+        app.include_router(notebook_router(notebook, nb.candidates_from_runs(engine.open), model=engine.model,
+                                           data_at=nb.data_from_runs(engine.open)))
     return app
 
 

@@ -10,7 +10,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from puffergpt.model.reference import Products
+from puffergpt.model.session import Run
 from puffergpt.search.engine import Engine
 from puffergpt.server.bodies import MAX_NEW_TOKENS
 from puffergpt.server.guards.auth import check_key
@@ -63,7 +63,7 @@ class Served:
     config: ServerConfig
     texts: Texts
     generations: Generations  # each in a worker thread of its own (streaming.py)
-    reference: Callable[[], Products] | None = None  # numpy Products for Compare
+    reference: Callable[[], Run] | None = None  # numpy runs for Compare
     # Each comparison reads the checkpoint: one at a time.
     comparing: threading.Lock = field(default_factory=threading.Lock)
 

@@ -1,9 +1,9 @@
 """A text: what a user works on. Type, generate, look at the candidates, step back,
 take another candidate, cut.
 
-A text drives any ``Products`` (numpy or searches) through the one forward pass in
-``reference.py``. It remembers what the model has read, so that only positions the
-model has not read cost requests:
+A text drives any ``Run`` (numpy's or the searches': weights and a session, ``model/session.py``)
+through the one forward pass in ``reference.py``. It remembers what the model has read, so that
+only positions the model has not read cost requests:
 
 - ``tokens[:length]`` is the text; tokens after ``length`` are kept after a step back
   (stepping back deletes nothing) and are dropped only when a new token replaces them;
@@ -41,8 +41,9 @@ import numpy as np
 
 from puffergpt.model import tokenizer
 from puffergpt.model.checkpoints import GPT2Config
-from puffergpt.model.reference import NO_ABLATION, Ablation, Cache, Products, Trace, forward
+from puffergpt.model.reference import NO_ABLATION, Ablation, Cache, Trace, forward
 from puffergpt.model.sampling import Sampling, distribution, log_softmax, pick, probabilities
+from puffergpt.model.session import Run
 
 log = logging.getLogger("puffergpt")
 KEEP_CANDIDATES = 100  # a step keeps this many candidates, whatever top_k was (the page shows 40)
@@ -142,12 +143,12 @@ class Step:
 
 
 class Text:
-    def __init__(self, products: Products, text_id: str | None = None, ablation: Ablation = NO_ABLATION):
-        """``ablation``: parts of the model switched off for everything this text reads (``Ablation``)."""
+    def __init__(self, run: Run, text_id: str | None = None, ablation: Ablation = NO_ABLATION):
+        """``run``: the text's own weights and session; ``ablation``: parts switched off for all it reads."""
         self.id = text_id or uuid.uuid4().hex[:12]  # what TEXT_ID matches
-        self.products = products
+        self.weights, self.session = run.weights, run.session
         self.ablation = ablation
-        self.config = products.config
+        self.config = run.weights.config
         self.tokens: list[int] = []
         self.length = 0
         self.read_upto = 0
@@ -266,7 +267,7 @@ class Text:
             if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
                 raise TextError(f"reopen: the temperature at position {p} must be a number >= 0, got {temperature!r}")
         self._replace_from(0, list(map(int, ids)))
-        with self.products.recording() as requests:
+        with self.session.recording() as requests:
             self._read()
             self._recompute(generated)
         self.length = int(length)
@@ -279,16 +280,16 @@ class Text:
         if not ps:
             return
         x = np.stack([self.hidden[p - 1] for p in ps])  # (n, C): the hidden state that predicts each
-        got = self.products.top_k_many(x, KEEP_CANDIDATES, kind="wte.top_k")
+        got = self.weights.top_k_many(x, KEEP_CANDIDATES, kind="wte.top_k")
         for p, (ids, logits) in zip(ps, got, strict=True):
             self.steps[p] = Step(p, self.tokens[p], np.asarray(ids), np.asarray(logits, np.float64),
                                  float(generated[p]), phase="reopened")
 
     def used(self) -> bool:
         """The text is in use now: its idle clock starts again and its keys are kept from other
-        servers' sweeps. False when they may be gone already (``Products.touch``)."""
+        servers' sweeps. False when they may be gone already (``Session.touch``)."""
         self.last_used = time.monotonic()
-        return self.products.touch()
+        return self.session.touch()
 
     def begin(self) -> threading.Event:
         """Claim the text for one generation (the server does, before it streams); no edit
@@ -319,8 +320,8 @@ class Text:
         n = self.length - self.read_upto
         if n > 0:
             start = self.read_upto
-            with self.products.recording() as requests:
-                h = forward(self.products, np.asarray(self.tokens[start: self.length]), start, self.cache, trace,
+            with self.session.recording() as requests:
+                h = forward(self.weights, np.asarray(self.tokens[start: self.length]), start, self.cache, trace,
                             self.ablation)
             self.hidden[start:] = list(h)
             self.read_upto = self.length
@@ -350,7 +351,7 @@ class Text:
         read = 0
         if self.read_upto < p:
             read = self._read(trace)
-        ids, logits = self.products.top_k(self.hidden[p - 1], k)
+        ids, logits = self.weights.top_k(self.hidden[p - 1], k)
         return np.asarray(ids), np.asarray(logits, np.float64), read
 
     def candidates(self, p: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -364,21 +365,21 @@ class Text:
                 return old.ids[:k], old.logits[:k]
             if self.read_upto < p:
                 self._read()
-            ids, logits = self.products.top_k(self.hidden[p - 1], k)
+            ids, logits = self.weights.top_k(self.hidden[p - 1], k)
             return np.asarray(ids), np.asarray(logits, np.float64)
 
     def _all_logits(self, q: int, trace: Trace | None = None) -> tuple[np.ndarray, int]:
         """Every token's score at position q (from the hidden state at q - 1): one search
         over all of wte, reading the text first if needed. -> ((V,) float64, tokens read)"""
         read = self._read(trace) if self.read_upto < q else 0
-        return np.asarray(self.products.logits(self.hidden[q - 1]), np.float64), read
+        return np.asarray(self.weights.logits(self.hidden[q - 1]), np.float64), read
 
     def score_prompt(self) -> Iterator[Step]:
         """The text's own tokens scored as the model predicts them (OpenAI's ``echo``):
         a read, then one all-vocabulary search a position from 1 on; position 0 has no
         prediction (logprob None). Keeps KEEP_CANDIDATES a position, never all V scores."""
         for q in range(self.length):
-            with self.lock, self.products.recording() as requests:
+            with self.lock, self.session.recording() as requests:
                 t0, tok = time.perf_counter(), self.tokens[q]
                 if q == 0:
                     read = self._read() if self.read_upto < 1 else 0
@@ -415,7 +416,7 @@ class Text:
                             f"(the positions whose previous token the model has read)")
         trace = Trace()
         cache = Cache([v[:, : p - 1].copy() for v in self.cache.values])
-        forward(self.products, np.asarray([self.tokens[p - 1]]), p - 1, cache, trace, self.ablation)
+        forward(self.weights, np.asarray([self.tokens[p - 1]]), p - 1, cache, trace, self.ablation)
         return trace
 
     def generate(self, n: int, s: Sampling, should_stop: Callable[[], bool] | None = None, full: bool = False,
@@ -432,14 +433,14 @@ class Text:
         if self.length == 0:
             raise TextError("the text is empty: give at least one token")
         rng = np.random.default_rng(s.seed)
-        with self.products.slot(should_stop) as turn:  # other texts may be generating: wait for a turn
+        with self.session.slot(should_stop) as turn:  # other texts may be generating: wait for a turn
             for _ in range(n if turn else 0):
                 if should_stop is not None and should_stop():
                     return
-                with self.lock, self.products.stepping():
+                with self.lock, self.session.stepping():
                     step = self._next(s, rng, full, observe)
                     tok = step.token_id
-                self.products.wrote_token()
+                self.session.wrote_token()
                 yield step
                 if tok == tokenizer.EOT:
                     return
@@ -452,7 +453,7 @@ class Text:
             raise TextError(f"the text has reached the model's context of {self.config.n_ctx} tokens")
         t0, first, p = time.perf_counter(), self.read_upto, self.length
         trace = Trace() if observe is not None else None
-        with self.products.recording() as requests:
+        with self.session.recording() as requests:
             ids, logits, read, tok, whole = self._choose(p, s, rng, full, trace)
             users = read and any(q not in self.steps for q in range(first, first + read))  # not the model's own
             step = Step(p, tok, ids[:KEEP_CANDIDATES], logits[:KEEP_CANDIDATES], s.temperature, requests, 0.0, read,
@@ -483,15 +484,14 @@ class Text:
         return ids, logits, read, int(ids[pick(distribution(logits, s), rng)]), None
 
     def close(self) -> None:
-        self.products.close()
+        self.session.close()
 
 
 @contextlib.contextmanager
-def opened(open_products: Callable[[], Products], ids: list[int] = (), ablation: Ablation = NO_ABLATION
-           ) -> Iterator[Text]:
+def opened(open_run: Callable[[], Run], ids: list[int] = (), ablation: Ablation = NO_ABLATION) -> Iterator[Text]:
     """A text of its own, closed (and its namespace of keys dropped) however the block ends; with an
     ``ablation``, read with those parts of the model switched off."""
-    text = Text(open_products(), ablation=ablation)
+    text = Text(open_run(), ablation=ablation)
     try:
         if ids:
             text.append(list(ids))

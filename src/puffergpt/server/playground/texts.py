@@ -178,16 +178,16 @@ def inspect(position: int, t: TextDep, lens_k: int = 10, versus: int | None = No
              summary="Run a step again with parts of the model switched off", responses=errors(400, 404, 409, 422, 503))
 def ablate(position: int, body: AblateBody, t: TextDep, texts: TextsDep) -> dict:
     """The step at ``position`` run again with ``parts`` switched off at every position (a
-    prefill of the tokens before it, on products of its own: the text is left as it was): the
+    prefill of the tokens before it, in a run of its own: the text is left as it was): the
     k best candidates before and after, and whether the model's top choice changed."""
-    return ablation_json(inspector.ablate(t, position, body.parts, texts.open_products, body.k, body.mode))
+    return ablation_json(inspector.ablate(t, position, body.parts, texts.open_run, body.k, body.mode))
 
 
 @router.get("/{text_id}/kv", response_model=responses.KV, operation_id="getKeys", summary="A text's key namespace",
             responses=errors(404, 503))
 def kv(t: TextDep) -> dict:
     """The text's key namespace: which positions hold keys, and which read wrote them."""
-    with t.lock, t.products.recording() as requests:
+    with t.lock, t.session.recording() as requests:
         d = views.kv(t)
     d["requests"] = [request_json(r) for r in requests]
     return d

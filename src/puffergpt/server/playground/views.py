@@ -1,9 +1,9 @@
 """The embedding views: an analogy, a word's neighbours, a map of token vectors (with
 the path of a text's token through the layers). Each is a fetch and a search or two on
-products of its own, counted in the response's ``requests``. The next token of a text's
+weights of its own, counted in the response's ``requests``. The next token of a text's
 position found exactly and through the approximate index, side by side (``output_search.py``).
-And a word in two or three contexts, layer by layer (``contexts.py``): a prefill and a lens search a prompt, each on
-products of its own."""
+And a word in two or three contexts, layer by layer (``contexts.py``): a prefill and a lens search a prompt, each in
+a run of its own."""
 
 from __future__ import annotations
 
@@ -24,16 +24,16 @@ router = APIRouter(prefix="/api", tags=["views"])
 VIEW = errors(*BODY, 503)
 
 
-def view(engine: Engine, run: Callable[[object], dict]) -> dict:
-    """A view on its own products (a fetch and a search or two), closed after."""
-    products = engine.views()  # no text: no namespace of keys to make and drop
+def view(engine: Engine, compute: Callable[[object], dict]) -> dict:
+    """A view on weights of its own (a fetch and a search or two), closed after."""
+    run = engine.views()  # no text: no namespace of keys to make and drop
     try:
-        with products.recording(extra=True) as requests:
-            d = run(products)
+        with run.session.recording(extra=True) as requests:
+            d = compute(run.weights)
         d["requests"] = [request_json(r) for r in requests]
         return d
     finally:
-        products.close()
+        run.session.close()
 
 
 @router.post("/analogy", response_model=responses.Analogy, operation_id="findAnalogy",

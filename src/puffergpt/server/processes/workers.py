@@ -218,7 +218,8 @@ def worker_main() -> None:
     """A worker: its WorkerSpec on stdin; the store opened beside the parent's, the app served
     on a free loopback port, written as {"port": P} on stdout; until SIGTERM or the parent goes."""
     from puffergpt.model import checkpoints
-    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyWeights
+    from puffergpt.model.session import Run
     from puffergpt.search import loading
     from puffergpt.search.scheduler import Scheduler
     from puffergpt.server.app import create_app, run, server
@@ -236,7 +237,7 @@ def worker_main() -> None:
             from puffergpt import notebook as nb
 
             notebook = nb.Notebook(Path(spec.notebook))
-        app = create_app(engine, config, reference=lambda: NumpyProducts(checkpoints.load(spec.model)),
+        app = create_app(engine, config, reference=lambda: Run(NumpyWeights(checkpoints.load(spec.model))),
                          notebook=notebook)
         engine.ready_texts(spec.max_running)
         sock = socket.socket()
