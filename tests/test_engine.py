@@ -112,6 +112,22 @@ def test_closing_drops_the_keys_namespace(loaded, tiny):
     assert session.keys_ns not in store.namespaces("text-")
 
 
+def test_a_text_that_fails_to_open_leaves_no_namespace(loaded, tiny, monkeypatch):
+    """The session makes the namespace, the weights then fetch the layer norms: where that fetch
+    fails, the open fails with the store's error, and the session's namespace goes with it."""
+    store, key = loaded(tiny)
+    engine = open_engine(store, tiny.name, key)
+    before = store.namespaces("text-")
+
+    def fetch(ns, ids):
+        raise StoreError("the store went away")
+
+    monkeypatch.setattr(store, "fetch", fetch)
+    with pytest.raises(StoreError, match="went away"):
+        engine.open()
+    assert store.namespaces("text-") == before
+
+
 def test_texts_made_ready_open_on_spare_shards_and_still_equal_numpy(tmp_path, tiny):
     """ready_texts(n) on the embedded store leaves n emptied key shards; the next texts open on
     them (no shard made), see none of the earlier keys, and give numpy's tokens."""
