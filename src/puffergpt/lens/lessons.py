@@ -105,11 +105,12 @@ def parse(lesson_id: str, text: str) -> Lesson:
     order = d.get("order", 100)
     if isinstance(order, bool) or not isinstance(order, int):
         raise LessonError(f"{where}: 'order' (where it is listed) must be a whole number, got {order!r}")
+    title, summary, starter = (_text(d, key, where) for key in ("title", "summary", "starter"))
     steps = d.get("steps")
     if not isinstance(steps, list) or not steps:
         raise LessonError(f"{where}: 'steps' must be a list of at least one step")
-    return Lesson(lesson_id, _text(d, "title", where), _text(d, "summary", where), _text(d, "starter", where),
-                  tuple(_step(s, f"{where}, step {i + 1}") for i, s in enumerate(steps)), order)
+    return Lesson(lesson_id, title, summary, starter, tuple(_step(s, f"{where}, step {i + 1}")
+                                                            for i, s in enumerate(steps)), order)
 
 
 def folder() -> Path:
