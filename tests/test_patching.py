@@ -66,7 +66,7 @@ def hf_patching(m, clean: str, corrupt: str, answer: str, wrong: str, mode: str)
     dx = diff(b)
     rows = []
     if mode == "positions":
-        for l, (key, mod) in enumerate(modules[:len(tr.h) + 1]):
+        for key, mod in modules[:len(tr.h) + 1]:
             rows.append([(diff(b, (mod, replace_at(t, seen[key][t]))) - dx) / (dc - dx) for t in range(len(a))])
     else:
         for l, block in enumerate(tr.h):
@@ -165,5 +165,6 @@ def test_patch_cli_prints_the_contract(demo, hf):
     assert [row["layer"] for row in got["layers"]] == list(range(demo.config.n_layer + 1))
     want = hf_patching(hf(demo), *CASES["demo"], "positions")
     assert_close("cli restored", np.array([row["restored"] for row in got["layers"]]), want["rows"], TOL)
-    bad = CliRunner().invoke(main, ["patch", "--model", "demo", "--engine", "reference", "a = 7", "a = 7\nb", " 3", " 5"])
+    bad = CliRunner().invoke(main, ["patch", "--model", "demo", "--engine", "reference", "a = 7", "a = 7\nb", " 3",
+                                    " 5"])
     assert bad.exit_code != 0 and "is 3 tokens and the corrupted one 5" in bad.output, bad.output

@@ -54,7 +54,8 @@ def patch(clean, corrupt, answer, wrong, model, engine, backend, dsn, data_dir, 
 def render_patch(got: dict, asked) -> None:
     from puffergpt.model import tokenizer
 
-    click.echo(f"d = logit(answer) - logit(wrong): clean {got['clean_diff']:+.4f}, corrupted {got['corrupt_diff']:+.4f}")
+    dc, dx = got["clean_diff"], got["corrupt_diff"]
+    click.echo(f"d = logit(answer) - logit(wrong): clean {dc:+.4f}, corrupted {dx:+.4f}")
     rows = got.get("layers") or got["heads"]
     cols = ([repr(tokenizer.token_text(t))[:7] for t in asked.clean] if "layers" in got
             else [f"H{h}" for h in range(len(rows[0]["restored"]))])

@@ -107,7 +107,8 @@ def top_k_mass(lab: Lab, k: int = 40) -> dict:
              f"probability, so top-k {k} leaves out only {1 - mass:.1%}, shared by {v - k:,} tokens")
     if not holds:
         claim = (f"Here the model is unsure: the {k} best tokens hold only {mass:.1%} of the probability, so top-k "
-                 f"{k} leaves out {1 - mass:.1%}, most of what it might say (the best, {top['text']!r}, has {p[0]:.1%})")
+                 f"{k} leaves out {1 - mass:.1%}, most of what it might say (the best, {top['text']!r}, has "
+                 f"{p[0]:.1%})")
     return verdict(claim, holds, k=k, mass=mass, top=top, top_prob=float(p[0]),
                    tokens_for_half=int(np.searchsorted(np.cumsum(p), 0.5) + 1), n_vocab=v)
 
@@ -221,8 +222,8 @@ def head_lead(lab: Lab) -> dict:
     ev = dict(layer=l, head=h, token=tok(want), versus=tok(rival), lead=lead, share=mine, largest=label(top),
               largest_value=top["value"], parts=[{"part": label(x), "value": x["value"]} for x in parts])
     holds = label(top) == f"L{l} H{h}"
-    claim = (f"Of the lead of {say(want)} over {say(rival)} ({lead:+.2f}), head L{l} H{h} adds {mine:+.2f}, the most of "
-             f"any of the {len(parts)} parts")
+    claim = (f"Of the lead of {say(want)} over {say(rival)} ({lead:+.2f}), head L{l} H{h} adds {mine:+.2f}, the most "
+             f"of any of the {len(parts)} parts")
     if not holds:
         claim = (f"Of the lead of {say(want)} over {say(rival)} ({lead:+.2f}), head L{l} H{h} adds {mine:+.2f}, but "
                  f"{label(top)} adds more ({top['value']:+.2f}): the head is not what decides it here")
@@ -288,9 +289,9 @@ def head_patch(lab: Lab, share: float = 0.3) -> dict:
     ev = dict(layer=l, head=h, corrupt=tokenizer.decode(corrupt), answer=tok(want), wrong=tok(other),
               clean_diff=got["clean_diff"], corrupt_diff=got["corrupt_diff"], restored=r)
     if r >= share:
-        return verdict(f"Copying L{l} H{h}'s output at the last position from your prompt into one where {say(want)} is "
-                       f"{say(other)} restores {r:.0%} of the lead of {say(want)} over {say(other)}: that head carries "
-                       "the answer", True, **ev)
+        return verdict(f"Copying L{l} H{h}'s output at the last position from your prompt into one where {say(want)} "
+                       f"is {say(other)} restores {r:.0%} of the lead of {say(want)} over {say(other)}: that head "
+                       "carries the answer", True, **ev)
     return verdict(f"Copying L{l} H{h}'s output from your prompt into one where {say(want)} is {say(other)} restores "
                    f"only {r:.0%} of the lead: the answer travels some other way", False, **ev)
 
@@ -344,12 +345,12 @@ def meaning_apart(lab: Lab, word: str = " mole") -> dict:
                                                                                     e["cosine"][1][2]]}
                          for e in got["layers"]])
     if holds:
-        return verdict(f"After the last block, {w!r} in the two same-meaning contexts has cosine {same:.3f}, and across "
-                       f"meanings at most {cross:.3f} (entering block 0: {first[0][1]:.3f} and "
+        return verdict(f"After the last block, {w!r} in the two same-meaning contexts has cosine {same:.3f}, and "
+                       f"across meanings at most {cross:.3f} (entering block 0: {first[0][1]:.3f} and "
                        f"{max(first[0][2], first[1][2]):.3f}): context pulled the meanings apart", True, **ev)
-    return verdict(f"After the last block, {w!r} in the two same-meaning contexts has cosine {same:.3f}, no closer than "
-                   f"across meanings ({cross:.3f}): on these sentences the model did not separate the meanings", False,
-                   **ev)
+    return verdict(f"After the last block, {w!r} in the two same-meaning contexts has cosine {same:.3f}, no closer "
+                   f"than across meanings ({cross:.3f}): on these sentences the model did not separate the meanings",
+                   False, **ev)
 
 
 # --- save what clicked --------------------------------------------------------------------
@@ -380,8 +381,8 @@ def replays(lab: Lab, k: int = 10, tolerance: float = 1e-3) -> dict:
     same = [c["token_id"] for c in stored] == list(ids)
     diff = max(abs(c["logit"] - v) for c, v in zip(stored, logits, strict=True))
     holds = same and diff <= tolerance
-    claim = (f"The evidence an insight keeps, the {k} best next tokens and their logits, computed again on a text of its "
-             f"own: the same tokens in the same order, every logit within {diff:.1e} (replay allows {tolerance:g})")
+    claim = (f"The evidence an insight keeps, the {k} best next tokens and their logits, computed again on a text of "
+             f"its own: the same tokens in the same order, every logit within {diff:.1e} (replay allows {tolerance:g})")
     if not holds:
         claim = (f"Computed again, the {k} best next tokens {'are the same' if same else 'differ'} and the logits move "
                  f"by up to {diff:.1e}, over the {tolerance:g} replay allows")
