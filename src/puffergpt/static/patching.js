@@ -12,7 +12,8 @@ import { S } from "./state.js";
 const COPY = "a = 7\nb = 3\nc = 9\na = 7\nb =";
 export const PATCH_STARTERS = [
   { kind: "copy: the value to copy changed", clean: COPY, corrupt: COPY.replace("b = 3", "b = 5") },
-  { kind: "one earlier token decides", clean: COPY, corrupt: COPY.replace("a = 7\nb =", "a = 5\nb =") },
+  // the repeated line's value changed: line 4 no longer repeats line 1, and the model stops copying
+  { kind: "one earlier token decides", clean: COPY, corrupt: "a = 7\nb = 3\nc = 9\na = 5\nb =" },
 ];
 const AUTO_RUNS = 120; // a lesson opens the view and runs it at once when it costs at most this many passes
 
@@ -40,7 +41,7 @@ async function propose() {
   say(cost, "reading both prompts…", "placeholder");
   try {
     const p = await api("POST", "/api/patching/propose", { clean, corrupt });
-    proposal = { ...p, clean, corrupt };
+    proposal = { ...p, asked: { clean, corrupt } }; // the prompts it was asked for
     $("patch-answer").value = p.answer.text;
     $("patch-wrong").value = p.wrong.text;
     showCost();
@@ -91,7 +92,7 @@ export async function runPatching() {
   if (running) return;
   const { clean, corrupt } = form();
   const mode = $("patch-mode").value;
-  if (!proposal || proposal.clean !== clean || proposal.corrupt !== corrupt) {
+  if (!proposal || proposal.asked.clean !== clean || proposal.asked.corrupt !== corrupt) {
     if (!await propose()) return;
   }
   const cols = mode === "positions" ? proposal.clean.length : nHead();
@@ -99,9 +100,9 @@ export async function runPatching() {
   shown = { mode, tokens: proposal.clean, corrupt: proposal.corrupt, rows, base: null, done: 0, runs: proposal.runs[mode],
     requests: 0, stopped: false, finished: false, answer: $("patch-answer").value, wrong: $("patch-wrong").value };
   running = { controller: new AbortController(), stopped: false };
-  renderButtons();
-  renderGrid();
   try {
+    renderButtons();
+    renderGrid();
     await stream("/api/patching", { clean, corrupt, answer: shown.answer, wrong: shown.wrong, mode },
       onEvent, running.controller.signal);
   } catch (e) {
@@ -119,6 +120,9 @@ function stop() {
   running.stopped = true;
   running.controller.abort(); // the server stops within a run; the cells so far stand
 }
+
+// A cell's number: two decimals without the leading zero, none where it is 0 to two decimals.
+const shortNumber = (r) => (r === null || Math.abs(r) < 0.005 ? "" : r.toFixed(2).replace(/^(-?)0\./, "$1."));
 
 function axisLabel(t, i) {
   return h("span", { class: "patch-axis", title: `position ${i}: ${JSON.stringify(t.text)}`, dataset: { position: String(i) } },
@@ -140,7 +144,7 @@ function grid() {
       class: "patch-cell" + (r === null ? " patch-empty" : ""), style: { background: restoredColour(r) },
       dataset: { layer: String(l), [pos ? "position" : "head"]: String(c), restored: r === null ? "" : r.toFixed(4) },
       title: r === null ? "not run" : `${pos ? (l === L ? "entering ln_f" : `entering block ${l}`) + `, position ${c}` : `layer ${l}, head ${c}`}: ${(100 * r).toFixed(1)}% of the answer's lead restored`,
-    }, h("span", { class: "patch-num", text: r === null ? "" : r.toFixed(2) })))));
+    }, h("span", { class: "patch-num", text: shortNumber(r) })))));
   return h("div", { class: "patch-grid", role: "img", "aria-label": "how much of the answer each patch restores" }, head, rows);
 }
 
