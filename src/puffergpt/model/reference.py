@@ -164,7 +164,9 @@ class Ablation:
     reads: ``"attn L.H"`` zeroes head H's mixed values (its slice of ``h.{L}.attn.heads``, before
     c_proj), ``"mlp L"`` the MLP's neurons and its output, c_proj's bias included
     (``h.{L}.mlp.gelu``, ``h.{L}.mlp.c_proj``). The forward pass hands each of those values to
-    ``apply`` as it makes it; the empty ablation (``NO_ABLATION``) hands every value back."""
+    ``apply`` as it makes it, and the residual entering each block and ln_f (``h.{l}.resid``,
+    ``ln_f.resid``: (T, C)) too, which an activation patch replaces (``lens/patching.py``); the
+    empty ablation (``NO_ABLATION``) hands every value back."""
 
     def __init__(self, heads: dict[int, tuple[int, ...]] | None = None, mlps: tuple[int, ...] = (),
                  means: dict[str, np.ndarray] | None = None):

@@ -105,7 +105,7 @@ def patch_events(engine: Engine, asked: patching.Asked, stop: threading.Event) -
         yield sse("error", {"detail": str(e)})
 
 
-@router.post("/patching", operation_id="runPatching", summary="Activation patching (server-sent events)",
+@router.post("/patching", operation_id="patchActivations", summary="Activation patching (server-sent events)",
              response_class=StreamingResponse, responses={200: responses.event_stream(
                  "event: start (both runs' d and the runs it costs), event: run for each patched run, then "
                  "event: done with the grid, or event: error with its detail"), **errors(*BODY, 503)})
@@ -138,7 +138,7 @@ def get_lesson(lesson_id: str) -> dict:
     return lesson_of(lesson_id).to_json()
 
 
-@router.post("/lessons/{lesson_id}/run", response_model=LessonRun, operation_id="runLesson",
+@router.post("/lessons/{lesson_id}/run", response_model=LessonRun, operation_id="testLessonClaims",
              summary="Run a lesson on a prompt: each claim with its verdict", responses=errors(*BODY, 404, 503))
 def run_lesson(lesson_id: str, body: LessonBody, engine: EngineDep) -> dict:
     """Every step of the lesson on ``prompt`` (default: its starter): each claim computed from the
