@@ -49,7 +49,8 @@ def shot(page, name: str, selector: str | None = None) -> None:
 
 def nothing_wider_than(page, width: int) -> None:
     wide = page.evaluate("""() => { const vw = document.documentElement.clientWidth;
-      return [...document.querySelectorAll('body *')].filter(e => e.scrollWidth > vw || e.getBoundingClientRect().right > vw + 0.5)
+      return [...document.querySelectorAll('body *')]
+        .filter(e => e.scrollWidth > vw || e.getBoundingClientRect().right > vw + 0.5)
         .map(e => `${e.tagName.toLowerCase()}#${e.id}.${e.getAttribute('class')} ${e.scrollWidth}`); }""")
     assert wide == [], wide
     assert page.evaluate("() => document.documentElement.scrollWidth") <= width
