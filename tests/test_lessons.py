@@ -116,6 +116,14 @@ def test_the_lessons_over_http(client):
     assert long.status_code == 400 and "at most 64 tokens" in long.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("lesson_id", sorted(lessons.load()))
+def test_every_claim_holds_on_the_starter_through_the_searches(client, lesson_id):
+    """The same lessons on the search engine, over HTTP: each claim holds, and it cost requests."""
+    got = client.post(f"/api/lessons/{lesson_id}/run", json={}).json()
+    assert all(s["holds"] for s in got["steps"]), [s["claim"] for s in got["steps"] if not s["holds"]]
+    assert got["requests"] > 0
+
+
 def events(text: str) -> list[tuple[str, dict]]:
     out = []
     for block in text.strip().split("\n\n"):
