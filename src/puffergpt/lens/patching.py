@@ -262,9 +262,6 @@ def propose(open_products: Callable[[], Products], config: GPT2Config, clean, co
             "runs": {m: 2 + n_patches(config, len(a), m) for m in MODES}, "requests": r1 + r2}
 
 
-__all__ = ["MAX_PATCH_TOKENS", "MODES", "Asked", "Capture", "Patch", "check", "contract", "grid", "patch",
-           "patching", "propose"]
-
 
 def patch_one(open_products: Callable[[], Products], config: GPT2Config, asked: Asked, layer: int,
               head: int | None = None, position: int | None = None) -> dict:
@@ -283,3 +280,7 @@ def patch_one(open_products: Callable[[], Products], config: GPT2Config, asked: 
     d = float(h @ w)
     restored = (d - dx) / (dc - dx) if abs(dc - dx) >= MIN_SPREAD else 0.0  # no spread: nothing to restore
     return {"clean_diff": dc, "corrupt_diff": dx, "diff": d, "restored": restored, "requests": r1 + r2}
+
+
+__all__ = ["MAX_PATCH_TOKENS", "MODES", "Asked", "Capture", "Patch", "check", "contract", "grid", "patch", "patch_one",
+           "patching", "propose"]
