@@ -54,6 +54,9 @@ ROUTES = [
     ("POST", "/api/neighbours", {"word": " man", "k": 3}),
     ("POST", "/api/map", {"words": [" man", " woman"]}),
     ("POST", "/api/contexts", {"word": " mole", "prompts": ["a mole", "the mole"]}),
+    ("POST", "/api/patching/propose", {"clean": "a = 7", "corrupt": "a = 5"}),
+    ("POST", "/api/patching", {"clean": "a = 7", "corrupt": "a = 5", "answer": " 7", "wrong": " 5"}),
+    ("POST", "/api/lessons/copying-head/run", {}),
     ("POST", "/api/output_search", {"text_id": "text-0123456789abcdef", "position": 1}),
     ("POST", "/api/insights", {"title": "forged", "body": "from elsewhere"}),
     ("POST", "/api/insights/push", {}),
@@ -175,7 +178,7 @@ def test_every_route_that_changes_state_or_costs_work_is_listed(served):
     """The list above is every route the app answers to a POST, PUT, PATCH or DELETE: a new one
     is checked here the day it is added."""
     def template(path: str) -> str:
-        path = re.sub(r"/steps/[0-9]+/", "/steps/{position}/", path)
+        path = re.sub(r"/steps/[0-9]+/", "/steps/{position}/", path).replace("/copying-head/", "/{lesson_id}/")
         return path.replace("{id}", "{text_id}").replace("{insight}", "{insight_id}")
 
     listed = {(m, template(p)) for m, p, _ in ROUTES}

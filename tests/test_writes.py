@@ -200,8 +200,8 @@ def test_the_routes_give_p_all_and_a_heads_writes(demo, loaded):
     """The page's routes: a step's probabilities over all tokens (one search, then kept), and what L2 H2 writes
     at the copy starter's " 3" (its pieces summing to the head's bar in the attribution); bad input by name."""
     from fastapi.testclient import TestClient
-    from puffergpt.search.manifest import open_engine
 
+    from puffergpt.search.manifest import open_engine
     from puffergpt.server import ServerConfig, create_app
 
     store, key = loaded(demo)

@@ -6,6 +6,7 @@ application layer and renders what comes back.
                   reader of the environment
     weights.py    make-model, load, verify: a checkpoint made, written into a store, read back
     ask.py        generate, analogy, contexts and writes, and how a completion is rendered
+    lessons.py    patch (activation patching) and lesson (a lesson's claims, with their verdicts)
     serving.py    serve: the playground and the HTTP API
     benchmark.py  bench: the engines timed side by side; --clients N: learners against one server
     notebook.py   notebook list|show|replay|push
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import click
 
-from puffergpt.cli import ask, benchmark, mcp, notebook, serving, weights
+from puffergpt.cli import ask, benchmark, lessons, mcp, notebook, serving, weights
 from puffergpt.cli.serving import serve
 
 __all__ = ["main", "serve"]
@@ -29,6 +30,6 @@ def main() -> None:
 
 
 for command in (weights.make_model, weights.load, weights.verify, ask.generate, ask.analogy, ask.contexts, ask.writes,
-                serving.serve,
+                lessons.patch, lessons.lesson, serving.serve,
                 benchmark.bench, notebook.notebook, mcp.mcp):
     main.add_command(command)

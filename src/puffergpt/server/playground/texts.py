@@ -5,7 +5,6 @@ generates, token ids, the context), and renders (``app/protocol.py``'s JSON)."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -37,7 +36,7 @@ from puffergpt.server.bodies import (
 from puffergpt.server.playground import responses
 from puffergpt.server.playground.responses import BODY, errors
 from puffergpt.server.state import ConfigDep, GenerationsDep, TextDep, TextsDep
-from puffergpt.server.streaming import stream
+from puffergpt.server.streaming import sse, stream
 from puffergpt.stores.base import StoreError
 from puffergpt.texts import probabilities
 from puffergpt.texts.text import Text, TextError, check_generation
@@ -134,10 +133,6 @@ def stop(text_id: str, t: TextDep) -> dict:
     """Ask the text's generation to stop: it ends within a token."""
     t.stop()
     return {"stopping": text_id}
-
-
-def sse(event: str, data: dict) -> str:
-    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
 
 
 def generation_events(t: Text, n: int, s: Sampling, inspect: int, stop: threading.Event) -> Iterator[str]:
