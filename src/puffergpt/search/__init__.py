@@ -8,5 +8,5 @@
 - ``sweeper.py``: the key namespaces of texts no server holds any more, dropped;
 - ``loading.py``: a checkpoint written into a store, verified against its manifest.
 
-May import: ``puffergpt.model`` and ``puffergpt.stores``.
+May import: ``puffergpt.model``, ``puffergpt.stores`` and ``puffergpt.settings`` (its defaults).
 """

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from puffergpt import settings
 from puffergpt.lens.contexts import MAX_PROMPT_CHARS as MAX_CONTEXT_CHARS
 from puffergpt.lens.contexts import MAX_PROMPTS as MAX_CONTEXTS
 from puffergpt.lens.inside import MAX_VIEW_K
@@ -21,7 +22,7 @@ from puffergpt.model import tokenizer
 from puffergpt.texts.text import MAX_PROMPT_IDS
 
 MAX_PROMPT_CHARS = 16 * 1024
-MAX_NEW_TOKENS = 512
+MAX_NEW_TOKENS = settings.default("max_new_tokens")  # the most a body may ask: a server's default bound
 MAX_WORD_CHARS = 64
 MAX_DEPTH = 32  # nesting of a body's JSON: the deepest field (an insight's evidence) needs 5
 MAX_INT_DIGITS = 100  # no field takes more than 20 digits; int() refuses past 4300
