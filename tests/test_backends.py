@@ -12,9 +12,12 @@ import tomllib
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
+import click
 import pytest
+from click.testing import CliRunner
 
 from puffergpt import stores
+from puffergpt.settings import Setting
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -141,3 +144,37 @@ def test_a_registered_backend_is_listed_and_opened(tmp_path, monkeypatch):
         s.close()
     with pytest.raises(stores.StoreError, match="exists already"):
         stores.register("embedded", "somewhere:Else")
+
+
+def probe_command():
+    """A command that takes --backend, as every command that opens a store does."""
+    from puffergpt.cli.options import BackendCommand, option
+
+    @click.command(cls=BackendCommand)
+    @option("backend")
+    @option("data_dir")
+    def probe(backend, data_dir, backend_settings):
+        click.echo(f"{backend} {sorted(backend_settings)}")
+
+    return probe
+
+
+def test_a_backend_flag_a_command_has_already_is_refused_naming_the_backend(monkeypatch):
+    from puffergpt.stores.embedded import EmbeddedStore
+
+    class Clash(EmbeddedStore):
+        settings = (Setting("where", "a directory of its own", flag="--data"),)
+
+    monkeypatch.setattr(stores, "_registered", {})
+    stores.register("clash", Clash)
+    r = CliRunner().invoke(probe_command(), [])
+    assert r.exit_code == 1 and "the backend 'clash' declares --data (where), which `probe` has already" in r.output
+
+
+def test_a_backend_that_cant_be_read_is_left_out_saying_why(monkeypatch):
+    monkeypatch.setattr(stores, "_registered", {})
+    stores.register("broken", "no_such_module:Store")
+    r = CliRunner().invoke(probe_command(), ["--dsn", "postgresql://x"])
+    assert r.exit_code == 0, r.output
+    assert "the backend 'broken' can't be read (No module named 'no_such_module')" in r.output
+    assert "embedded ['dsn']" in r.output  # the others' options are still there

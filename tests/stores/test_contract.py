@@ -341,7 +341,8 @@ def test_data_directory_that_cannot_be_written(tmp_path):
 
 
 def test_unknown_backend(tmp_path):
-    with pytest.raises(StoreError, match="unknown backend 'faiss': use one of embedded, pgvector, turbopuffer"):
+    with pytest.raises(StoreError, match="unknown backend 'faiss': the installed backends are embedded, pgvector, "
+                                         "turbopuffer"):
         open_store("faiss", tmp_path)
 
 
