@@ -208,8 +208,7 @@ def worker_config(fields: dict):
     where the config holds tuples): the parent's, keys and hosts included."""
     from puffergpt.server.state import ServerConfig
 
-    tuples = {k: tuple(fields.get(k) or ()) for k in ("cors_origins", "api_keys")}
-    return ServerConfig(**{**fields, **tuples, "trusted_hosts": tuple(fields.get("trusted_hosts") or ()) or None})
+    return ServerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 def worker_main() -> None:
