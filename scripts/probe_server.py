@@ -49,9 +49,9 @@ import httpx
 from puffergpt import notebook as nb
 from puffergpt.model import checkpoints, tokenizer
 from puffergpt.model.reference import NumpyProducts
-from puffergpt.search import loading
+from puffergpt.search import load, manifest
 from puffergpt.search.engine import Engine
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import server
 from puffergpt.stores import open_store
@@ -305,7 +305,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="puffergpt-probe-"))
     ckpt = checkpoints.load(str(checkpoints.make_model(tmp / "tiny", "tiny", 0)))
     store = open_store("embedded", tmp / "data")
-    loading.load(store, ckpt, loading.model_key(ckpt.name), progress=False)
+    load.load(store, ckpt, manifest.model_key(ckpt.name), progress=False)
     engine = open_engine(store, ckpt.name)
     book = nb.Notebook(tmp / "notebook")
     (tmp / "outside").mkdir()

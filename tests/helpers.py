@@ -119,7 +119,7 @@ def products_for(kind: str, loaded, ckpt):
     """A products factory for ckpt: "search", the engine on a store it is loaded into
     (``loaded``, the conftest fixture); anything else ("numpy", "reference"), numpy."""
     from puffergpt.model.reference import NumpyProducts
-    from puffergpt.search.loading import open_engine
+    from puffergpt.search.manifest import open_engine
 
     if kind != "search":
         return lambda: NumpyProducts(ckpt)

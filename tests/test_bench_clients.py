@@ -18,7 +18,7 @@ from puffergpt.cli import main
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import NumpyProducts, Reference
 from puffergpt.model.sampling import Sampling
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 from puffergpt.texts.text import opened

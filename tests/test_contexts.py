@@ -18,7 +18,7 @@ from puffergpt.lens import contexts
 from puffergpt.model import info as model_info
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import NumpyProducts
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import create_app
 from puffergpt.texts.text import TextError
 

@@ -25,7 +25,7 @@ from puffergpt.cli import main
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import NumpyProducts
 from puffergpt.search.engine import Engine
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 from puffergpt.server.guards.cross_site import check_origin
@@ -45,6 +45,8 @@ ROUTES = [
     ("POST", "/api/texts/{id}/branch", {"position": 1, "rank": 1}),
     ("POST", "/api/texts/{id}/stop", {}),
     ("POST", "/api/texts/{id}/steps/3/ablate", {"parts": ["mlp 0"], "mode": "mean"}),
+    ("POST", "/api/texts/{id}/steps/3/probabilities", {}),
+    ("POST", "/api/texts/{id}/steps/3/writes", {"head": "0.0"}),
     ("DELETE", "/api/texts/{id}", {}),
     ("POST", "/api/compare", {"prompt": "hello", "top_k": 5}),
     ("POST", "/api/analogy", {"a": " man", "b": " woman", "c": " king", "k": 3}),

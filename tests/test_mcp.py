@@ -19,13 +19,13 @@ from mcp.client.stdio import StdioServerParameters
 
 import puffergpt
 from puffergpt import notebook as nb
+from puffergpt.app.protocol import MAX_NEW_TOKENS
 from puffergpt.mcp import server as mcp_server
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import Reference
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
-from puffergpt.server.bodies import MAX_NEW_TOKENS
 
 PROMPT = "The cat sat on the"
 N = 5

@@ -20,7 +20,7 @@ from puffergpt.lens import inspector
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import NumpyProducts, Reference
 from puffergpt.model.sampling import Sampling
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.texts.registry import Texts
 from puffergpt.texts.text import Text, TextError, TextNotFound

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from puffergpt import settings
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 

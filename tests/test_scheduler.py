@@ -15,7 +15,7 @@ from puffergpt.model import tokenizer
 from puffergpt.model.reference import NumpyProducts
 from puffergpt.model.sampling import Sampling
 from puffergpt.search.engine import Engine
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.search.scheduler import Batcher, Scheduler, split
 from puffergpt.stores import Query
 from puffergpt.stores.base import Hits, StoreError

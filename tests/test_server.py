@@ -10,7 +10,7 @@ from helpers import message
 from puffergpt.cli import serve
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import NumpyProducts, Reference
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.guards.body_limit import MAX_BODY
 

@@ -667,7 +667,8 @@ def test_an_open_heads_keys_follow_the_scores_and_say_what_the_store_searched(pa
     expect(note).to_contain_text(f"in the store at positions 0 to {q - 1} (the filter is position < {q}")
     expect(note).to_contain_text(f"its own key at position {q} is scored here, q·k, without a search")
     generated(p).first.click()
-    expect(p.locator("#candidates .softmax-formula")).to_have_text("p(i) = exp(logit_i / T) / Σ_j exp(logit_j / T)")
+    expect(p.locator("#candidates .softmax-formula")).to_have_text(
+        "p(i) = exp(logit_i / T) / Σ_j exp(logit_j / T), j over the top k")
 
 
 @pytest.mark.parametrize("width", [1400, 400])

@@ -352,11 +352,11 @@ def test_the_engine_on_every_backend(store, tiny):
     from puffergpt.model import tokenizer
     from puffergpt.model.reference import NumpyProducts
     from puffergpt.model.sampling import Sampling
-    from puffergpt.search import loading
-    from puffergpt.search.loading import open_engine
+    from puffergpt.search import load
+    from puffergpt.search.manifest import open_engine
     from puffergpt.texts.text import Text
 
-    loading.load(store, tiny, "tiny", progress=False)  # the store's most precise metric
+    load.load(store, tiny, "tiny", progress=False)  # the store's most precise metric
     ids = tokenizer.encode("The quick brown fox")
     got, want = Text(open_engine(store, tiny.name, "tiny").open()), Text(NumpyProducts(tiny))
     for t in (got, want):
@@ -376,10 +376,10 @@ def test_the_learning_views_on_every_backend(store, tiny):
     from puffergpt.model import tokenizer
     from puffergpt.model.reference import NumpyProducts
     from puffergpt.model.sampling import Sampling
-    from puffergpt.search import loading
-    from puffergpt.search.loading import open_engine
+    from puffergpt.search import load
+    from puffergpt.search.manifest import open_engine
 
-    loading.load(store, tiny, "tiny", progress=False)
+    load.load(store, tiny, "tiny", progress=False)
     engine = open_engine(store, tiny.name, "tiny")
     ids = tokenizer.encode("one two three one two")
     got = list(completion.complete(engine.open, ids, 2, Sampling(0, 40), inspect=10))

@@ -6,7 +6,7 @@ application layer and renders what comes back.
                   open_model (the one way a command opens a model); the only reader of the
                   environment
     weights.py    make-model, load, verify: a checkpoint made, written into a store, read back
-    ask.py        generate, analogy and contexts, and how a completion is rendered
+    ask.py        generate, analogy, contexts and writes, and how a completion is rendered
     serving.py    serve: the playground and the HTTP API
     backends.py   backends: the installed backends (plugins too) and their settings
     benchmark.py  bench: the engines timed side by side; --clients N: learners against one server
@@ -30,7 +30,7 @@ def main() -> None:
     """puffergpt: GPT-2 where every matrix multiply is a vector search."""
 
 
-for command in (weights.make_model, weights.load, weights.verify, ask.generate, ask.analogy, ask.contexts,
+for command in (weights.make_model, weights.load, weights.verify, ask.generate, ask.analogy, ask.contexts, ask.writes,
                 serving.serve, backends.backends,
                 benchmark.bench, notebook.notebook, mcp.mcp):
     main.add_command(command)

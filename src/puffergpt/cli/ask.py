@@ -1,5 +1,6 @@
-"""``puffergpt generate``, ``analogy`` and ``contexts``: ask the model from the terminal, and
-render what it says (the text as it streams, or one JSON line a token, then the usage)."""
+"""``puffergpt generate``, ``analogy``, ``contexts`` and ``writes``: ask the model from the terminal,
+and render what it says (the text as it streams, or one JSON line a token: ``protocol.step_line``,
+then the usage)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 
 import click
 
+from puffergpt.app.protocol import MAX_CONTEXT_CHARS, step_line
 from puffergpt.cli.options import (
     MODEL_HELP,
     BackendCommand,
@@ -18,6 +20,7 @@ from puffergpt.cli.options import (
     option,
     resolve_model,
 )
+from puffergpt.lens.inside import MAX_VIEW_K
 from puffergpt.model import tokenizer
 from puffergpt.model.sampling import Sampling
 
@@ -35,11 +38,13 @@ from puffergpt.model.sampling import Sampling
 @click.option("--top-k", type=int, default=40, show_default=True)
 @click.option("--seed", type=int, default=None, help="makes sampling reproducible")
 @click.option("-n", "n_tokens", type=int, default=32, show_default=True, help="tokens to generate")
-@click.option("--json", "as_json", is_flag=True, help="one JSON object a token, then a summary line")
+@click.option("--json", "as_json", is_flag=True,
+              help='one JSON object a token, then a summary line; each candidate\'s "prob" is the sampler\'s (over '
+                   'the top k), its "p_all" the model\'s own over the whole vocabulary (one search more a token)')
 @click.option("--inspect", is_flag=True,
               help="with --json: each token's attention per layer and head, the logit lens, what each part "
                    "adds to its logit (attribution) and each layer's most active MLP neurons")
-@click.option("--lens-k", type=click.IntRange(5, 100), default=10, show_default=True,
+@click.option("--lens-k", type=click.IntRange(5, MAX_VIEW_K), default=10, show_default=True,
               help="tokens per layer in the lens")
 @click.option("--versus", type=int, default=None, metavar="ID",
               help="with --inspect: the attribution's versus explains logit(chosen) - logit(ID) "
@@ -67,7 +72,7 @@ def generate(prompt, model, engine, backend, backend_settings, data_dir, output_
                                     output_search=output_search) as opened:
         off = checked(opened.config, s, len(ids), n_tokens, ablate, versus)
         steps = complete(opened.products, ids, n_tokens, s, inspect=lens_k if inspect else 0, explain=inspect,
-                         versus=versus, ablation=off)
+                         versus=versus, ablation=off, over_all=as_json)
         run_generate(steps, prompt, ids, as_json,
                      {"model": model, "engine": engine, "backend": backend if engine == "search" else None}
                      | ({"ablate": off.parts} if off.parts else {})
@@ -128,25 +133,6 @@ def run_generate(steps, prompt, ids, as_json, summary) -> None:
         click.echo(f"[switched off at every position: {', '.join(summary['ablate'])}]", err=True)
 
 
-def step_line(step) -> dict:
-    """The --json line of a token; with --inspect, its attention, lens, attribution and
-    neurons (see docs/cli.md)."""
-    from puffergpt.lens import inside
-
-    d = step.to_json()
-    if step.inspect is not None:
-        got = step.inspect
-        d["attention"] = [[[round(float(w), 6) for w in head[: step.position]] for head in layer]
-                          for layer in got["weights"]]
-        d["lens"] = [[{"token_id": int(i), "logit": float(v)} for i, v in zip(e["ids"], e["logits"], strict=True)]
-                     for e in got["lens"]]
-        d["decided_layer"] = inside.decided_layer(got["lens"])
-        d["final_top1"] = tokenizer.token_dict(inside.final_top1(got["lens"]))
-        if "attribution" in got:
-            d["attribution"], d["neurons"] = got["attribution"], got["neurons"]
-    return d
-
-
 @click.command(cls=BackendCommand)
 @click.argument("a")
 @click.argument("b")
@@ -154,7 +140,7 @@ def step_line(step) -> dict:
 @click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
 @option("backend")
 @option("data_dir")
-@click.option("-k", "k", type=click.IntRange(1, 100), default=10, show_default=True, help="answers to show")
+@click.option("-k", "k", type=click.IntRange(1, MAX_VIEW_K), default=10, show_default=True, help="answers to show")
 @click.option("--json", "as_json", is_flag=True,
               help='{"results": [{"token_id", "text", "score", "count", "rare"}, ...], "rare_below", "rare_note", ...}')
 def analogy(a, b, c, model, backend, backend_settings, data_dir, k, as_json) -> None:
@@ -207,7 +193,7 @@ def contexts(word, prompts, model, engine, backend, backend_settings, data_dir, 
     from puffergpt.texts.text import TextError
 
     try:
-        ctx.check(word, list(prompts))  # a bad word or prompt says so before a model is opened
+        ctx.check(word, list(prompts), MAX_CONTEXT_CHARS)  # a bad word or prompt says so before a model is opened
     except TextError as e:
         fail(str(e))
     model, _ = resolve_model(model)
@@ -240,3 +226,52 @@ def render_contexts(got: dict) -> None:
     cost = (f"{len(reqs)} requests, {sum(r.round_trips for r in reqs)} round trips" if reqs
             else "the numpy reference: no searches")
     click.echo(f"[layer l < {last}: the residual entering block l; ln_f: entering ln_f | {cost}]", err=True)
+
+
+@click.command(cls=BackendCommand)
+@click.argument("head", metavar="L.H")
+@click.argument("prompt")
+@click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
+@click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
+              help="search: every product a vector search; reference: the numpy GPT-2")
+@option("backend")
+@option("data_dir")
+@click.option("--json", "as_json", is_flag=True,
+              help='{"token_id", "position", "sources": [{"position", "weight", "effect", "top"}], "total"}')
+def writes(head, prompt, model, engine, backend, backend_settings, data_dir, as_json) -> None:
+    """What head L.H (layer L's head H) writes at PROMPT's last position, from each position it attends to.
+
+    Each source position j gives a piece a_j * v_j @ W_O (its attention weight, its value vector, the head's rows
+    of c_proj); its effect is its share of the logit of the model's next token (greedy), read through ln_f as the
+    attribution reads a part, so the effects sum to the head's part; its top are the 5 tokens it pushes most."""
+    from puffergpt.lens import inspector
+    from puffergpt.texts.text import TextError, opened
+
+    if not prompt:
+        fail("the prompt is empty: give some text for the head to read")
+    model, _ = resolve_model(model)
+    ids = tokenizer.encode(prompt)
+    with clear_errors(), open_model(engine, model, backend, data_dir, backend_settings) as om:
+        try:
+            with opened(om.products, ids) as text:
+                text.read()
+                got, requests = inspector.head_writes(text, len(ids), head)
+        except TextError as e:
+            fail(str(e))
+    if as_json:
+        click.echo(json.dumps({k: got[k] for k in ("token_id", "position", "sources", "total")}))
+        return
+    render_writes(got, ids, requests)
+
+
+def render_writes(got: dict, ids: list[int], requests: list) -> None:
+    """The text output: a line a source position, the strongest effect first."""
+    word = tokenizer.token_text(got["token_id"])
+    click.echo(f"L{got['layer']} H{got['head']} at position {got['position']}, read against the next token {word!r}:")
+    click.echo("  pos  token              weight    effect   pushes most")
+    for s in sorted(got["sources"], key=lambda s: -abs(s["effect"])):
+        tops = " ".join(repr(tokenizer.token_text(t)) for t, _ in s["top"])
+        click.echo(f"{s['position']:5d}  {tokenizer.token_text(ids[s['position']])!r:16.16} {s['weight']:8.4f} "
+                   f"{s['effect']:+9.4f}   {tops}")
+    cost = f"{len(requests)} requests" if requests else "the numpy reference: no searches"
+    click.echo(f"total {got['total']:+.4f}: the head's part of the logit of {word!r} [{cost}]", err=True)

@@ -106,15 +106,15 @@ def bench(ctx, model, backends, backend_settings, data_dir, quick, json_out, cha
 def loaded(ckpt, model: str, dirs: dict[str, Path], backend_settings: dict, stores: list) -> tuple[dict, dict]:
     """The model loaded into a store of each backend, in its directory (opened stores go on
     ``stores``, for the caller to close): each engine's ``open``, and each load's seconds and size."""
-    from puffergpt.search import loading
-    from puffergpt.search.loading import open_engine
+    from puffergpt.search import load, manifest
+    from puffergpt.search.manifest import open_engine
 
     engines, loads = {}, {}
     for name, data_dir in dirs.items():
         store = open_store(name, data_dir, backend_settings)
         stores.append(store)
         t0 = time.perf_counter()
-        loading.load(store, ckpt, loading.model_key(model))
+        load.load(store, ckpt, manifest.model_key(model))
         loads[name] = {"load_s": round(time.perf_counter() - t0, 2), "disk_mb": store_size_mb(store)}
         engines[name] = open_engine(store, model).open
     return engines, loads
@@ -126,7 +126,7 @@ def output_bench(model: str, names: list[str], backend_settings: dict, data_dir:
     positions (the hidden states numpy's, the same for both searches and every backend)."""
     from puffergpt.lens import output_search
     from puffergpt.model import tokenizer
-    from puffergpt.search import loading
+    from puffergpt.search import load, manifest
 
     ids = tokenizer.encode(text.read_text())
     rows = []
@@ -136,12 +136,12 @@ def output_bench(model: str, names: list[str], backend_settings: dict, data_dir:
         for name in names:
             store = open_store(name, data_dir or Path(tmp) / name, backend_settings)
             try:
-                key = loading.model_key(model)
-                loading.load(store, ckpt, key)
+                key = manifest.model_key(model)
+                load.load(store, ckpt, key)
                 t0 = time.perf_counter()
-                loading.build_output_index(store, key, model)
+                load.build_output_index(store, key, model)
                 index_s = time.perf_counter() - t0
-                products = loading.open_engine(store, model).views()
+                products = manifest.open_engine(store, model).views()
                 got = output_search.measure(products, xs)
                 rows.append({"model": ckpt.name if len(ckpt.name) <= 10 else Path(ckpt.name).name[:10],
                              "backend": name, "index_s": index_s, "text": str(text), **got})

@@ -294,25 +294,25 @@ def open_served(model: str, backend: str, data_dir: Path | None, backend_setting
 def search_engine(store, model: str, max_running: int | None = None, text_ttl_s: float | None = None,
                   output_search: str = settings.default("output_search")) -> Engine:
     """The model's engine on a store, loading it into the store on first use."""
-    from puffergpt.search import loading
+    from puffergpt.search import load, manifest
     from puffergpt.search.scheduler import Scheduler
 
     ttl = {} if text_ttl_s is None else {"text_ttl_s": text_ttl_s}
 
     def engine() -> Engine:  # verified: never serve a damaged store
-        return loading.open_engine(store, model, verify=True, progress=True,
+        return manifest.open_engine(store, model, verify=True, progress=True,
                                    scheduler=Scheduler(max_running) if max_running else None,
                                    output_search=output_search, **ttl)
 
     try:
         return engine()
-    except loading.NotLoaded as e:
+    except manifest.NotLoaded as e:
         click.echo(f"{e.args[0].split(':')[0]}; loading it now", err=True)
         try:
             ckpt = checkpoints.load(model)
         except checkpoints.CheckpointError as ce:
             hint = " Or serve the demo model: `puffergpt serve --model demo`." if model in hub.HUB_MODELS else ""
             fail(f"{ce}{hint}")
-        loading.load(store, ckpt, loading.model_key(model))
+        load.load(store, ckpt, manifest.model_key(model))
         del ckpt  # the weights leave the server's memory once they are documents
         return engine()

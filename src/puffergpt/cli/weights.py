@@ -40,22 +40,22 @@ def make_model(out: Path, preset: str, seed: int) -> None:
                    "approximate searches (minutes at GPT-2's size); with --repair, build it again")
 def load(model, backend, backend_settings, data_dir, metric, repair, output_index) -> None:
     """Write a model's weights into the store, one document a row."""
-    from puffergpt.search import costs, loading
+    from puffergpt.search import costs, load, manifest
 
     with clear_errors():
         ckpt = checkpoints.load(model)
         store = open_store(backend, data_dir, backend_settings)
         t0 = time.perf_counter()
         try:
-            m = loading.load(store, ckpt, loading.model_key(model), metric=metric, repair=repair)
+            m = load.load(store, ckpt, manifest.model_key(model), metric=metric, repair=repair)
             if output_index:
-                m = loading.build_output_index(store, loading.model_key(model), model, rebuild=repair)
+                m = load.build_output_index(store, manifest.model_key(model), model, rebuild=repair)
                 click.echo(f"{model}: the approximate index over its {m['indexes']['wte']['rows']:,} token vectors "
                            f"is built (HNSW); recall@40 against exact, token vectors as queries: "
                            f"{m['indexes']['wte']['recall_at_build']:.3f}", err=True)
         finally:
             store.close()
-    nbytes = loading.stored_bytes(m)
+    nbytes = manifest.stored_bytes(m)
     click.echo(f"{model}: {m['documents']:,} documents ({nbytes / 1e6:,.0f} MB) in {len(m['namespaces'])} namespaces, "
                f"metric {m['metric']}, ready ({time.perf_counter() - t0:.1f} s). At turbopuffer's rates: "
                f"${costs.request_cost('write', nbytes, 0):.2f} to write, "
@@ -68,14 +68,14 @@ def load(model, backend, backend_settings, data_dir, metric, repair, output_inde
 @option("data_dir")
 def verify(model, backend, backend_settings, data_dir) -> None:
     """Read every document back and check it against the manifest."""
-    from puffergpt.search import loading
+    from puffergpt.search import manifest, verify
 
     with clear_errors():
         store = open_store(backend, data_dir, backend_settings)
         try:
-            key = loading.model_key(model)
-            m = loading.read_manifest(store, key, model)
-            loading.check_on_open(store, key, model, m, progress=True, force=True)  # StoreDamaged: what, and the fix
+            key = manifest.model_key(model)
+            m = manifest.read_manifest(store, key, model)
+            verify.check_on_open(store, key, model, m, progress=True, force=True)  # StoreDamaged: what, and the fix
         finally:
             store.close()
     click.echo(f"{model}: all {m['documents']:,} documents match the manifest")

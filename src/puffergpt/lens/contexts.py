@@ -33,7 +33,6 @@ from puffergpt.model.tokenizer import token_dict
 from puffergpt.texts.text import TextError
 
 MIN_PROMPTS, MAX_PROMPTS = 2, 3
-MAX_PROMPT_CHARS = 500  # a context is a sentence or two; bounds the prefills and the attention sent back
 SHOWN_TOKENS = 24  # tokens of a prompt an error lists
 
 
@@ -47,9 +46,11 @@ class Asked:
     positions: list[int]
 
 
-def check(word: str, prompts) -> Asked:
+def check(word: str, prompts, max_chars: int | None = None) -> Asked:
     """The one check of a contexts request, before anything is opened: a word of one token
-    (``views.one_token``), 2 or 3 prompts, each holding it. A clear error names what is wrong."""
+    (``views.one_token``), 2 or 3 prompts, each holding it, and of at most ``max_chars``
+    characters (an edge's bound: ``protocol.MAX_CONTEXT_CHARS``; None: none). A clear error
+    names what is wrong."""
     word_id = views.one_token(word)
     if not isinstance(prompts, (list, tuple)) or not MIN_PROMPTS <= len(prompts) <= MAX_PROMPTS:
         n = len(prompts) if isinstance(prompts, (list, tuple)) else prompts
@@ -58,8 +59,8 @@ def check(word: str, prompts) -> Asked:
     for i, prompt in enumerate(prompts, 1):
         if not isinstance(prompt, str) or not prompt.strip():
             raise TextError(f"prompt {i} is empty: give a sentence that contains {word!r}")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise TextError(f"prompt {i} has {len(prompt)} characters, over {MAX_PROMPT_CHARS}: "
+        if max_chars is not None and len(prompt) > max_chars:
+            raise TextError(f"prompt {i} has {len(prompt)} characters, over {max_chars}: "
                             "a context is a sentence or two")
         got = tokenizer.encode(prompt)
         if word_id not in got:
@@ -133,4 +134,4 @@ def contract(got: dict) -> dict:
             "layers": [{"layer": e["layer"], "cosine": e["cosine"], "lens": e["lens"]} for e in got["layers"]]}
 
 
-__all__ = ["MAX_PROMPTS", "MAX_PROMPT_CHARS", "MIN_PROMPTS", "check", "contexts", "contract", "cosines"]
+__all__ = ["MAX_PROMPTS", "MIN_PROMPTS", "check", "contexts", "contract", "cosines"]

@@ -2,9 +2,9 @@
 generates with the model, looks inside a generated token, and saves what clicked as an
 insight in the notebook, a git commit.
 
-A thin edge, like the CLI and the HTTP server: the tools parse (their bounds are the
-server's, imported from ``server.bodies``), call the application layer, and render with
-the server's own renderers, so a tool answers what the matching route answers.
+A thin edge, like the CLI and the HTTP server: the tools parse (their bounds are every
+edge's, ``app/protocol.py``'s), call the application layer, and render the protocol's JSON
+of a step and an inspection, so a tool answers what the matching route answers.
 
 Two ways to reach a model, one interface (``Backend``):
 
@@ -34,11 +34,12 @@ from pydantic import ConfigDict, Field, ValidationError
 from puffergpt import __version__
 from puffergpt import notebook as nb
 from puffergpt.app.completion import choice_text
+from puffergpt.app.protocol import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, inspect_json, step_json
 from puffergpt.lens import inspector
+from puffergpt.lens.inside import MAX_VIEW_K
 from puffergpt.mcp.stdio import shown
 from puffergpt.model import tokenizer
 from puffergpt.model.sampling import Sampling
-from puffergpt.server.bodies import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_VIEW_K
 from puffergpt.texts.registry import Texts
 from puffergpt.texts.text import TEXT_ID, TextError, check_generation
 
@@ -63,12 +64,12 @@ def segment(v: str | int) -> str:
     return quote(str(v), safe="")
 
 
-# --- what the tools return, from the server's JSON of a step and an inspection --------------
+# --- what the tools return, from the protocol's JSON of a step and an inspection ------------
 
 def generation_json(text_id: str, prompt_ids: list[int], steps: list[dict], k: int) -> dict:
     """A generation as a tool returns it: the text (as /v1 gives it), why it ended, its new
-    token ids, and each step's best ``k`` candidates. ``steps`` are the server's step JSON
-    (``render.step_json``)."""
+    token ids, and each step's best ``k`` candidates. ``steps`` are the protocol's step JSON
+    (``protocol.step_json``: made here, or streamed by a server)."""
     ids = [s["token_id"] for s in steps]
     text, finish = choice_text(ids)  # /v1's rule: a generated <|endoftext|> ends it, in tokens, never in text
     return {"text_id": text_id, "prompt": tokenizer.decode(prompt_ids), "prompt_ids": prompt_ids,
@@ -80,7 +81,7 @@ def generation_json(text_id: str, prompt_ids: list[int], steps: list[dict], k: i
 
 
 def inspection_json(d: dict) -> dict:
-    """The server's inspection (``render.inspect_json``) less the raw attention scores
+    """The protocol's inspection (``protocol.inspect_json``) less the raw attention scores
     (the weights are their softmax) and with the request log counted, not listed."""
     out = {k: v for k, v in d.items() if k not in ("scores", "requests")}
     out["searches"] = len(d.get("requests", []))
@@ -109,8 +110,6 @@ class Local:
         self.order: OrderedDict[str, None] = OrderedDict()  # open texts, oldest first
 
     def generate(self, prompt: str, max_tokens: int, s: Sampling, k: int) -> dict:
-        from puffergpt.server.playground.render import step_json
-
         while len(self.order) >= OPEN_TEXTS:  # the oldest text closes: its tokens are in its answer
             with contextlib.suppress(KeyError):
                 self.texts.close(self.order.popitem(last=False)[0])
@@ -122,8 +121,6 @@ class Local:
         return generation_json(t.id, prompt_ids, steps, k)
 
     def inspect(self, text_id: str, position: int, lens_k: int) -> dict:
-        from puffergpt.server.playground.render import inspect_json
-
         t = self.texts.get(text_id)
         got, requests, recomputed = inspector.inspect(t, position, lens_k)
         with t.lock:

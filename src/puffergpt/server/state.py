@@ -11,9 +11,9 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from puffergpt import settings
+from puffergpt.app.protocol import MAX_NEW_TOKENS
 from puffergpt.model.reference import Products
 from puffergpt.search.engine import Engine
-from puffergpt.server.bodies import MAX_NEW_TOKENS
 from puffergpt.server.guards.auth import check_key
 from puffergpt.server.guards.cross_site import check_origin
 from puffergpt.server.openapi_doc import check_public_url

@@ -169,7 +169,9 @@ function render(box, r) {
     h("h3", { text: "How alike the word's vectors are, layer by layer" }),
     h("p", { class: "note", text: `Cosine between the contexts' vectors at the word: 1 = the same direction. Layer 0 is the embedding, wte[word] + wpe[position]: ` +
       `there the contexts differ only by where the word stands. Each block adds what attention brought from the words before it and what the MLP made of that; ` +
-      `the last point (${L}) is the vector entering ln_f, from which the model predicts the next token. A falling line: the contexts pull the word apart.` }),
+      `the last point (${L}) is the vector entering ln_f, from which the model predicts the next token. ` +
+      `A falling line: the word's vectors grow apart as the blocks read the words before it. A rising line: they grow alike, which can mean the contexts read it the same way, ` +
+      `or only that every vector at a late layer shares a few large directions (GPT-2's residual does). A cosine alone has no baseline: compare a pair that shares a meaning before reading a fall as two meanings.` }),
     chart(r), summary(r), cosineTable(r),
     h("h3", { text: "What each context's vector would predict (the lens)" }),
     h("p", { class: "note", text: `At each layer the word's vector, through ln_f, searched against the token vectors: the top ${r.k}, best first (marked), in each context. ` +

@@ -196,7 +196,7 @@ async function drawMap() {
       r.axis_note ? h("p", { class: "note map-axis" + (r.axis_frequency && r.axis_frequency.is_frequency ? " emb-warning" : ""),
         dataset: { pearson: r.axis_frequency ? String(r.axis_frequency.pearson) : "" }, text: `Axis 1: ${r.axis_note}.` }) : "",
       h("p", { class: "note", text: `A projection onto the two main directions of the tokens shown (PCA${ev ? `, ${ev} of their spread` : ""}). ` +
-        (r.path.length ? `The line is the vector of position ${position - 1} entering each block, numbered by layer: the path the model moved it along toward the token at ${position}.`
+        (r.path.length ? `The line is the vector of position ${position - 1} entering each block, numbered by layer: the path the model moved it along as it read, toward predicting the token at position ${position} (that token is not drawn: the map shows only the words listed).`
           : "Select a generated token and tick the box to see its path through the layers.") }),
       searched(r.requests));
   } catch (e) { failed(box, e); }

@@ -7,6 +7,8 @@ so a backend's client library is needed only by those who pick it), puffergpt's 
 included. ``register`` adds one from code; ``backends`` lists them all; ``open_store`` opens
 one by name. A factory's ``settings`` (``puffergpt.settings.Setting``s: a DSN, a key) say what
 it is opened with; the CLI reads them from its flags and the environment.
+
+May import: ``puffergpt.settings`` (the shape of a setting). Nothing of GPT-2.
 """
 
 from __future__ import annotations

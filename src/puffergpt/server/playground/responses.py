@@ -2,7 +2,7 @@
 names their fields. Each allows extra keys, and declares only keys every response has
 (a key present only sometimes, such as an inspection's ``attribution``, stays an extra):
 the JSON the page reads (``static/*.js``) is exactly what the routes render
-(``render.py``, ``views.py``, ``completion.py``). ``errors`` declares the error answers a
+(``app/protocol.py``, ``completion.py``). ``errors`` declares the error answers a
 route really sends, each in the one error shape (``ErrorBody``, ``errors.py``)."""
 
 from __future__ import annotations
@@ -137,6 +137,36 @@ class Ablated(Response):
     changed: bool
     chosen_rank_before: int | None
     chosen_rank_after: int | None
+    requests: list[dict[str, Any]]
+
+
+class Probabilities(Response):
+    """A step's candidates with their probabilities over the whole vocabulary (``p_all`` at T = 1, ``p_all_t``
+    at the step's T) beside the sampler's (``prob``, over these candidates), the normaliser n_T at each
+    temperature of the page's slider ([T, n_T]: p = exp((logit - n_T) / T)), the candidates' share of all the
+    mass at T = 1 (``mass``), and the search it cost (none when the step had it: marked extra)."""
+
+    position: int
+    temperature: float
+    candidates: list[dict[str, Any]]
+    normalisers: list[list[float]]
+    mass: float
+    n_vocab: int
+    requests: list[dict[str, Any]]
+
+
+class Writes(Response):
+    """What head ``layer``.``head`` writes at ``position`` (the query), a source position a piece: its attention
+    ``weight``, its ``effect`` on the logit of ``token`` (read as the attribution reads a part) and the ``top``
+    tokens it pushes; the effects sum to ``total``, the head's part in the attribution."""
+
+    token_id: int
+    token: dict[str, Any]
+    position: int
+    layer: int
+    head: int
+    sources: list[dict[str, Any]]
+    total: float
     requests: list[dict[str, Any]]
 
 

@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 from fastapi import APIRouter
 
+from puffergpt.app.protocol import view_json
 from puffergpt.lens import contexts, inspector, output_search, views
 from puffergpt.search.engine import Engine
 from puffergpt.server.bodies import AnalogyBody, ContextsBody, MapBody, NeighboursBody, OutputSearchBody
 from puffergpt.server.playground import responses
-from puffergpt.server.playground.render import request_json
 from puffergpt.server.playground.responses import BODY, errors
 from puffergpt.server.state import EngineDep, TextsDep, open_text
 from puffergpt.texts.text import TextError
@@ -30,8 +30,7 @@ def view(engine: Engine, run: Callable[[object], dict]) -> dict:
     try:
         with products.recording(extra=True) as requests:
             d = run(products)
-        d["requests"] = [request_json(r) for r in requests]
-        return d
+        return view_json(d, requests)
     finally:
         products.close()
 
@@ -78,7 +77,7 @@ def output_search_view(body: OutputSearchBody, texts: TextsDep) -> dict:
     """The next token at a text's position found both ways, exact (every token vector scored) and
     through the store's approximate index, side by side: what the index missed, and each one's time."""
     got, requests = output_search.at(open_text(body.text_id, texts), body.position, body.k, body.ef)
-    return {**got, "requests": [request_json(r) for r in requests]}
+    return view_json(got, requests)
 
 
 @router.post("/contexts", response_model=responses.Contexts, operation_id="compareContexts",
@@ -87,4 +86,4 @@ def contexts_view(body: ContextsBody, engine: EngineDep) -> dict:
     """One word in 2 or 3 prompts: per layer the cosine between its vectors, each context's
     lens, and its attention; what ``puffergpt contexts`` computes, with the page's extras."""
     got = contexts.contexts(engine.open, engine.config, body.word, list(body.prompts), body.k)
-    return {**got, "requests": [request_json(r) for r in got["requests"]]}
+    return view_json(got, got["requests"])

@@ -216,7 +216,7 @@ def worker_main() -> None:
     on a free loopback port, written as {"port": P} on stdout; until SIGTERM or the parent goes."""
     from puffergpt.model import checkpoints
     from puffergpt.model.reference import NumpyProducts
-    from puffergpt.search import loading
+    from puffergpt.search import manifest
     from puffergpt.search.scheduler import Scheduler
     from puffergpt.server.app import create_app, run, server
     from puffergpt.stores import open_store
@@ -226,7 +226,7 @@ def worker_main() -> None:
     config = worker_config(spec.config)
     store = open_store(spec.backend, Path(spec.data_dir) if spec.data_dir else None, **spec.store_options)
     try:
-        engine = loading.open_engine(store, spec.model, scheduler=Scheduler(spec.max_running),  # checked by the parent
+        engine = manifest.open_engine(store, spec.model, scheduler=Scheduler(spec.max_running),  # checked by the parent
                                      text_ttl_s=spec.text_ttl_s, output_search=spec.output_search)
         notebook = None
         if spec.notebook is not None:

@@ -7,10 +7,12 @@ The CLI builds its options from this table (``cli/options.py``: ``option``), the
 their defaults from it. A backend declares its own settings (a DSN, a key) as ``Setting``s too,
 on its factory (``stores/__init__.py``). A new server setting is one entry here.
 
-Why a module of its own at the package's root: every layer reads it (search for defaults, the
-server for its configuration, stores for their settings, the CLI for its options), so it
-imports nothing of puffergpt, and not click either. The environment is read by the CLI alone:
-here a variable is only a name.
+Why a layer of its own, at the bottom, and not in ``cli/``: every layer reads it (stores for
+their settings' shape, search and app for defaults, the server for its configuration, the CLI
+for its options), and the server may not import the CLI. The environment is read by the CLI
+alone: here a variable is only a name.
+
+May import: nothing of puffergpt (and not click: the CLI turns settings into options).
 """
 
 from __future__ import annotations
