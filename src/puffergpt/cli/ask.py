@@ -13,12 +13,11 @@ import click
 from puffergpt.app.protocol import MAX_CONTEXT_CHARS, step_line
 from puffergpt.cli.options import (
     MODEL_HELP,
-    backend_option,
+    BackendCommand,
     clear_errors,
-    data_option,
     fail,
     open_model,
-    output_search_option,
+    option,
     resolve_model,
 )
 from puffergpt.lens.inside import MAX_VIEW_K
@@ -26,15 +25,15 @@ from puffergpt.model import tokenizer
 from puffergpt.model.sampling import Sampling
 
 
-@click.command()
+@click.command(cls=BackendCommand)
 @click.argument("prompt")
 @click.option("--model", default=None,
               help=MODEL_HELP + " [default: gpt2, or the demo model when GPT-2 small can't be had]")
 @click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
               help="search: every product a vector search; reference: the numpy GPT-2")
-@backend_option
-@data_option
-@output_search_option
+@option("backend")
+@option("data_dir")
+@option("output_search")
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="0 is greedy")
 @click.option("--top-k", type=int, default=40, show_default=True)
 @click.option("--seed", type=int, default=None, help="makes sampling reproducible")
@@ -53,8 +52,8 @@ from puffergpt.model.sampling import Sampling
 @click.option("--ablate", "ablate", multiple=True, metavar="PART",
               help="switch a part of the model off at every position, repeatable: 'attn L.H' (layer L's head H, "
                    "its mixed values zeroed before c_proj) or 'mlp L' (layer L's MLP output, bias included)")
-def generate(prompt, model, engine, backend, dsn, data_dir, output_search, temperature, top_k, seed, n_tokens,
-             as_json, inspect, lens_k, versus, ablate) -> None:
+def generate(prompt, model, engine, backend, backend_settings, data_dir, output_search, temperature, top_k, seed,
+             n_tokens, as_json, inspect, lens_k, versus, ablate) -> None:
     """Continue PROMPT."""
     from puffergpt.app.completion import complete
 
@@ -69,7 +68,8 @@ def generate(prompt, model, engine, backend, dsn, data_dir, output_search, tempe
     model, _ = resolve_model(model)
     ids = tokenizer.encode(prompt)
     s = Sampling(temperature, top_k, seed)
-    with clear_errors(), open_model(engine, model, backend, data_dir, dsn, output_search=output_search) as opened:
+    with clear_errors(), open_model(engine, model, backend, data_dir, backend_settings,
+                                    output_search=output_search) as opened:
         off = checked(opened.config, s, len(ids), n_tokens, ablate, versus)
         steps = complete(opened.products, ids, n_tokens, s, inspect=lens_k if inspect else 0, explain=inspect,
                          versus=versus, ablation=off, over_all=as_json)
@@ -133,17 +133,17 @@ def run_generate(steps, prompt, ids, as_json, summary) -> None:
         click.echo(f"[switched off at every position: {', '.join(summary['ablate'])}]", err=True)
 
 
-@click.command()
+@click.command(cls=BackendCommand)
 @click.argument("a")
 @click.argument("b")
 @click.argument("c")
 @click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
-@backend_option
-@data_option
+@option("backend")
+@option("data_dir")
 @click.option("-k", "k", type=click.IntRange(1, MAX_VIEW_K), default=10, show_default=True, help="answers to show")
 @click.option("--json", "as_json", is_flag=True,
               help='{"results": [{"token_id", "text", "score", "count", "rare"}, ...], "rare_below", "rare_note", ...}')
-def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
+def analogy(a, b, c, model, backend, backend_settings, data_dir, k, as_json) -> None:
     """A is to B as C is to ?: the tokens nearest by cosine to wte[B] - wte[A] + wte[C], as one search.
 
     Words are GPT-2 tokens: a word inside a sentence carries its leading space (" man"). An answer
@@ -152,7 +152,7 @@ def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
     from puffergpt.texts.text import TextError
 
     model, _ = resolve_model(model)
-    with clear_errors(), open_model("search", model, backend, data_dir, dsn) as opened:
+    with clear_errors(), open_model("search", model, backend, data_dir, backend_settings) as opened:
         products = opened.engine.views()
         try:
             got = views.analogy(products, a, b, c, k, opened.engine.token_counts)
@@ -173,17 +173,17 @@ def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
             click.echo(f"note: {note}")
 
 
-@click.command()
+@click.command(cls=BackendCommand)
 @click.argument("word")
 @click.argument("prompts", nargs=-1)
 @click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
 @click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
               help="search: every product a vector search; reference: the numpy GPT-2")
-@backend_option
-@data_option
+@option("backend")
+@option("data_dir")
 @click.option("--json", "as_json", is_flag=True,
               help='{"word_id", "positions", "layers": [{"layer", "cosine", "lens"}]}')
-def contexts(word, prompts, model, engine, backend, dsn, data_dir, as_json) -> None:
+def contexts(word, prompts, model, engine, backend, backend_settings, data_dir, as_json) -> None:
     """How WORD's vector changes with its context: WORD in 2 or 3 PROMPTs, layer by layer.
 
     For each layer, the cosine between the contexts' residual vectors at WORD's first
@@ -197,7 +197,7 @@ def contexts(word, prompts, model, engine, backend, dsn, data_dir, as_json) -> N
     except TextError as e:
         fail(str(e))
     model, _ = resolve_model(model)
-    with clear_errors(), open_model(engine, model, backend, data_dir, dsn) as opened:
+    with clear_errors(), open_model(engine, model, backend, data_dir, backend_settings) as opened:
         try:
             got = ctx.contexts(opened.products, opened.config, word, list(prompts), k=1)  # the lens's top-1
         except TextError as e:
@@ -228,17 +228,17 @@ def render_contexts(got: dict) -> None:
     click.echo(f"[layer l < {last}: the residual entering block l; ln_f: entering ln_f | {cost}]", err=True)
 
 
-@click.command()
+@click.command(cls=BackendCommand)
 @click.argument("head", metavar="L.H")
 @click.argument("prompt")
 @click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
 @click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
               help="search: every product a vector search; reference: the numpy GPT-2")
-@backend_option
-@data_option
+@option("backend")
+@option("data_dir")
 @click.option("--json", "as_json", is_flag=True,
               help='{"token_id", "position", "sources": [{"position", "weight", "effect", "top"}], "total"}')
-def writes(head, prompt, model, engine, backend, dsn, data_dir, as_json) -> None:
+def writes(head, prompt, model, engine, backend, backend_settings, data_dir, as_json) -> None:
     """What head L.H (layer L's head H) writes at PROMPT's last position, from each position it attends to.
 
     Each source position j gives a piece a_j * v_j @ W_O (its attention weight, its value vector, the head's rows
@@ -251,7 +251,7 @@ def writes(head, prompt, model, engine, backend, dsn, data_dir, as_json) -> None
         fail("the prompt is empty: give some text for the head to read")
     model, _ = resolve_model(model)
     ids = tokenizer.encode(prompt)
-    with clear_errors(), open_model(engine, model, backend, data_dir, dsn) as om:
+    with clear_errors(), open_model(engine, model, backend, data_dir, backend_settings) as om:
         try:
             with opened(om.products, ids) as text:
                 text.read()

@@ -7,25 +7,33 @@ import json
 
 import click
 
-from puffergpt.cli.options import MODEL_HELP, backend_option, clear_errors, data_option, fail, open_model, resolve_model
+from puffergpt.cli.options import (
+    MODEL_HELP,
+    BackendCommand,
+    clear_errors,
+    fail,
+    open_model,
+    option,
+    resolve_model,
+)
 
 ENGINE = click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
                       help="search: every product a vector search; reference: the numpy GPT-2")
 
 
-@click.command()
+@click.command(cls=BackendCommand)
 @click.argument("clean")
 @click.argument("corrupt")
 @click.argument("answer")
 @click.argument("wrong")
 @click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
 @ENGINE
-@backend_option
-@data_option
+@option("backend")
+@option("data_dir")
 @click.option("--heads", is_flag=True, help="patch each head's output at the last position (a layer x head grid)")
 @click.option("--json", "as_json", is_flag=True,
               help='{"clean_diff", "corrupt_diff", "layers": [{"layer", "restored": [r_0 .. r_T-1]}]}')
-def patch(clean, corrupt, answer, wrong, model, engine, backend, dsn, data_dir, heads, as_json) -> None:
+def patch(clean, corrupt, answer, wrong, model, engine, backend, backend_settings, data_dir, heads, as_json) -> None:
     """Where the answer is: the residual entering each block (and ln_f) at each position, copied
     from the CLEAN prompt's run into the CORRUPT one's, and how much of logit(ANSWER) -
     logit(WRONG) at the last position comes back: r = (d_patched - d_corrupt) / (d_clean -
@@ -39,7 +47,7 @@ def patch(clean, corrupt, answer, wrong, model, engine, backend, dsn, data_dir, 
     except TextError as e:
         fail(str(e))
     model, _ = resolve_model(model)
-    with clear_errors(), open_model(engine, model, backend, data_dir, dsn) as opened:
+    with clear_errors(), open_model(engine, model, backend, data_dir, backend_settings) as opened:
         click.echo(f"{asked.runs(opened.config)} forward passes", err=True)
         try:
             got = patching.patch(opened.products, opened.config, asked)
@@ -68,16 +76,16 @@ def render_patch(got: dict, asked) -> None:
     click.echo(f"[{got['runs']} forward passes | {cost}]", err=True)
 
 
-@click.command()
+@click.command(cls=BackendCommand)
 @click.argument("lesson_id", required=False)
 @click.argument("prompt", required=False)
 @click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
 @ENGINE
-@backend_option
-@data_option
+@option("backend")
+@option("data_dir")
 @click.option("--json", "as_json", is_flag=True,
               help='{"id", "prompt", "steps": [{"title", "claim", "holds", "evidence"}]}')
-def lesson(lesson_id, prompt, model, engine, backend, dsn, data_dir, as_json) -> None:
+def lesson(lesson_id, prompt, model, engine, backend, backend_settings, data_dir, as_json) -> None:
     """Run a lesson on PROMPT (default: the lesson's starter): each step's claim, computed from
     the model, and whether it holds. Without LESSON_ID, the lessons there are."""
     from puffergpt.lens import lessons
@@ -94,7 +102,7 @@ def lesson(lesson_id, prompt, model, engine, backend, dsn, data_dir, as_json) ->
     except (lessons.LessonError, TextError) as e:
         fail(str(e))
     model, _ = resolve_model(model)
-    with clear_errors(), open_model(engine, model, backend, data_dir, dsn) as opened:
+    with clear_errors(), open_model(engine, model, backend, data_dir, backend_settings) as opened:
         got = lessons.run(chosen, opened.products, opened.config, prompt)
     if as_json:
         click.echo(json.dumps(lessons.contract(got)))

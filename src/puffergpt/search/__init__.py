@@ -10,5 +10,5 @@
 - ``verify.py``: every stored document read back against the manifest;
 - ``manifest.py``: the manifest that vouches for a load, read and checked, and the engine opened over it.
 
-May import: ``puffergpt.model`` and ``puffergpt.stores``.
+May import: ``puffergpt.model``, ``puffergpt.stores`` and ``puffergpt.settings`` (its defaults).
 """
