@@ -145,9 +145,8 @@ function reading(r) {
 function rarityNote(r) {
   const x = r.rarity;
   if (!x.counts_known) return h("p", { class: "note rare-note", text: x.note + "." });
-  const seen = `${JSON.stringify(r.word.text)} was seen ${int(x.count)} times in the model's training text`;
-  return x.rare ? h("p", { class: "emb-warning rare-note", role: "status", text: `Rows seen fewer than ${x.rare_below} times in training are marked: ${x.note}.` })
-    : h("p", { class: "note rare-note", text: `${seen}: often enough for its row to have moved from where it started.` });
+  // A word seen often says so in its line (its count); a rare one is marked there and warned of here.
+  return x.rare ? h("p", { class: "emb-warning rare-note", role: "status", text: `Rows seen fewer than ${x.rare_below} times in training are marked: ${x.note}.` }) : "";
 }
 
 // Each context's lens: what the word's vector would predict if the model stopped at that layer.
@@ -208,10 +207,11 @@ function attentionGrid(r) {
   return [grid, detail];
 }
 
+// Each prompt read (the control too; one asked twice is read once) costs one lens search.
 function cost(r) {
-  const n = r.requests.length, each = n / r.contexts.length;
-  return h("p", { class: "note ctx-cost", text: `This view cost ${plural(n, "request")}, ${Number.isInteger(each) ? int(each) : each.toFixed(1)} a prompt: ` +
-    "one forward pass reading the prompt's tokens up to the word (a fetch of their rows, five searches a layer, the keys written), " +
+  const n = r.requests.length, reads = r.requests.filter((q) => q.kind === "lens.top_k").length || 1, each = n / reads;
+  return h("p", { class: "note ctx-cost", text: `This view cost ${plural(n, "request")}, ${Number.isInteger(each) ? int(each) : each.toFixed(1)} for each of the ${plural(reads, "prompt")} read` +
+    (r.control ? " (the control's included)" : "") + ": one forward pass reading the prompt's tokens up to the word (a fetch of their rows, five searches a layer, the keys written), " +
     `then one top-k search over the token vectors with every layer's vector as a query (the lens). All marked extra.` });
 }
 
