@@ -181,25 +181,32 @@ def analogy(a, b, c, model, backend, backend_settings, data_dir, k, as_json) -> 
               help="search: every product a vector search; reference: the numpy GPT-2")
 @option("backend")
 @option("data_dir")
+@click.option("--control", default=None, metavar="PROMPT",
+              help="a control: WORD in the sense it has in the first PROMPT; its cosine with the first prompt, "
+                   "layer by layer, is the baseline the other pairs are read against")
 @click.option("--json", "as_json", is_flag=True,
-              help='{"word_id", "positions", "layers": [{"layer", "cosine", "lens"}]}')
-def contexts(word, prompts, model, engine, backend, backend_settings, data_dir, as_json) -> None:
+              help='{"word_id", "positions", "layers": [{"layer", "cosine", "lens"}]}; with --control, '
+                   '"control_position" and each layer\'s "control"')
+def contexts(word, prompts, model, engine, backend, backend_settings, data_dir, control, as_json) -> None:
     """How WORD's vector changes with its context: WORD in 2 or 3 PROMPTs, layer by layer.
 
     For each layer, the cosine between the contexts' residual vectors at WORD's first
-    occurrence, and what each context's logit lens says there. WORD is one GPT-2 token: inside
-    a sentence it carries its leading space (" mole")."""
+    occurrence, and what each context's logit lens says there; with --control, the control
+    pair's cosine beside them, and what each line did, in words, read against it. WORD is one
+    GPT-2 token: inside a sentence it carries its leading space (" mole")."""
     from puffergpt.lens import contexts as ctx
+    from puffergpt.model import token_counts
     from puffergpt.texts.text import TextError
 
     try:
-        ctx.check(word, list(prompts), MAX_CONTEXT_CHARS)  # a bad word or prompt says so before a model is opened
+        ctx.check(word, list(prompts), MAX_CONTEXT_CHARS, control)  # a bad word or prompt says so before a model opens
     except TextError as e:
         fail(str(e))
     model, _ = resolve_model(model)
     with clear_errors(), open_model(engine, model, backend, data_dir, backend_settings) as opened:
+        counts = token_counts.for_model(model, opened.config.n_vocab)
         try:
-            got = ctx.contexts(opened.products, opened.config, word, list(prompts), k=1)  # the lens's top-1
+            got = ctx.contexts(opened.products, opened.config, word, list(prompts), 1, control, counts)  # lens top-1
         except TextError as e:
             fail(str(e))
     if as_json:
@@ -210,20 +217,32 @@ def contexts(word, prompts, model, engine, backend, backend_settings, data_dir, 
 
 def render_contexts(got: dict) -> None:
     """The text output: where the word is, then a line a layer: the cosine of each pair of
-    contexts and each context's lens top-1."""
+    contexts (and the control's) and each context's lens top-1; then the reading and the notes."""
     n, word = len(got["contexts"]), got["word"]["text"]
+    r = got["rarity"]
+    seen = "" if r["count"] is None else f", seen {r['count']:,} times in training" + (" (rare)" if r["rare"] else "")
+    click.echo(f"{word!r}: token {got['word_id']}{seen}")
     for i, c in enumerate(got["contexts"], 1):
         click.echo(f"{i}: {c['prompt']!r}: {word!r} at position {c['position']}")
+    control = got["control"]
+    if control:
+        click.echo(f"control: {control['prompt']!r}: {word!r} at position {control['position']}, read against 1")
     pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
-    click.echo("layer   " + "  ".join(f"cos {a + 1}-{b + 1}" for a, b in pairs) + "   lens top-1 of each")
+    click.echo("layer   " + "  ".join(f"cos {a + 1}-{b + 1}" for a, b in pairs) + ("  cos 1-C" if control else "")
+               + "   lens top-1 of each")
     last = len(got["layers"]) - 1
     for e in got["layers"]:
         name = "ln_f" if e["layer"] == last else str(e["layer"])
-        cos = "  ".join(f"{e['cosine'][a][b]:7.4f}" for a, b in pairs)
+        cos = "  ".join(f"{e['cosine'][a][b]:7.4f}" for a, b in pairs) + (f"  {e['control']:7.4f}" if control else "")
         tops = " | ".join(repr(tokenizer.token_text(t)) for t in e["lens"])
         click.echo(f"{name:>5}   {cos}   {tops}")
+    for line in got["reading"]:
+        click.echo(line)
+    for note in (r["note"], got["lens_note"]):
+        if note:
+            click.echo(f"note: {note}")
     reqs = got["requests"]
-    cost = (f"{len(reqs)} requests, {sum(r.round_trips for r in reqs)} round trips" if reqs
+    cost = (f"{len(reqs)} requests, {sum(q.round_trips for q in reqs)} round trips" if reqs
             else "the numpy reference: no searches")
     click.echo(f"[layer l < {last}: the residual entering block l; ln_f: entering ln_f | {cost}]", err=True)
 

@@ -2,8 +2,8 @@
 the path of a text's token through the layers). Each is a fetch and a search or two on
 products of its own, counted in the response's ``requests``. The next token of a text's
 position found exactly and through the approximate index, side by side (``output_search.py``).
-And a word in two or three contexts, layer by layer (``contexts.py``): a prefill and a lens search a prompt, each on
-products of its own."""
+And a word in two or three contexts and a control, layer by layer (``contexts.py``): a prefill and a lens search a
+prompt, each on products of its own."""
 
 from __future__ import annotations
 
@@ -83,7 +83,10 @@ def output_search_view(body: OutputSearchBody, texts: TextsDep) -> dict:
 @router.post("/contexts", response_model=responses.Contexts, operation_id="compareContexts",
              summary="One word in 2 or 3 contexts, layer by layer", responses=VIEW)
 def contexts_view(body: ContextsBody, engine: EngineDep) -> dict:
-    """One word in 2 or 3 prompts: per layer the cosine between its vectors, each context's
-    lens, and its attention; what ``puffergpt contexts`` computes, with the page's extras."""
-    got = contexts.contexts(engine.open, engine.config, body.word, list(body.prompts), body.k)
+    """One word in 2 or 3 prompts, and a control prompt where it means what it does in the first:
+    per layer the cosine between its vectors (the control pair's beside them), each context's
+    lens, and its attention; the word's training count, and the lines read in words; what
+    ``puffergpt contexts`` computes, with the page's extras."""
+    got = contexts.contexts(engine.open, engine.config, body.word, list(body.prompts), body.k, body.control,
+                            engine.token_counts)
     return view_json(got, got["requests"])
