@@ -23,9 +23,9 @@ from unittest import mock
 from puffergpt.app.completion import complete
 from puffergpt.model import checkpoints, tokenizer
 from puffergpt.model.sampling import Sampling
-from puffergpt.search import loading
+from puffergpt.search import load, manifest
 from puffergpt.search.engine import Engine
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.stores import open_store
 
 PROMPT = "The quick brown fox jumps over the lazy dog"
@@ -48,8 +48,8 @@ def main() -> None:
     ckpt = checkpoints.load("demo")
     store = open_store("embedded", tempfile.mkdtemp(prefix="puffergpt-bench-"))
     try:
-        key = loading.model_key(ckpt.name)
-        loading.load(store, ckpt, key, progress=False)
+        key = manifest.model_key(ckpt.name)
+        load.load(store, ckpt, key, progress=False)
         eng, ids, s = open_engine(store, ckpt.name, key), tokenizer.encode(PROMPT), Sampling(0, ckpt.config.n_vocab)
         before = mock.patch.object(Sampling, "search_k", lambda self, keep: self.top_k)
         arms = {"kept": (s, False, None), "whole (before)": (s, False, before), "logprobs": (s, True, None)}

@@ -21,8 +21,8 @@ import numpy as np
 
 from puffergpt.model import checkpoints
 from puffergpt.model.sampling import Sampling
-from puffergpt.search import loading
-from puffergpt.search.loading import open_engine
+from puffergpt.search import load, manifest
+from puffergpt.search.manifest import open_engine
 from puffergpt.stores import open_store
 from puffergpt.texts.text import Text
 
@@ -38,8 +38,8 @@ def main() -> None:
     a = ap.parse_args()
     ckpt = checkpoints.load(a.model)
     store = open_store("embedded", a.data or tempfile.mkdtemp(prefix="puffergpt-profile-"))
-    key = loading.model_key(a.model)
-    loading.load(store, ckpt, key)
+    key = manifest.model_key(a.model)
+    load.load(store, ckpt, key)
     text = Text(open_engine(store, a.model, key).open())
     if a.prefill:
         text.append([int(t) for t in np.random.default_rng(a.prefill).integers(0, 50000, a.prefill)])

@@ -31,7 +31,7 @@ from cluster import Cluster  # noqa: E402  (the tests' helper: the same processe
 from puffergpt.bench import clients as bc  # noqa: E402
 from puffergpt.model import checkpoints, tokenizer  # noqa: E402
 from puffergpt.model.reference import Reference  # noqa: E402
-from puffergpt.search import loading
+from puffergpt.search import load, manifest
 from puffergpt.stores import pglocal  # noqa: E402
 from puffergpt.stores.pgvector import PgvectorStore  # noqa: E402
 
@@ -106,7 +106,7 @@ def main() -> None:
         try:
             ckpt = checkpoints.load(a.model)
             store = PgvectorStore(local.dsn)
-            loading.load(store, ckpt, loading.model_key(a.model))
+            load.load(store, ckpt, manifest.model_key(a.model))
             store.close()
             args = ["--model", a.model, "--backend", "pgvector", "--dsn", local.dsn, "--max-texts", "64"]
             with Cluster(Path(tmp), args, n=a.servers) as c:

@@ -17,8 +17,8 @@ import argparse
 import time
 
 from puffergpt.model import checkpoints
-from puffergpt.search import loading
-from puffergpt.search.loading import open_engine
+from puffergpt.search import load, manifest, verify
+from puffergpt.search.manifest import open_engine
 from puffergpt.stores import open_store
 
 
@@ -33,16 +33,16 @@ def main() -> None:
     ap.add_argument("--model", default="demo")
     ap.add_argument("--data", required=True)
     a = ap.parse_args()
-    key = loading.model_key(a.model)
+    key = manifest.model_key(a.model)
     store = open_store("embedded", a.data)
     try:
-        loading.load(store, checkpoints.load(a.model), key)
-        m = loading.read_manifest(store, key, a.model)
-        full, _ = timed(lambda: loading.check_on_open(store, key, a.model, m, force=True))
-        stamped, same = timed(lambda: loading._unchanged_since_verified(store, key, m))
+        load.load(store, checkpoints.load(a.model), key)
+        m = manifest.read_manifest(store, key, a.model)
+        full, _ = timed(lambda: verify.check_on_open(store, key, a.model, m, force=True))
+        stamped, same = timed(lambda: verify.unchanged_since_verified(store, key, m))
         open_engine(store, a.model).open().session.close()  # a start: the shards opened and closed
         store.release(list(m["namespaces"]))
-        after, same2 = timed(lambda: loading._unchanged_since_verified(store, key, m))
+        after, same2 = timed(lambda: verify.unchanged_since_verified(store, key, m))
         files = store.stamp(list(m["namespaces"]))
     finally:
         store.close()

@@ -50,9 +50,9 @@ from puffergpt import notebook as nb
 from puffergpt.model import checkpoints, tokenizer
 from puffergpt.model.reference import NumpyWeights
 from puffergpt.model.session import Run
-from puffergpt.search import loading
+from puffergpt.search import load, manifest
 from puffergpt.search.engine import Engine
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import server
 from puffergpt.stores import open_store
@@ -306,7 +306,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="puffergpt-probe-"))
     ckpt = checkpoints.load(str(checkpoints.make_model(tmp / "tiny", "tiny", 0)))
     store = open_store("embedded", tmp / "data")
-    loading.load(store, ckpt, loading.model_key(ckpt.name), progress=False)
+    load.load(store, ckpt, manifest.model_key(ckpt.name), progress=False)
     engine = open_engine(store, ckpt.name)
     book = nb.Notebook(tmp / "notebook")
     (tmp / "outside").mkdir()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from puffergpt.model import checkpoints
-from puffergpt.search import loading
+from puffergpt.search import load, manifest
 from puffergpt.stores import open_store
 
 
@@ -56,8 +56,8 @@ def loaded(tmp_path_factory):
         k = (ckpt.name, metric)
         if k not in made:
             store = open_store("embedded", tmp_path_factory.mktemp(f"store-{metric}"))
-            key = loading.model_key(ckpt.name)
-            loading.load(store, ckpt, key, metric=metric, progress=False)
+            key = manifest.model_key(ckpt.name)
+            load.load(store, ckpt, key, metric=metric, progress=False)
             made[k] = (store, key)
         return made[k]
 
@@ -74,9 +74,9 @@ def indexed(tmp_path_factory, demo):
     (``puffergpt load --output-index``), in an embedded store of its own, made once per session."""
     data = tmp_path_factory.mktemp("indexed")
     store = open_store("embedded", data)
-    key = loading.model_key(demo.name)
-    loading.load(store, demo, key, progress=False)
-    loading.build_output_index(store, key, demo.name, progress=False)
+    key = manifest.model_key(demo.name)
+    load.load(store, demo, key, progress=False)
+    load.build_output_index(store, key, demo.name, progress=False)
     yield store, key, data
     store.close()
 

@@ -121,7 +121,7 @@ def open_run_for(kind: str, loaded, ckpt):
     (``loaded``, the conftest fixture); anything else ("numpy", "reference"), numpy."""
     from puffergpt.model.reference import NumpyWeights
     from puffergpt.model.session import Run
-    from puffergpt.search.loading import open_engine
+    from puffergpt.search.manifest import open_engine
 
     if kind != "search":
         return lambda: Run(NumpyWeights(ckpt))

@@ -18,7 +18,7 @@ from puffergpt.model import tokenizer
 from puffergpt.model.reference import Ablation, Cache, NumpyWeights, forward
 from puffergpt.model.sampling import Sampling
 from puffergpt.search.engine import requests_per_token
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from test_demo_model import COPY_HEAD, COPY_LAYER, COPY_PROMPT
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")

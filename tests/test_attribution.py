@@ -15,7 +15,7 @@ from puffergpt.model import tokenizer
 from puffergpt.model.reference import NumpyWeights
 from puffergpt.model.sampling import Sampling
 from puffergpt.model.session import Run
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.texts.text import Text, TextError
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from puffergpt import notebook as nb
 from puffergpt.cli import main
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.guards.auth import check_exposure
 

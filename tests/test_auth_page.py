@@ -15,7 +15,7 @@ import httpx
 import pytest
 from playwright.sync_api import expect
 
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 from test_cross_site_page import static_origin

@@ -19,7 +19,7 @@ from puffergpt.model import tokenizer
 from puffergpt.model.reference import NumpyWeights, Reference
 from puffergpt.model.sampling import Sampling
 from puffergpt.model.session import Run
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 from puffergpt.texts.text import opened

@@ -97,7 +97,11 @@ def test_generate_json_contract(engine_data, cli_ckpt):
         assert isinstance(t["requests"], int) and isinstance(t["ms"], (int, float)) and t["ms"] >= 0
         c = t["candidates"]
         assert len(c) == k
-        assert all(set(x) == {"token_id", "text", "logit", "prob"} for x in c)
+        assert all(set(x) == {"token_id", "text", "logit", "prob", "p_all", "p_all_t"} for x in c)
+        # p_all: over the whole vocabulary (transformers' in test_writes.py): at most the top k's share of 1,
+        # and the sampler's prob is it renormalised over the top k
+        p_all = np.array([x["p_all"] for x in c])
+        assert 0 < p_all.sum() <= 1 + 1e-9 and np.allclose(p_all / p_all.sum(), [x["prob"] for x in c])
         assert all(x["text"] == tokenizer.token_text(x["token_id"]) for x in c)
         assert len({x["token_id"] for x in c}) == k
         logits = [x["logit"] for x in c]

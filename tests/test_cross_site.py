@@ -26,7 +26,7 @@ from puffergpt.model import tokenizer
 from puffergpt.model.reference import NumpyWeights
 from puffergpt.model.session import Run
 from puffergpt.search.engine import Engine
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 from puffergpt.server.guards.cross_site import check_origin
@@ -46,6 +46,8 @@ ROUTES = [
     ("POST", "/api/texts/{id}/branch", {"position": 1, "rank": 1}),
     ("POST", "/api/texts/{id}/stop", {}),
     ("POST", "/api/texts/{id}/steps/3/ablate", {"parts": ["mlp 0"], "mode": "mean"}),
+    ("POST", "/api/texts/{id}/steps/3/probabilities", {}),
+    ("POST", "/api/texts/{id}/steps/3/writes", {"head": "0.0"}),
     ("DELETE", "/api/texts/{id}", {}),
     ("POST", "/api/compare", {"prompt": "hello", "top_k": 5}),
     ("POST", "/api/analogy", {"a": " man", "b": " woman", "c": " king", "k": 3}),
@@ -53,6 +55,9 @@ ROUTES = [
     ("POST", "/api/neighbours", {"word": " man", "k": 3}),
     ("POST", "/api/map", {"words": [" man", " woman"]}),
     ("POST", "/api/contexts", {"word": " mole", "prompts": ["a mole", "the mole"]}),
+    ("POST", "/api/patching/propose", {"clean": "a = 7", "corrupt": "a = 5"}),
+    ("POST", "/api/patching", {"clean": "a = 7", "corrupt": "a = 5", "answer": " 7", "wrong": " 5"}),
+    ("POST", "/api/lessons/copying-head/run", {}),
     ("POST", "/api/output_search", {"text_id": "text-0123456789abcdef", "position": 1}),
     ("POST", "/api/insights", {"title": "forged", "body": "from elsewhere"}),
     ("POST", "/api/insights/push", {}),
@@ -174,7 +179,7 @@ def test_every_route_that_changes_state_or_costs_work_is_listed(served):
     """The list above is every route the app answers to a POST, PUT, PATCH or DELETE: a new one
     is checked here the day it is added."""
     def template(path: str) -> str:
-        path = re.sub(r"/steps/[0-9]+/", "/steps/{position}/", path)
+        path = re.sub(r"/steps/[0-9]+/", "/steps/{position}/", path).replace("/copying-head/", "/{lesson_id}/")
         return path.replace("{id}", "{text_id}").replace("{insight}", "{insight_id}")
 
     listed = {(m, template(p)) for m, p, _ in ROUTES}

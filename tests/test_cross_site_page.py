@@ -22,7 +22,7 @@ import pytest
 from puffergpt import notebook as nb
 from puffergpt.model.reference import NumpyWeights
 from puffergpt.model.session import Run
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 from test_cross_site import STORE_CALLS, Served, evidence

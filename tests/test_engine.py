@@ -8,7 +8,7 @@ from puffergpt.model import tokenizer
 from puffergpt.model.reference import Reference
 from puffergpt.model.sampling import Sampling
 from puffergpt.search.engine import Engine
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.stores.base import StoreError
 from puffergpt.texts.text import Text
 
@@ -131,12 +131,12 @@ def test_a_text_that_fails_to_open_leaves_no_namespace(loaded, tiny, monkeypatch
 def test_texts_made_ready_open_on_spare_shards_and_still_equal_numpy(tmp_path, tiny):
     """ready_texts(n) on the embedded store leaves n emptied key shards; the next texts open on
     them (no shard made), see none of the earlier keys, and give numpy's tokens."""
-    from puffergpt.search import loading
+    from puffergpt.search import load
     from puffergpt.stores import open_store
 
     store = open_store("embedded", tmp_path)
     try:
-        loading.load(store, tiny, "tiny", progress=False)
+        load.load(store, tiny, "tiny", progress=False)
         engine = open_engine(store, tiny.name, "tiny")
         assert engine.ready_texts(3) == 3 and len(store.texts._spare) == 3  # a text's keys: Qdrant Edge
         spare_dirs = {sp.dir for sp in store.texts._spare}

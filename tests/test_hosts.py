@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from fastapi.testclient import TestClient
 
 from puffergpt.cli import main
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.guards.hosts import trusted_hosts
 

@@ -13,9 +13,9 @@ from puffergpt.model import checkpoints, tokenizer
 from puffergpt.model.checkpoints import GPT2Config
 from puffergpt.model.reference import Reference
 from puffergpt.model.sampling import Sampling
-from puffergpt.search import loading
+from puffergpt.search import load, manifest
 from puffergpt.search.engine import round_trips_per_token
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.stores import open_store
 from puffergpt.texts.text import Text, TextError
 
@@ -205,8 +205,8 @@ def test_a_decode_step_is_at_most_62_round_trips_at_gpt2_depth(tmp_path):
     ckpt = checkpoints.load(str(path))
     store = open_store("embedded", tmp_path / "data")
     try:
-        key = loading.model_key(ckpt.name)
-        loading.load(store, ckpt, key, progress=False)
+        key = manifest.model_key(ckpt.name)
+        load.load(store, ckpt, key, progress=False)
         t = Text(open_engine(store, ckpt.name, key).open())
         t.append(tokenizer.encode(PROMPTS[0]))
         steps = list(t.generate(4, Sampling(0, 40)))
@@ -250,9 +250,8 @@ def test_decided_layer_is_where_the_final_top1_stays():
 def test_decided_layer_on_a_real_prompt_where_the_readings_differ(loaded, hf, demo):
     """Demo model, "A cat" -> next token: the lens's top-1 at layer 2 already is the final
     top-1 (","), layer 3's is not ("'s"), the last is again. Checked against transformers' lens,
-    through the search engine, the server's inspect JSON and the CLI's line."""
-    from puffergpt.cli.ask import step_line
-    from puffergpt.server.playground.render import inspect_json, step_inspect_json
+    through the search engine, the protocol's inspect JSON and the CLI's line."""
+    from puffergpt.app.protocol import inspect_json, step_inspect_json, step_line
 
     ids = tokenizer.encode("A cat")
     _, want_lens = hf_inside(hf(demo), ids)
@@ -295,8 +294,8 @@ def twins(tmp_path_factory, tiny):
     path = checkpoints.save_dir(tmp_path_factory.mktemp("twins") / "twins", tiny.config, params)
     ckpt = checkpoints.load(str(path))
     store = open_store("embedded", tmp_path_factory.mktemp("twins-store"))
-    key = loading.model_key(ckpt.name)
-    m = loading.load(store, ckpt, key, progress=False)
+    key = manifest.model_key(ckpt.name)
+    m = load.load(store, ckpt, key, progress=False)
     yield ckpt, store, key, m, set(twins) | {5000}
     store.close()
 
@@ -346,8 +345,8 @@ def test_a_store_from_an_older_version_says_untrained_rows_are_unknown(tmp_path,
     command; that command records them."""
     store = open_store("embedded", tmp_path / "old")
     try:
-        key = loading.model_key(tiny.name)
-        m = loading.load(store, tiny, key, progress=False)
+        key = manifest.model_key(tiny.name)
+        m = load.load(store, tiny, key, progress=False)
         del m["untrained"]
         store.put_meta(f"manifest:{key}", m)
         run = open_engine(store, tiny.name, key).views()
@@ -359,7 +358,7 @@ def test_a_store_from_an_older_version_says_untrained_rows_are_unknown(tmp_path,
             assert got["points"][0]["untrained"] is None
         finally:
             run.session.close()
-        assert loading.load(store, tiny, key, progress=False)["untrained"] == []
+        assert load.load(store, tiny, key, progress=False)["untrained"] == []
         assert open_engine(store, tiny.name, key).untrained == frozenset()
     finally:
         store.close()

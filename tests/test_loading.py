@@ -4,9 +4,9 @@ import pytest
 
 from puffergpt.model import checkpoints
 from puffergpt.model.checkpoints import expected_shapes
-from puffergpt.search import loading
+from puffergpt.search import load, manifest, verify
 from puffergpt.search.documents import ENCODING_VERSION
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.stores import open_store
 from puffergpt.stores.base import StoreError
 
@@ -26,25 +26,25 @@ def store(tmp_path):
 
 
 def test_load_writes_every_row_once(store, tiny):
-    m = loading.load(store, tiny, "tiny", progress=False)
+    m = load.load(store, tiny, "tiny", progress=False)
     c = tiny.config
     assert m["complete"] and m["version"] == ENCODING_VERSION and m["metric"] == "inner_product"
     assert m["documents"] == expected_documents(c) == sum(store.count(ns) for ns in store.namespaces("tiny."))
     assert set(m["namespaces"]) == {f"tiny.{c.n_embd}", f"tiny.{4 * c.n_embd}"}
     assert m["matrices"]["h.1.mlp.c_fc"]["rows"] == 4 * c.n_embd
-    assert m["weights_sha256"] == loading.weights_digest(tiny)
-    assert loading.verify(store, m) == {}
+    assert m["weights_sha256"] == load.weights_digest(tiny)
+    assert verify.verify(store, m) == {}
 
 
 def test_load_is_idempotent(store, tiny):
-    m1 = loading.load(store, tiny, "tiny", progress=False)
-    m2 = loading.load(store, tiny, "tiny", progress=False)
+    m1 = load.load(store, tiny, "tiny", progress=False)
+    m2 = load.load(store, tiny, "tiny", progress=False)
     assert m1 == m2 and sum(store.count(ns) for ns in store.namespaces("tiny.")) == m1["documents"]
 
 
 def test_interrupted_load_resumes_to_the_same_manifest(tmp_path, tiny):
     clean = open_store("embedded", tmp_path / "clean")
-    want = loading.load(clean, tiny, "tiny", progress=False)
+    want = load.load(clean, tiny, "tiny", progress=False)
     store = open_store("embedded", tmp_path / "broken")
     batches = iter(range(100))
 
@@ -53,41 +53,41 @@ def test_interrupted_load_resumes_to_the_same_manifest(tmp_path, tiny):
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        loading.load(store, tiny, "tiny", progress=False, interrupt=stop_after_ten)
-    with pytest.raises(loading.NotLoaded, match="did not finish.*puffergpt load"):
+        load.load(store, tiny, "tiny", progress=False, interrupt=stop_after_ten)
+    with pytest.raises(manifest.NotLoaded, match="did not finish.*puffergpt load"):
         open_engine(store, "tiny")
-    got = loading.load(store, tiny, "tiny", progress=False)
+    got = load.load(store, tiny, "tiny", progress=False)
     assert got == want
     assert {ns: store.count(ns) for ns in store.namespaces("tiny.")} == want["namespaces"]  # no duplicates, no gaps
 
 
 def test_a_removed_document_is_detected_and_named(store, tiny):
-    m = loading.load(store, tiny, "tiny", progress=False)
+    m = load.load(store, tiny, "tiny", progress=False)
     ns = m["matrices"]["h.1.mlp.c_fc"]["namespace"]
     store.delete(ns, (("matrix", "=", "h.1.mlp.c_fc"), ("row", "=", 7)))
-    with pytest.raises(loading.NotLoaded, match=f"namespace {ns} holds .*puffergpt load"):
+    with pytest.raises(manifest.NotLoaded, match=f"namespace {ns} holds .*puffergpt load"):
         open_engine(store, "tiny")
-    assert loading.verify(store, m) == {"h.1.mlp.c_fc": "255 documents stored, 256 expected"}
-    loading.load(store, tiny, "tiny", progress=False)  # load repairs it
-    assert loading.verify(store, m) == {}
+    assert verify.verify(store, m) == {"h.1.mlp.c_fc": "255 documents stored, 256 expected"}
+    load.load(store, tiny, "tiny", progress=False)  # load repairs it
+    assert verify.verify(store, m) == {}
 
 
 def test_an_altered_document_is_detected_and_named(store, tiny):
-    m = loading.load(store, tiny, "tiny", progress=False)
+    m = load.load(store, tiny, "tiny", progress=False)
     ns = m["matrices"]["h.0.attn.c_attn"]["namespace"]
     v = store.fetch(ns, ["h.0.attn.c_attn.5"])
     store.upsert(ns, ["h.0.attn.c_attn.5"], v + 1e-3, {"matrix": ["h.0.attn.c_attn"], "row": [5],
-                                                        "norm2": loading.row_norm2(v + 1e-3, 64)})
-    bad = loading.verify(store, m)
+                                                        "norm2": verify.row_norm2(v + 1e-3, 64)})
+    bad = verify.verify(store, m)
     assert list(bad) == ["h.0.attn.c_attn"] and "altered" in bad["h.0.attn.c_attn"]
     with pytest.raises(
-        loading.StoreDamaged, match=r"h\.0\.attn\.c_attn: .*altered.*\n.*puffergpt load --model tiny .*--repair"
+        verify.StoreDamaged, match=r"h\.0\.attn\.c_attn: .*altered.*\n.*puffergpt load --model tiny .*--repair"
     ):
         open_engine(store, "tiny", verify=True)  # as serve and generate open it
     # The counts look right, but the files changed since they were verified: a plain load reads
     # every document back and rewrites what differs.
-    assert loading.load(store, tiny, "tiny", progress=False) == m
-    assert loading.verify(store, m) == {}
+    assert load.load(store, tiny, "tiny", progress=False) == m
+    assert verify.verify(store, m) == {}
     assert open_engine(store, "tiny", verify=True).manifest == m
 
 
@@ -96,19 +96,19 @@ def test_an_altered_attribute_is_detected_and_repaired(store, tiny, attr):
     """The check covers what a search returns and the engine uses, not only the vectors:
     a document whose row number changed would put its output in another row's place."""
     from puffergpt.model.sampling import Sampling
-    from puffergpt.search.loading import open_engine
+    from puffergpt.search.manifest import open_engine
     from puffergpt.texts.text import Text
 
-    m = loading.load(store, tiny, "tiny", progress=False)
+    m = load.load(store, tiny, "tiny", progress=False)
     ns, name = m["matrices"]["h.0.mlp.c_fc"]["namespace"], "h.0.mlp.c_fc"
     v = store.fetch(ns, [f"{name}.5"])
-    attrs = {"matrix": [name], "row": [5], "norm2": loading.row_norm2(v, 64)}
+    attrs = {"matrix": [name], "row": [5], "norm2": verify.row_norm2(v, 64)}
     attrs[attr] = [6] if attr == "row" else [123.0]
     store.upsert(ns, [f"{name}.5"], v, attrs)
-    bad = loading.verify(store, m)
+    bad = verify.verify(store, m)
     assert list(bad) == [name] and "altered attribute" in bad[name], bad
-    loading.load(store, tiny, "tiny", progress=False, repair=True)
-    assert loading.verify(store, m) == {}
+    load.load(store, tiny, "tiny", progress=False, repair=True)
+    assert verify.verify(store, m) == {}
     t = Text(open_engine(store, "tiny").open())  # and the engine reads the repaired matrix right
     t.append([1, 2, 3])
     ref = __import__("puffergpt.model.reference", fromlist=["Reference"]).Reference(tiny).greedy([1, 2, 3], 4)
@@ -117,45 +117,45 @@ def test_an_altered_attribute_is_detected_and_repaired(store, tiny, attr):
 
 
 def test_engine_refuses_missing_or_old_stores(store, tiny):
-    with pytest.raises(loading.NotLoaded, match="not loaded.*puffergpt load --model tiny"):
+    with pytest.raises(manifest.NotLoaded, match="not loaded.*puffergpt load --model tiny"):
         open_engine(store, "tiny")
-    m = loading.load(store, tiny, "tiny", progress=False)
+    m = load.load(store, tiny, "tiny", progress=False)
     store.put_meta("manifest:tiny", {**m, "version": ENCODING_VERSION - 1})
-    with pytest.raises(loading.NotLoaded, match="encoding version .*puffergpt load"):
+    with pytest.raises(manifest.NotLoaded, match="encoding version .*puffergpt load"):
         open_engine(store, "tiny")
 
 
 def test_two_models_side_by_side(tmp_path, store, tiny):
     other = checkpoints.load(str(checkpoints.make_model(tmp_path / "other", "tiny", seed=1)))
-    loading.load(store, tiny, "tiny", progress=False)
-    loading.load(store, other, "other", progress=False)
+    load.load(store, tiny, "tiny", progress=False)
+    load.load(store, other, "other", progress=False)
     tiny_sha, other_sha = (open_engine(store, k).manifest["weights_sha256"] for k in ("tiny", "other"))
     assert tiny_sha != other_sha
-    assert loading.verify(store, open_engine(store, "tiny").manifest) == {}
+    assert verify.verify(store, open_engine(store, "tiny").manifest) == {}
 
 
 def test_a_changed_checkpoint_is_reloaded(tmp_path, store, tiny):
-    loading.load(store, tiny, "tiny", progress=False)
+    load.load(store, tiny, "tiny", progress=False)
     other = checkpoints.load(str(checkpoints.make_model(tmp_path / "other", "tiny", seed=1)))
-    m = loading.load(store, other, "tiny", progress=False)
-    assert m["weights_sha256"] == loading.weights_digest(other)
-    assert loading.verify(store, m) == {}
+    m = load.load(store, other, "tiny", progress=False)
+    assert m["weights_sha256"] == load.weights_digest(other)
+    assert verify.verify(store, m) == {}
 
 
 def test_a_metric_the_store_lacks(store, tiny):
     store.metrics = ("inner_product",)  # a store with fewer metrics
     with pytest.raises(StoreError, match="no exact 'cosine_distance' search"):
-        loading.load(store, tiny, "tiny", metric="cosine_distance", progress=False)
+        load.load(store, tiny, "tiny", metric="cosine_distance", progress=False)
     assert store.namespaces() == []
 
 
 def test_a_document_of_no_matrix_is_counted(store, tiny):
     """A namespace holding more than its matrices' rows (a document of no matrix, which no
     matrix's check sees) fails verify, named by namespace."""
-    m = loading.load(store, tiny, "tiny", progress=False)
+    m = load.load(store, tiny, "tiny", progress=False)
     ns = m["matrices"]["wte"]["namespace"]
     store.upsert(ns, ["stray.0"], store.fetch(ns, ["wte.0"]), {"matrix": ["stray"], "row": [0], "norm2": [0.0]})
-    assert loading.verify(store, m) == {f"namespace {ns}": f"it holds {m['namespaces'][ns] + 1:,} documents, "
+    assert verify.verify(store, m) == {f"namespace {ns}": f"it holds {m['namespaces'][ns] + 1:,} documents, "
                                                           f"the manifest says {m['namespaces'][ns]:,}"}
 
 
@@ -169,13 +169,13 @@ def test_a_verified_store_is_not_read_again_until_its_files_change(tmp_path, tin
     from helpers import flip_exponents, vector_file
 
     store = open_store("embedded", tmp_path)
-    m = loading.load(store, tiny, "tiny", progress=False)  # which reads every document back: stamped
+    m = load.load(store, tiny, "tiny", progress=False)  # which reads every document back: stamped
     ns = m["matrices"]["h.0.attn.c_attn"]["namespace"]
     path, at = vector_file(tmp_path, ns, store.fetch(ns, ["h.0.attn.c_attn.0"])[0])
     store.close()
     reads = []
-    real = loading.check
-    monkeypatch.setattr(loading, "check", lambda *a, **k: reads.append(1) or real(*a, **k))
+    real = verify.check
+    monkeypatch.setattr(verify, "check", lambda *a, **k: reads.append(1) or real(*a, **k))
 
     def opened() -> int:
         reads.clear()
@@ -191,7 +191,7 @@ def test_a_verified_store_is_not_read_again_until_its_files_change(tmp_path, tin
     assert opened() == 0  # a new mtime alone: its bytes are those verified
     before = path.read_bytes()
     flip_exponents(path, at)  # h.0.attn.c_attn's first 64 numbers doubled or halved, the mtime as it was
-    with pytest.raises(loading.StoreDamaged, match=r"h\.0\.attn\.c_attn: .*altered.*\n.*puffergpt load .*--repair"):
+    with pytest.raises(verify.StoreDamaged, match=r"h\.0\.attn\.c_attn: .*altered.*\n.*puffergpt load .*--repair"):
         opened()
     assert reads == [1]
     path.write_bytes(before)  # put back: byte for byte what was verified, so not read

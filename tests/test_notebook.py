@@ -26,7 +26,7 @@ from puffergpt.model.reference import NumpyWeights, Reference
 from puffergpt.model.sampling import Sampling
 from puffergpt.model.session import Run
 from puffergpt.notebook import GitError, InsightNotFound, InvalidInsight, Notebook, NotebookError
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import errors
 from puffergpt.server.playground.notebook import notebook_router
 from puffergpt.texts.text import Text, opened
@@ -628,12 +628,12 @@ def test_cli_list_show_replay_push(tmp_path, engine_evidence, tiny_dir):
 
 
 def test_cli_replay_on_the_search_engine(tmp_path, tiny, tiny_dir, evidence):
-    from puffergpt.search import loading
+    from puffergpt.search import load, manifest
     from puffergpt.stores import open_store
 
     data = tmp_path / "data"
     store = open_store("embedded", data)
-    loading.load(store, tiny, loading.model_key(str(tiny_dir)), progress=False)
+    load.load(store, tiny, manifest.model_key(str(tiny_dir)), progress=False)
     store.close()
     ins = Notebook(data / "notebook").save("On the store", "", [], evidence)  # made on numpy, replayed on searches
     r = run("replay", ins.id, "--data", str(data), "--engine", "search", "--json")

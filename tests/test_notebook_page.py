@@ -24,7 +24,7 @@ from puffergpt import notebook as nb
 from puffergpt.model.reference import NumpyWeights
 from puffergpt.model.session import Run
 from puffergpt.notebook import Notebook
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import create_app
 from puffergpt.server.app import serving
 from test_playground import ARTIFACTS, TIMEOUT_MS, Watched, browser, generate, generated, open_page, shot  # noqa: F401  (browser: a fixture)

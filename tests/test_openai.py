@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 
 from puffergpt.model import tokenizer
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.openai.protocol import ChatResponse, CompletionResponse, ModelList
 from puffergpt.server.openai.tokenize import DetokenizeResponse, TokenizeResponse

@@ -35,7 +35,7 @@ from puffergpt import notebook as nb
 from puffergpt.cli import main
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import Reference
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
 

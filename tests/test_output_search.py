@@ -14,7 +14,7 @@ from starlette.testclient import TestClient
 from puffergpt.cli import main
 from puffergpt.lens import output_search
 from puffergpt.model import tokenizer
-from puffergpt.search import loading
+from puffergpt.search import manifest
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.stores import open_store
 from puffergpt.stores.base import NoIndex
@@ -31,7 +31,7 @@ def positions(demo):
 
 def test_exact_is_the_default_and_unchanged(indexed, demo, positions):
     store, key, _ = indexed
-    engine = loading.open_engine(store, demo.name, key)
+    engine = manifest.open_engine(store, demo.name, key)
     assert engine.output_search == "exact"
     W = demo.params["wte.weight"].astype(np.float64)
     plain, asked = engine.open(), engine.open(output_search="exact")
@@ -53,7 +53,7 @@ def test_exact_is_the_default_and_unchanged(indexed, demo, positions):
 
 def test_approximate_candidates_are_tokens_with_their_true_logits(indexed, demo, positions):
     store, key, _ = indexed
-    engine = loading.open_engine(store, demo.name, key, output_search="approximate")
+    engine = manifest.open_engine(store, demo.name, key, output_search="approximate")
     W = demo.params["wte.weight"].astype(np.float64)
     run = engine.open()
     recalls, worst = [], 0.0
@@ -73,7 +73,7 @@ def test_approximate_candidates_are_tokens_with_their_true_logits(indexed, demo,
     assert worst < 1e-4, f"the approximate path's logits are off numpy's by {worst:.2e}"
     # recall is measured, not assumed: the bench's figure is the same computation, checked here
     mean = float(np.mean(recalls))
-    got = output_search.measure(loading.open_engine(store, demo.name, key).views().weights, positions)
+    got = output_search.measure(manifest.open_engine(store, demo.name, key).views().weights, positions)
     assert abs(got["recall"] - mean) < 1e-12 and got["positions"] == len(positions)
     assert 0 < mean <= 1 and got["greedy_changes"] == sum(
         output_search.compare(engine.views().weights, x)["same_greedy"] is False for x in positions)
@@ -84,19 +84,19 @@ def test_approximate_candidates_are_tokens_with_their_true_logits(indexed, demo,
 def test_a_store_without_the_index_says_which_command_builds_it(loaded, indexed, demo):
     store, key = loaded(demo)  # loaded, never indexed
     with pytest.raises(NoIndex, match=r"puffergpt load --model demo .*--output-index"):
-        loading.open_engine(store, demo.name, key, output_search="approximate")
-    engine = loading.open_engine(store, demo.name, key)
+        manifest.open_engine(store, demo.name, key, output_search="approximate")
+    engine = manifest.open_engine(store, demo.name, key)
     with pytest.raises(NoIndex, match="--output-index"):
         engine.open(output_search="approximate")
     with pytest.raises(ValueError, match="output_search must be one of exact, approximate"):
         engine.open(output_search="fast")
     # recorded in the manifest, gone from the store: said so, with the command that rebuilds it
     istore, ikey, data = indexed
-    assert 0 < loading.read_manifest(istore, ikey, demo.name)["indexes"]["wte"]["recall_at_build"] <= 1
+    assert 0 < manifest.read_manifest(istore, ikey, demo.name)["indexes"]["wte"]["recall_at_build"] <= 1
     (data / "zvec-index").rename(data / "moved")
     try:
         with pytest.raises(NoIndex, match=r"does not hold: run `puffergpt load --model demo .*--output-index"):
-            loading.open_engine(istore, demo.name, ikey, output_search="approximate")
+            manifest.open_engine(istore, demo.name, ikey, output_search="approximate")
     finally:
         (data / "moved").rename(data / "zvec-index")
     bad = CliRunner().invoke(main, ["generate", "Hello", "--output-search", "fast"])
@@ -108,7 +108,7 @@ def test_a_store_without_the_index_says_which_command_builds_it(loaded, indexed,
 
 def test_v1_output_search_is_validated_and_used(indexed, demo):
     store, key, _ = indexed
-    app = create_app(loading.open_engine(store, demo.name, key), ServerConfig())
+    app = create_app(manifest.open_engine(store, demo.name, key), ServerConfig())
     body = {"model": demo.name, "prompt": "The list", "max_tokens": 4, "temperature": 0}
     with TestClient(app) as client:
         bad = client.post("/v1/completions", json={**body, "output_search": "fast"})
@@ -127,7 +127,7 @@ def test_the_pages_setting_generates_through_the_index(indexed, loaded, demo):
     the index's; a bad value is a 422 naming it; a store without the index, a 400 naming the command."""
     store, key, _ = indexed
     W = demo.params["wte.weight"].astype(np.float64)
-    with TestClient(create_app(loading.open_engine(store, demo.name, key), ServerConfig())) as client:
+    with TestClient(create_app(manifest.open_engine(store, demo.name, key), ServerConfig())) as client:
         tid = client.post("/api/texts", json={"prompt": "The list of"}).json()["id"]
         bad = client.post(f"/api/texts/{tid}/generate", json={"max_tokens": 1, "output_search": "fast"})
         assert bad.status_code in (400, 422) and "output_search" in bad.text, bad.text
@@ -143,7 +143,7 @@ def test_the_pages_setting_generates_through_the_index(indexed, loaded, demo):
             want = W @ xs[s["position"] - 1]
             assert max(abs(v - want[t]) for t, v in got.items()) < 1e-4
     plain_store, plain_key = loaded(demo)
-    with TestClient(create_app(loading.open_engine(plain_store, demo.name, plain_key), ServerConfig())) as client:
+    with TestClient(create_app(manifest.open_engine(plain_store, demo.name, plain_key), ServerConfig())) as client:
         tid = client.post("/api/texts", json={"prompt": "The list of"}).json()["id"]
         r = client.post(f"/api/texts/{tid}/generate", json={"max_tokens": 1, "output_search": "approximate"})
         assert r.status_code == 400 and "--output-index" in r.text, r.text

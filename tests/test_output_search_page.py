@@ -14,7 +14,7 @@ from playwright.sync_api import expect
 from puffergpt.lens import output_search
 from puffergpt.model.reference import NumpyWeights
 from puffergpt.model.session import Run
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import create_app
 from puffergpt.server.app import serving
 from test_playground import browser, generate, generated, open_page, server, text_id  # noqa: F401

@@ -18,7 +18,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from puffergpt.model.reference import NumpyWeights
 from puffergpt.model.session import Run
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import create_app
 from puffergpt.server.app import serving
 
@@ -133,7 +133,9 @@ def test_generate_inspect_branch_step_back_and_temperature(page):
     expect(rows).to_have_count(40)
     expect(p.locator("#candidates tbody tr.chosen")).to_have_count(1)
     head = p.locator("#candidates thead").inner_text()
-    assert head.count("p at T=") == 2 and head.count("among these 40") == 2, head  # probabilities among the k
+    # the model's own over all tokens at T = 1 and at the slider's T, and the sampler's over the top k
+    assert head.count("p at T=") == 3 and head.count("over all 50,257 tokens") == 2, head
+    assert head.count("the sampler's, over the top 40") == 1, head
     # At T = 0 the best candidate took all the mass; the cumulative column ends at 100%.
     expect(rows.nth(0).locator(".p-t")).to_have_text("100%")
     expect(rows.nth(39).locator(".cum")).to_have_text("100%")
@@ -171,8 +173,9 @@ def test_generate_inspect_branch_step_back_and_temperature(page):
     expect(p.locator("#p-temp-head")).to_have_text("p at T=1.00")
     t1 = [rows.nth(i).locator(".p-t").inner_text() for i in range(5)]
     assert t1 != t0, (t0, t1)
-    # At T = 1 the slider's column equals the model's own column.
-    assert t1 == [rows.nth(i).locator(".p-t1").inner_text() for i in range(5)]
+    # At T = 1 the slider's column over all tokens equals the model's own column.
+    assert [rows.nth(i).locator(".p-all").inner_text() for i in range(5)] == \
+        [rows.nth(i).locator(".p-all1").inner_text() for i in range(5)]
     set_temperature(p, "1.5")
     t15 = [rows.nth(i).locator(".p-t").inner_text() for i in range(5)]
     assert t15 != t1

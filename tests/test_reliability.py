@@ -28,8 +28,8 @@ import pytest
 from puffergpt.model import checkpoints, tokenizer
 from puffergpt.model.reference import Reference
 from puffergpt.model.sampling import Sampling
-from puffergpt.search import loading
-from puffergpt.search.loading import open_engine
+from puffergpt.search import documents, load, manifest, verify
+from puffergpt.search.manifest import open_engine
 from puffergpt.search.scheduler import Scheduler
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import server
@@ -303,8 +303,8 @@ def test_the_tokenizer_routes_answer_every_error_in_openais_shape(served, method
 def damaged(tmp_path, tiny):
     """A store of its own holding the tiny model, to damage: (store, key, manifest)."""
     store = open_store("embedded", tmp_path / "store")
-    key = loading.model_key(tiny.name)
-    m = loading.load(store, tiny, key, progress=False)
+    key = manifest.model_key(tiny.name)
+    m = load.load(store, tiny, key, progress=False)
     yield store, key, m
     store.close()
 
@@ -316,16 +316,16 @@ def greedy_on(store, tiny, key, n: int = 4) -> list[int]:
 
 def test_a_dropped_namespace_is_named_refused_and_repaired(damaged, tiny):
     store, key, m = damaged
-    ns = loading.namespace(key, tiny.config.n_embd)
+    ns = documents.namespace(key, tiny.config.n_embd)
     store.drop_namespace(ns)
-    with pytest.raises(loading.NotLoaded,
+    with pytest.raises(manifest.NotLoaded,
                        match=rf"namespace {re.escape(ns)} is missing .*run `puffergpt load --model "):
         open_engine(store, tiny.name, key)
-    bad = loading.verify(store, m)  # every matrix of the namespace, by name, not a raw store error
+    bad = verify.verify(store, m)  # every matrix of the namespace, by name, not a raw store error
     assert set(bad) == {name for name, info in m["matrices"].items() if info["namespace"] == ns}
     assert all(f"namespace {ns} is missing" in why for why in bad.values()), bad
-    assert loading.load(store, tiny, key, progress=False) == m  # a plain load puts it back
-    assert loading.verify(store, m) == {}
+    assert load.load(store, tiny, key, progress=False) == m  # a plain load puts it back
+    assert verify.verify(store, m) == {}
     assert greedy_on(store, tiny, key) == Reference(tiny).greedy(tokenizer.encode(PROMPT), 4)
 
 
@@ -333,11 +333,11 @@ def test_a_missing_document_is_named_refused_and_repaired(damaged, tiny):
     store, key, m = damaged
     ns = m["matrices"]["wte"]["namespace"]
     store.delete(ns, (("matrix", "=", "wte"), ("row", "=", 17)))
-    with pytest.raises(loading.NotLoaded, match=rf"namespace {re.escape(ns)} holds .*run `puffergpt load --model "):
+    with pytest.raises(manifest.NotLoaded, match=rf"namespace {re.escape(ns)} holds .*run `puffergpt load --model "):
         open_engine(store, tiny.name, key)
-    assert list(loading.verify(store, m)) == ["wte"]
-    loading.load(store, tiny, key, progress=False, repair=True)
-    assert loading.verify(store, m) == {}
+    assert list(verify.verify(store, m)) == ["wte"]
+    load.load(store, tiny, key, progress=False, repair=True)
+    assert verify.verify(store, m) == {}
     assert greedy_on(store, tiny, key) == Reference(tiny).greedy(tokenizer.encode(PROMPT), 4)
 
 
@@ -351,11 +351,11 @@ def test_a_broken_manifest_names_the_repair(damaged, tiny, broken, monkeypatch):
         monkeypatch.setattr(store, "get_meta", lambda k: json.loads("{broken") if k == f"manifest:{key}" else real(k))
     else:
         store.put_meta(f"manifest:{key}", broken)
-    with pytest.raises(loading.NotLoaded,
+    with pytest.raises(manifest.NotLoaded,
                        match=r"manifest of model .* is broken .*`puffergpt load --model \S+ .*--repair`"):
         open_engine(store, tiny.name, key)
     monkeypatch.undo()
-    assert loading.load(store, tiny, key, progress=False, repair=True) == m
+    assert load.load(store, tiny, key, progress=False, repair=True) == m
     assert open_engine(store, tiny.name, key).manifest == m
 
 
@@ -364,13 +364,13 @@ def test_a_checkpoint_directory_of_any_name_loads(tmp_path, tiny_dir, tiny, name
     import shutil
 
     d = shutil.copytree(tiny_dir, tmp_path / name)
-    key = loading.model_key(str(d))
+    key = manifest.model_key(str(d))
     assert key.isascii() and key[0].isalnum(), key
-    assert key != loading.model_key(str(shutil.copytree(tiny_dir, tmp_path / "other" / name)))  # its path decides
+    assert key != manifest.model_key(str(shutil.copytree(tiny_dir, tmp_path / "other" / name)))  # its path decides
     store = open_store("embedded", tmp_path / "store")
     try:
         ckpt = checkpoints.load(str(d))
-        loading.load(store, ckpt, key, progress=False)
+        load.load(store, ckpt, key, progress=False)
         assert greedy_on(store, ckpt, key) == Reference(tiny).greedy(tokenizer.encode(PROMPT), 4)
     finally:
         store.close()
@@ -421,8 +421,8 @@ def test_a_postgresql_crash_under_the_server(pg, new_database, tiny):
     after PostgreSQL returns works (a connection idle across the restart is checked before
     use), and a new text gives the reference's tokens."""
     store = open_store("pgvector", dsn=new_database())
-    key = loading.model_key(tiny.name)
-    loading.load(store, tiny, key, progress=False)
+    key = manifest.model_key(tiny.name)
+    load.load(store, tiny, key, progress=False)
     ref = Reference(tiny)
     want = ref.greedy(tokenizer.encode(PROMPT), 6)
     try:

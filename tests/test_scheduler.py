@@ -16,7 +16,7 @@ from puffergpt.model.reference import NumpyWeights
 from puffergpt.model.sampling import Sampling
 from puffergpt.model.session import Run
 from puffergpt.search.engine import Engine
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.search.scheduler import Batcher, Scheduler, split
 from puffergpt.stores import Query
 from puffergpt.stores.base import Hits, StoreError

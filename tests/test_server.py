@@ -11,7 +11,7 @@ from puffergpt.cli import serve
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import NumpyWeights, Reference
 from puffergpt.model.session import Run
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.guards.body_limit import MAX_BODY
 

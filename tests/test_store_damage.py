@@ -25,8 +25,8 @@ from helpers import vector_file
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import Reference
 from puffergpt.model.sampling import Sampling
-from puffergpt.search import loading
-from puffergpt.search.loading import open_engine
+from puffergpt.search import load, manifest
+from puffergpt.search.manifest import open_engine
 from puffergpt.stores.embedded import EmbeddedStore
 from puffergpt.texts.text import Text
 
@@ -46,7 +46,7 @@ def clean(tmp_path_factory, tiny_dir, tiny) -> dict[str, Path]:
     for mode in ("zvec", "fallback"):
         out[mode] = data = tmp_path_factory.mktemp(mode) / "data"
         store = EmbeddedStore(data, fallback=mode == "fallback")
-        loading.load(store, tiny, loading.model_key(str(tiny_dir)), progress=False)
+        load.load(store, tiny, manifest.model_key(str(tiny_dir)), progress=False)
         store.close()
     return out
 

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "puffergpt"
 MAX_FUNCTION_LINES = 100
-MAX_README_LINES = 250
+MAX_README_LINES = 200
 
 
 # --- import circles ------------------------------------------------------------------------
@@ -243,9 +243,10 @@ def imports_of(module: str) -> set[str]:
 
 
 def test_the_engine_names_documents_through_the_document_scheme_not_the_loader():
-    """engine.py asks documents.py where rows live; it never imports the loader (which
-    imports it: ``loading.open_engine`` hands it a checked manifest)."""
-    assert "puffergpt.search.loading" not in imports_of("puffergpt.search.engine")
+    """engine.py asks documents.py where rows live; it never imports the loader, the check or
+    the manifest (which imports it: ``manifest.open_engine`` hands it a checked manifest)."""
+    loader = {"puffergpt.search.load", "puffergpt.search.verify", "puffergpt.search.manifest"}
+    assert not loader & imports_of("puffergpt.search.engine")
     assert "puffergpt.search.documents" in imports_of("puffergpt.search.engine")
 
 
@@ -327,3 +328,107 @@ def test_nothing_rewires_an_engine_after_it_is_built():
                         and ast.unparse(t.value) != "self"):  # an object setting its own is building itself
                     found.append(f"{p.relative_to(ROOT)}:{node.lineno} {ast.unparse(t)} = ...")
     assert not found, "\n".join(found)
+
+
+# --- the edges (issue 40): one protocol, no math, no leaning on each other -----------------
+
+EDGES = ("server", "mcp", "cli")
+
+
+def modules_under(package: str) -> list[str]:
+    return [m for m in modules() if m == f"puffergpt.{package}" or m.startswith(f"puffergpt.{package}.")]
+
+
+def test_the_server_and_mcp_never_import_each_other():
+    """Both are edges over the application layer (``app/protocol.py`` holds what they share):
+    no module of one imports a module of the other, at module level or inside a function."""
+    known = modules()
+    found = []
+    for package, other in (("server", "mcp"), ("mcp", "server")):
+        names = modules_under(package)
+        assert len(names) > 2, f"no modules found under puffergpt.{package}"
+        for name in names:
+            for e in imported(name, known[name], known):
+                if e.target == f"puffergpt.{other}" or e.target.startswith(f"puffergpt.{other}."):
+                    found.append(f"{known[name].relative_to(ROOT)}:{e.line} imports {e.target}")
+    assert not found, "an edge leans on another (move what they share to app/protocol.py):\n" + "\n".join(found)
+
+
+ALWAYS_MATH = {"softmax", "log_softmax", "logsumexp", "logaddexp", "exp", "exp2", "expm1",  # whatever they're called on
+               "candidates", "logprobs"}  # a Step's: its softmax (sampling.probabilities), its logit - logz
+MODULE_MATH = ALWAYS_MATH | {"log", "log1p", "log2", "log10", "probabilities", "distribution"}  # of these modules:
+MATH_MODULES = ("numpy", "math", "cmath", "scipy", "torch", "puffergpt.model.sampling", "puffergpt.model.reference")
+
+
+def import_aliases(tree: ast.AST) -> dict[str, str]:
+    """What each imported name stands for: ``np`` -> numpy, ``F`` -> torch.nn.functional, ``e`` -> math.exp."""
+    names = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                names[a.asname or a.name.partition(".")[0]] = a.name if a.asname else a.name.partition(".")[0]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                names[a.asname or a.name] = f"{node.module}.{a.name}"
+    return names
+
+
+def dotted(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def math_calls(source: str) -> list[tuple[int, str]]:
+    """Calls of a softmax, an exponential or a logarithm in ``source``, imported names resolved:
+    ``np.exp(x)``, ``scipy.special.softmax(x)``, ``F.log_softmax(x)``, ``x.exp()``,
+    ``sampling.probabilities(l, t)``, ``exp(x)`` after ``from math import exp``, and the methods of a
+    ``Step`` that compute (``step.candidates(1.0)``, ``step.logprobs(k)``); sorted by line."""
+    tree = ast.parse(source)
+    names, found = import_aliases(tree), []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = dotted(node.func)
+        if name is None:  # a call on a call's result: f(x).exp()
+            if isinstance(node.func, ast.Attribute) and node.func.attr in ALWAYS_MATH:
+                found.append((node.lineno, ast.unparse(node.func)))
+            continue
+        head, _, rest = name.partition(".")
+        full = names.get(head, head) + (f".{rest}" if rest else "")
+        module, _, last = full.rpartition(".")
+        of_math = any(module == m or module.startswith(f"{m}.") for m in MATH_MODULES)
+        if ALWAYS_MATH & set(full.split(".")) or (last in MODULE_MATH and of_math):  # np.logaddexp.reduce too
+            found.append((node.lineno, ast.unparse(node.func)))
+    return sorted(found)
+
+
+def test_the_math_finder_finds_softmax_and_exp_however_imported():
+    source = ("import numpy as np\nimport math\nimport scipy.special\nfrom math import exp as e\n"
+              "from torch.nn import functional as F\nfrom puffergpt.model import sampling\n"
+              "from puffergpt.model.sampling import probabilities\nimport logging\nlog = logging.getLogger()\n"
+              "def f(x, step):\n"
+              "    a = np.exp(x) / np.exp(x).sum()\n"  # 11: two
+              "    b = scipy.special.softmax(x)\n"
+              "    c = F.log_softmax(x)\n"
+              "    d = e(1.0) + math.log(2.0)\n"  # 14: two
+              "    g = sampling.probabilities(x, 1.0) + probabilities(x, 1.0)\n"  # 15: two
+              "    h = x.exp() + np.logaddexp.reduce(x) + np.round(x, 6) + math.floor(2.5)\n"  # 16: not round, floor
+              "    log.info('fine'); log.log(10, 'fine')\n"
+              "    return (x * 2).exp(), step.candidates(1.0), step.logprobs(5)\n")
+    assert [line for line, _ in math_calls(source)] == [11, 11, 12, 13, 14, 14, 15, 15, 16, 16, 18, 18, 18]
+
+
+def test_the_edges_render_and_compute_nothing():
+    """No module under server/, mcp/ or cli/ calls a softmax, an exponential or a logarithm (nor
+    a Step's methods that run them):
+    the numbers come computed from the application layer (``app/protocol.py`` puts them in
+    shape), and an edge only renders them."""
+    found = []
+    for package in EDGES:
+        for path in sorted((PACKAGE / package).rglob("*.py")):
+            found += [f"{path.relative_to(ROOT)}:{line} {call}(...)" for line, call in math_calls(path.read_text())]
+    assert not found, "math in an edge (compute it in the application layer):\n" + "\n".join(found)

@@ -15,7 +15,7 @@ from puffergpt.model import tokenizer
 from puffergpt.model.sampling import Sampling
 from puffergpt.search import sweeper
 from puffergpt.search.engine import KEY_SCHEMA
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.texts.registry import Texts
 from puffergpt.texts.text import TextNotFound
 

@@ -10,7 +10,7 @@ from puffergpt.lens import inspector, views
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import Reference
 from puffergpt.model.sampling import Sampling
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.texts.registry import Texts
 from puffergpt.texts.text import KEEP_CANDIDATES, Text, TextBusy, TextError
 

@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 from puffergpt.lens import views
 from puffergpt.model import token_counts, tokenizer, untrained
 from puffergpt.model.checkpoints import demo_dir
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.server import create_app
 
 V = tokenizer.VOCAB_SIZE

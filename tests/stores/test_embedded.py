@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from helpers import held_by_another_process
-from puffergpt.search import loading
+from puffergpt.search import load, manifest, verify
 from puffergpt.stores import Query, StoreError, open_store
 from puffergpt.stores.embedded import EmbeddedStore
 
@@ -212,7 +212,7 @@ def test_disk_bytes_counts_only_this_stores_files(tmp_path):
 def clean_load(tmp_path_factory, tiny_dir, tiny) -> dict:
     """The manifest of a clean load of the tiny model (the same in both modes)."""
     s = open_store("embedded", tmp_path_factory.mktemp("clean"))
-    want = loading.load(s, tiny, loading.model_key(str(tiny_dir)), progress=False)
+    want = load.load(s, tiny, manifest.model_key(str(tiny_dir)), progress=False)
     s.close()
     return want
 
@@ -227,7 +227,7 @@ def made(data, fallback: bool):
 def test_load_killed_mid_way_then_rerun(tmp_path, tiny_dir, clean_load, fallback):
     """SIGKILL during `puffergpt load`: the store opens, says the model is not loaded, and
     `generate` loads the rest: the manifest of a clean load and every document once."""
-    key, want = loading.model_key(str(tiny_dir)), clean_load
+    key, want = manifest.model_key(str(tiny_dir)), clean_load
     data = made(tmp_path / "killed", fallback)
     p = subprocess.Popen(cli("load", "--model", str(tiny_dir), "--data", str(data)), stderr=subprocess.PIPE, text=True)
     seen, deadline = "", time.monotonic() + 300
@@ -252,16 +252,16 @@ def test_load_killed_mid_way_then_rerun(tmp_path, tiny_dir, clean_load, fallback
     got = s.get_meta(f"manifest:{key}")
     assert json.dumps(got, sort_keys=True) == json.dumps(want, sort_keys=True)
     assert {ns: s.count(ns) for ns in s.namespaces(f"{key}.")} == want["namespaces"]
-    assert loading.verify(s, got) == {}
+    assert verify.verify(s, got) == {}
     s.close()
 
 
 def test_killed_while_serving_after_a_load(tmp_path, tiny_dir, tiny):
     """SIGKILL while `generate` reads a loaded store (a text's keys being written): the store
     opens, its manifest is complete and every document matches it."""
-    key = loading.model_key(str(tiny_dir))
+    key = manifest.model_key(str(tiny_dir))
     s = open_store("embedded", tmp_path)
-    want = loading.load(s, tiny, key, progress=False)
+    want = load.load(s, tiny, key, progress=False)
     s.close()
     p = subprocess.Popen(cli("generate", "hi", "--model", str(tiny_dir), "--data", str(tmp_path),
                              "--temperature", "0", "-n", "120", "--json"), stdout=subprocess.PIPE, text=True)
@@ -269,7 +269,7 @@ def test_killed_while_serving_after_a_load(tmp_path, tiny_dir, tiny):
     os.kill(p.pid, signal.SIGKILL)
     p.wait()
     s = open_store("embedded", tmp_path)
-    assert s.get_meta(f"manifest:{key}") == want and loading.verify(s, want) == {}
+    assert s.get_meta(f"manifest:{key}") == want and verify.verify(s, want) == {}
     assert s.namespaces() == sorted(want["namespaces"])  # the text's keys went with the process
     s.close()
 

@@ -24,7 +24,7 @@ from playwright.sync_api import expect
 from cluster import Cluster
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import Reference
-from puffergpt.search import loading
+from puffergpt.search import load, manifest
 from puffergpt.stores.pgvector import PgvectorStore
 from test_playground import browser, generated, open_page, shot, wait_idle  # noqa: F401  (browser: a fixture)
 
@@ -37,7 +37,7 @@ def cluster(new_database, demo, tmp_path_factory):
     dsn = new_database()
     store = PgvectorStore(dsn)
     try:
-        loading.load(store, demo, loading.model_key(demo.name), progress=False)  # once, before the servers
+        load.load(store, demo, manifest.model_key(demo.name), progress=False)  # once, before the servers
     finally:
         store.close()
     work = tmp_path_factory.mktemp("cluster")

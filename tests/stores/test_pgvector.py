@@ -15,9 +15,9 @@ from helpers import compare_with_reference, encoding_error_through
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import Reference
 from puffergpt.model.sampling import Sampling
-from puffergpt.search import loading
+from puffergpt.search import documents, load, manifest, verify
 from puffergpt.search.documents import METRICS
-from puffergpt.search.loading import open_engine
+from puffergpt.search.manifest import open_engine
 from puffergpt.stores import Query, StoreError, open_store
 from puffergpt.stores import pgvector as pgvector_store
 from puffergpt.stores.pgvector import PgvectorStore, redact
@@ -32,8 +32,8 @@ def tiny_pg(new_database, tiny):
     """The tiny model loaded into a database of its own: (dsn, store, key, manifest)."""
     dsn = new_database()
     store = open_store("pgvector", dsn=dsn)
-    key = loading.model_key(tiny.name)
-    m = loading.load(store, tiny, key, progress=False)
+    key = manifest.model_key(tiny.name)
+    m = load.load(store, tiny, key, progress=False)
     yield dsn, store, key, m
     store.close()
 
@@ -61,8 +61,8 @@ def test_engine_on_pgvector_equals_the_reference(tiny_pg, tiny):
 @pytest.mark.parametrize("metric", ["euclidean_squared", "cosine_distance"])
 def test_padded_encodings_on_pgvector(new_database, tiny, metric):
     store = open_store("pgvector", dsn=new_database())
-    key = loading.model_key(tiny.name)
-    loading.load(store, tiny, key, metric=metric, progress=False)
+    key = manifest.model_key(tiny.name)
+    load.load(store, tiny, key, metric=metric, progress=False)
     text = Text(open_engine(store, tiny.name, key, key_metric=metric).open())
     diff, tokens = compare(tiny, store, key, PROMPTS[1], 8, metric, text=text)
     assert tokens == Reference(tiny).greedy(tokenizer.encode(PROMPTS[1]), 8)
@@ -269,8 +269,8 @@ def test_no_dsn_starts_a_local_server_loads_searches_and_stops(tmp_path, tiny, t
     )
     assert settings["listen_addresses"] == ""  # a unix socket only
     assert int(settings["shared_buffers"]) * int(settings["block_size"]) == pglocal.shared_buffers_mb() * 2**20
-    key = loading.model_key(tiny.name)
-    m = loading.load(store, tiny, key, progress=False)
+    key = manifest.model_key(tiny.name)
+    m = load.load(store, tiny, key, progress=False)
     _, tokens = compare(tiny, store, key, PROMPTS[0], 6)
     assert tokens == Reference(tiny).greedy(tokenizer.encode(PROMPTS[0]), 6)
     # another process on the same data directory joins the running server
@@ -290,7 +290,7 @@ def test_no_dsn_starts_a_local_server_loads_searches_and_stops(tmp_path, tiny, t
     assert not local.running  # the last holder stopped it
     # started again, everything loaded is still there
     again = open_store("pgvector", data)
-    assert loading.manifest(again, key, tiny.name) == m and loading.verify(again, m) == {}
+    assert manifest.manifest(again, key, tiny.name) == m and verify.verify(again, m) == {}
     again.close()
     assert not again.local.running
 
@@ -452,16 +452,16 @@ def test_a_killed_load_is_refused_then_resumed(new_database, tiny_pg, tiny):
             raise Killed
 
     with pytest.raises(Killed):
-        loading.load(store, tiny, key, progress=False, interrupt=kill)
+        load.load(store, tiny, key, progress=False, interrupt=kill)
     store.close()  # the process is gone
     store = open_store("pgvector", dsn=dsn)
     stored = sum(store.count(ns) for ns in store.namespaces(f"{key}."))
     assert 0 < stored < clean["documents"]  # half-loaded
-    with pytest.raises(loading.NotLoaded, match="did not finish.*--backend pgvector --dsn"):
+    with pytest.raises(manifest.NotLoaded, match="did not finish.*--backend pgvector --dsn"):
         open_engine(store, tiny.name, key)
-    resumed = loading.load(store, tiny, key, progress=False)
+    resumed = load.load(store, tiny, key, progress=False)
     assert resumed == clean
-    assert loading.verify(store, resumed) == {}
+    assert verify.verify(store, resumed) == {}
     _, tokens = compare(tiny, store, key, PROMPTS[0], 4)
     assert tokens == Reference(tiny).greedy(tokenizer.encode(PROMPTS[0]), 4)
     store.close()
@@ -489,7 +489,7 @@ def test_the_server_going_away_mid_generation(pg, tiny_pg, tiny, monkeypatch):
     steps = text.generate(5, GREEDY)
     got += [s.token_id for s in steps]
     assert got == want and store.conn.info.backend_pid != pid
-    assert loading.manifest(store, key, tiny.name) == m and loading.verify(store, m) == {}
+    assert manifest.manifest(store, key, tiny.name) == m and verify.verify(store, m) == {}
     text.close()
     store.close()
 
@@ -521,7 +521,7 @@ def test_the_server_stopping_mid_generation(pg, tiny_pg, tiny, mode, monkeypatch
             StoreError,
             match=r"went away and can't be reached again: can't reach PostgreSQL at .*--dsn or PUFFERGPT_DSN",
         ):
-            store.count(loading.namespace(key, tiny.config.n_embd))
+            store.count(documents.namespace(key, tiny.config.n_embd))
         with pytest.raises(StoreError, match="can't reach PostgreSQL"):
             open_store("pgvector", dsn=dsn)
     finally:
@@ -536,7 +536,7 @@ def test_the_server_stopping_mid_generation(pg, tiny_pg, tiny, mode, monkeypatch
     got += [s.token_id for s in text.generate(6 - len(got), GREEDY)]
     assert got == want
     again = open_store("pgvector", dsn=dsn)
-    assert loading.manifest(again, key, tiny.name) == m and loading.verify(again, m) == {}
+    assert manifest.manifest(again, key, tiny.name) == m and verify.verify(again, m) == {}
     text.close()
     store.close()
     again.close()
@@ -575,7 +575,7 @@ def test_the_approximate_index_on_pgvector_gives_true_logits_through_hnsw(tiny_p
     from puffergpt.lens import output_search
 
     _, store, key, _ = tiny_pg
-    m = loading.build_output_index(store, key, tiny.name, {"m": 8, "ef_construction": 32, "ef": 100}, progress=False)
+    m = load.build_output_index(store, key, tiny.name, {"m": 8, "ef_construction": 32, "ef": 100}, progress=False)
     info = m["indexes"]["wte"]
     assert info["database"] == "pgvector" and info["rows"] == tiny.config.n_vocab and 0 < info["recall_at_build"] <= 1
     run = open_engine(store, tiny.name, key, output_search="approximate").open()

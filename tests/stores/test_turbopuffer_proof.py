@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from puffergpt.cli import main
 from puffergpt.model import checkpoints
 from puffergpt.model.checkpoints import GPT2Config
-from puffergpt.search import loading
+from puffergpt.search import load, verify
 from puffergpt.stores.base import StoreError
 from puffergpt.stores.turbopuffer import TurbopufferStore
 from tpuf_emulator import running
@@ -73,13 +73,13 @@ def test_cli_load_and_greedy_generate_on_turbopuffer_equal_the_reference(emu):
 def test_a_model_of_gpt2s_depth_loads_completely(emu, deep):
     from puffergpt.model.reference import Reference
     from puffergpt.model.sampling import Sampling
-    from puffergpt.search.loading import open_engine
+    from puffergpt.search.manifest import open_engine
     from puffergpt.texts.text import Text
 
     s = store_on(emu)
-    m = loading.load(s, deep, "deep", progress=False)
+    m = load.load(s, deep, "deep", progress=False)
     assert len(json.dumps(m)) > 4096 and len(json.dumps(s.get_meta("loading:deep"))) > 4096  # over a filterable value
-    assert m["complete"] and loading.verify(s, m) == {}
+    assert m["complete"] and verify.verify(s, m) == {}
     text = Text(open_engine(s, deep.name, "deep").open())
     text.append([5, 17, 42])
     assert [t.token_id for t in text.generate(4, Sampling(0, 5))] == Reference(deep).greedy([5, 17, 42], 4)
@@ -90,8 +90,8 @@ def test_429_and_5xx_are_retried_with_backoff(emu, deep):
     s = store_on(emu)
     emu.inject(429, kind="write", after=3)
     emu.inject(503, kind="query", after=5)
-    m = loading.load(s, deep, "deep", progress=False)
-    assert loading.verify(s, m) == {}
+    m = load.load(s, deep, "deep", progress=False)
+    assert verify.verify(s, m) == {}
     for status in (429, 503):
         i = next(i for i, e in enumerate(emu.log) if e["status"] == status)
         failed, retry = emu.log[i], emu.log[i + 1:]
@@ -100,13 +100,13 @@ def test_429_and_5xx_are_retried_with_backoff(emu, deep):
 
 
 def test_a_dropped_connection_mid_load_then_a_rerun_gives_the_same_manifest(emu, deep):
-    clean = loading.load(store_on(emu), deep, "deep", progress=False)
+    clean = load.load(store_on(emu), deep, "deep", progress=False)
     prefix = f"t{uuid.uuid4().hex[:6]}-"
     emu.inject("drop", kind="write", after=20, count=10**6)  # the network goes, for good
     with pytest.raises(StoreError, match="can't reach turbopuffer"):
-        loading.load(store_on(emu, prefix, max_retries=1), deep, "deep", progress=False)
+        load.load(store_on(emu, prefix, max_retries=1), deep, "deep", progress=False)
     emu.clear_faults()
     s = store_on(emu, prefix)
     assert s.get_meta("manifest:deep")["complete"] is False  # it stopped half-way
-    again = loading.load(s, deep, "deep", progress=False)
-    assert again == clean and loading.verify(s, again) == {}
+    again = load.load(s, deep, "deep", progress=False)
+    assert again == clean and verify.verify(s, again) == {}

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import pytest
 
-from puffergpt.search import loading
+from puffergpt.search import load, manifest
 from puffergpt.stores import Query, StoreError
 from puffergpt.stores import zvec as zv
 from puffergpt.stores.embedded import EmbeddedStore
@@ -242,7 +242,7 @@ def test_a_cpu_without_avx2_falls_back_to_qdrant_edge(tmp_path, tiny_dir, tiny):
     assert [ln for ln in r.stderr.splitlines() if ln.strip()] == [FELL_BACK], r.stderr
     data = tmp_path / "data"  # loaded here (natively, as a machine without AVX2 would), generated there
     s = EmbeddedStore(data, fallback=True)
-    loading.load(s, tiny, loading.model_key(str(tiny_dir)), progress=False)
+    load.load(s, tiny, manifest.model_key(str(tiny_dir)), progress=False)
     s.close()
     (tmp_path / "cli.py").write_text("from puffergpt.cli import main\nmain()\n")
     r = qemu("Nehalem", "-c", NEHALEM, str(tmp_path / "cli.py"), "generate", "Hello", "--model", str(tiny_dir),

@@ -22,6 +22,7 @@ from puffergpt.model.reference import NO_ABLATION, Ablation
 from puffergpt.model.sampling import Sampling
 from puffergpt.model.session import Run
 from puffergpt.model.tokenizer import token_dict
+from puffergpt.texts import probabilities
 from puffergpt.texts.text import Step, TextError, check_generation, opened
 
 LOWEST = -1e9  # JSON has no -inf: a log-probability below this is sent as this
@@ -30,13 +31,15 @@ LOWEST = -1e9  # JSON has no -inf: a log-probability below this is sent as this
 def complete(open_run: Callable[[], Run], ids: list[int], n: int, s: Sampling,
              should_stop: Callable[[], bool] | None = None, inspect: int = 0,
              full: bool = False, echo: bool = False, explain: bool = False, versus: int | None = None,
-             ablation: Ablation = NO_ABLATION) -> Iterator[Step]:
+             ablation: Ablation = NO_ABLATION, over_all: bool = False) -> Iterator[Step]:
     """Read ``ids`` and write up to ``n`` tokens in a text of its own, closed at the end.
     ``full``: each token scores the whole vocabulary (exact log-probabilities, ``Step.logz``);
     ``echo``: first a step (phase "prompt") for each prompt token, scored the same way;
     ``explain`` (with ``inspect``): each token's attribution and the MLP's top neurons, and the
     attribution's difference from ``versus`` (a token id; default: each step's runner-up);
-    ``ablation``: parts of the model switched off for the whole text.
+    ``ablation``: parts of the model switched off for the whole text; ``over_all``: each token's
+    candidates also get their probabilities over the whole vocabulary (one search more a token,
+    ``texts/probabilities.py``).
 
     Drive it to its end or call its ``close()`` from the thread that runs it: never leave
     an unfinished one to the garbage collector, whose finaliser would take the store's
@@ -46,12 +49,11 @@ def complete(open_run: Callable[[], Run], ids: list[int], n: int, s: Sampling,
         check_generation(text.config, s, len(ids), n)
         if echo:
             yield from text.score_prompt()
-        if inspect:
-            if full:
-                raise TextError("inspect works over the top-k candidates: not with top_p or full log-probabilities")
-            yield from inspector.generate(text, n, s, inspect, explain, should_stop, versus)
-        else:
-            yield from text.generate(n, s, should_stop=should_stop, full=full)
+        if inspect and full:
+            raise TextError("inspect works over the top-k candidates: not with top_p or full log-probabilities")
+        steps = (inspector.generate(text, n, s, inspect, explain, should_stop, versus) if inspect
+                 else text.generate(n, s, should_stop=should_stop, full=full))
+        yield from probabilities.normalised(text, steps) if over_all else steps
 
 
 # --- one choice, as a client may see it -------------------------------------------------

@@ -7,6 +7,7 @@ searches and counted as extra requests:
 - ``inspect``: the view from the token at p - 1, whose output predicts position p: attention
   per layer and head over 0..p-1 and the logit lens (``inside.py``), and with ``explain`` the
   attribution of the token at p and the MLP's most active neurons (``attribution.py``);
+- ``head_writes``: what one head writes from each position it attends to, read as the attribution reads a part;
 - ``generate``: a text's generation with each new token inspected as it is written;
 - ``ablate``: the step at p run again with parts of the model switched off, in a run of
   its own, beside the text's own candidates.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from puffergpt.lens import attribution, inside
+from puffergpt.lens import attribution, inside, writes
 from puffergpt.model.reference import Ablation, Averaging, Trace
 from puffergpt.model.sampling import Sampling
 from puffergpt.model.session import Run
@@ -103,6 +104,30 @@ def _observe(text: Text, step: Step, trace: Trace | None, k: int, explain: bool,
         if explain:
             attribution.explain(text.weights, got, step.token_id, versus)
     step.inspect = got
+
+
+def head_writes(text: Text, p: int, spec: str, k: int = 10) -> tuple[dict, list]:
+    """What head ``spec`` ("L.H") writes at the token at p - 1, a piece a source position (``writes.py``), read
+    against the token at p (the model's own top-1 past the end), as the attribution reads it: the pieces sum to
+    the head's part. The attention and the lens kept (or recomputed, ``inspect``); the values from the text's
+    cache. -> ({"token_id", "position" (p - 1), "layer", "head", "sources", "total"}, its requests, marked extra)"""
+    try:
+        layer, head = writes.head_of(spec, text.config.n_layer, text.config.n_head)
+    except ValueError as e:
+        raise TextError(str(e)) from None
+    with text.lock:
+        if text.generating:
+            raise TextBusy("this text is generating: open a head when it ends")
+        if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= text.read_upto:
+            raise TextError(f"writes: position {p!r} is outside 1..{text.read_upto} "
+                            f"(the positions whose previous token the model has read)")
+        with text.session.recording(extra=True) as requests:
+            got, _ = _view(text, p, check_k(k))
+            chosen = text.tokens[p] if p < text.length else inside.final_top1(got["lens"])
+            values = text.cache.values[layer][head, :p]  # (p, hd): positions 0..p-1, read (p <= read_upto)
+            out = writes.writes(text.weights, got["trace"], got["weights"][layer, head, :p], values, layer, head,
+                                chosen)
+        return out | {"position": p - 1}, requests
 
 
 ABLATION_MODES = ("zero", "mean")

@@ -1,10 +1,11 @@
 """The Model Context Protocol server: an assistant (Claude Desktop, Cursor, any MCP client)
-generates with the model, looks inside a generated token, and saves what clicked as an
-insight in the notebook, a git commit.
+generates with the model, looks inside a generated token, runs a lesson on the learner's prompt
+(each claim computed from the model, with its verdict), and saves what clicked as an insight in
+the notebook, a git commit.
 
-A thin edge, like the CLI and the HTTP server: the tools parse (their bounds are the
-server's, imported from ``server.bodies``), call the application layer, and render with
-the server's own renderers, so a tool answers what the matching route answers.
+A thin edge, like the CLI and the HTTP server: the tools parse (their bounds are every
+edge's, ``app/protocol.py``'s), call the application layer, and render the protocol's JSON
+of a step and an inspection, so a tool answers what the matching route answers.
 
 Two ways to reach a model, one interface (``Backend``):
 
@@ -34,11 +35,12 @@ from pydantic import ConfigDict, Field, ValidationError
 from puffergpt import __version__
 from puffergpt import notebook as nb
 from puffergpt.app.completion import choice_text
-from puffergpt.lens import inspector
+from puffergpt.app.protocol import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, inspect_json, step_json
+from puffergpt.lens import inspector, lessons
+from puffergpt.lens.inside import MAX_VIEW_K
 from puffergpt.mcp.stdio import shown
 from puffergpt.model import tokenizer
 from puffergpt.model.sampling import Sampling
-from puffergpt.server.bodies import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_VIEW_K
 from puffergpt.texts.registry import Texts
 from puffergpt.texts.text import TEXT_ID, TextError, check_generation
 
@@ -63,12 +65,12 @@ def segment(v: str | int) -> str:
     return quote(str(v), safe="")
 
 
-# --- what the tools return, from the server's JSON of a step and an inspection --------------
+# --- what the tools return, from the protocol's JSON of a step and an inspection ------------
 
 def generation_json(text_id: str, prompt_ids: list[int], steps: list[dict], k: int) -> dict:
     """A generation as a tool returns it: the text (as /v1 gives it), why it ended, its new
-    token ids, and each step's best ``k`` candidates. ``steps`` are the server's step JSON
-    (``render.step_json``)."""
+    token ids, and each step's best ``k`` candidates. ``steps`` are the protocol's step JSON
+    (``protocol.step_json``: made here, or streamed by a server)."""
     ids = [s["token_id"] for s in steps]
     text, finish = choice_text(ids)  # /v1's rule: a generated <|endoftext|> ends it, in tokens, never in text
     return {"text_id": text_id, "prompt": tokenizer.decode(prompt_ids), "prompt_ids": prompt_ids,
@@ -80,11 +82,18 @@ def generation_json(text_id: str, prompt_ids: list[int], steps: list[dict], k: i
 
 
 def inspection_json(d: dict) -> dict:
-    """The server's inspection (``render.inspect_json``) less the raw attention scores
+    """The protocol's inspection (``protocol.inspect_json``) less the raw attention scores
     (the weights are their softmax) and with the request log counted, not listed."""
     out = {k: v for k, v in d.items() if k not in ("scores", "requests")}
     out["searches"] = len(d.get("requests", []))
     return out
+
+
+def lesson_json(got: dict) -> dict:
+    """A lesson's run as a tool returns it: each step's title, the view it opens, the claim and
+    whether it holds, and its evidence (what an assistant walks a learner through)."""
+    return {"id": got["id"], "title": got["title"], "prompt": got["prompt"],
+            "steps": [{k: s[k] for k in ("title", "view", "claim", "holds", "evidence")} for s in got["steps"]]}
 
 
 # --- the two backends -----------------------------------------------------------------------
@@ -95,6 +104,8 @@ class Backend(Protocol):
     def save_insight(self, title: str, body: str, tags: list[str], evidence: dict | None) -> dict: ...
     def list_insights(self, query: str | None, tag: str | None) -> list[dict]: ...
     def replay_insight(self, insight_id: str) -> dict: ...
+    def list_lessons(self) -> list[dict]: ...
+    def run_lesson(self, lesson_id: str, prompt: str | None) -> dict: ...
     def close(self) -> None: ...
 
 
@@ -109,8 +120,6 @@ class Local:
         self.order: OrderedDict[str, None] = OrderedDict()  # open texts, oldest first
 
     def generate(self, prompt: str, max_tokens: int, s: Sampling, k: int) -> dict:
-        from puffergpt.server.playground.render import step_json
-
         while len(self.order) >= OPEN_TEXTS:  # the oldest text closes: its tokens are in its answer
             with contextlib.suppress(KeyError):
                 self.texts.close(self.order.popitem(last=False)[0])
@@ -122,8 +131,6 @@ class Local:
         return generation_json(t.id, prompt_ids, steps, k)
 
     def inspect(self, text_id: str, position: int, lens_k: int) -> dict:
-        from puffergpt.server.playground.render import inspect_json
-
         t = self.texts.get(text_id)
         got, requests, recomputed = inspector.inspect(t, position, lens_k)
         with t.lock:
@@ -152,6 +159,13 @@ class Local:
         except ValueError as e:  # the engine refused the prompt (context, vocabulary)
             raise nb.InvalidInsight(f"the model could not replay this insight: {e}") from None
         return {"id": ins.id, "model": ins.model, "position": ins.evidence["position"] if ins.evidence else None, **r}
+
+    def list_lessons(self) -> list[dict]:
+        return [x.brief() for x in lessons.load().values()]
+
+    def run_lesson(self, lesson_id: str, prompt: str | None) -> dict:
+        got = lessons.run(lessons.get(lesson_id), self.opened.open_run, self.opened.config, prompt)
+        return lesson_json(got)
 
     def close(self) -> None:
         self.texts.close_all()
@@ -228,6 +242,13 @@ class Remote:
     def replay_insight(self, insight_id: str) -> dict:
         return self.call("POST", f"/api/insights/{segment(nb.check_id(insight_id))}/replay")
 
+    def list_lessons(self) -> list[dict]:
+        return self.call("GET", "/api/lessons")
+
+    def run_lesson(self, lesson_id: str, prompt: str | None) -> dict:
+        body = {} if prompt is None else {"prompt": prompt}
+        return lesson_json(self.call("POST", f"/api/lessons/{segment(lesson_id)}/run", json=body))
+
     def close(self) -> None:
         self.http.close()
 
@@ -253,7 +274,7 @@ def tool_errors() -> Iterator[None]:
 
     try:
         yield
-    except (nb.NotebookError, TextError, RemoteError, ValueError) as e:
+    except (nb.NotebookError, TextError, RemoteError, lessons.LessonError, ValueError) as e:
         raise ToolError(str(e)) from None
     except KeyError as e:  # a text closed or never opened
         raise ToolError(str(e.args[0]) if e.args else "not found") from None
@@ -304,7 +325,7 @@ def refused(tool: str, e: ValidationError, takes: list[str]) -> str:
 
 
 def make_server(backend: Backend, name: str = "puffergpt"):
-    """An ``MCPServer`` with the five tools over ``backend``."""
+    """An ``MCPServer`` with the seven tools over ``backend``."""
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 
@@ -356,10 +377,26 @@ def make_server(backend: Backend, name: str = "puffergpt"):
         with tool_errors():
             return backend.replay_insight(insight_id)
 
+    def list_lessons() -> dict[str, Any]:
+        """The lessons: guided experiments, each step a claim tested on the model (id, title, steps)."""
+        with tool_errors():
+            return {"lessons": backend.list_lessons()}
+
+    def run_lesson(lesson_id: Annotated[str, Field(min_length=1, max_length=60, description="a lesson's id")],
+                   prompt: Annotated[str | None, Field(min_length=1, max_length=lessons.MAX_LESSON_PROMPT,
+                                                       description="the learner's prompt; default the starter")]
+                   = None) -> dict[str, Any]:
+        """Run a lesson on the learner's prompt: each step's claim, computed from the model, whether it
+        holds (and why not, when it does not), and its evidence. Walk the learner through the steps."""
+        with tool_errors():
+            return backend.run_lesson(lesson_id, prompt)
+
     tools = [strict_tool(generate, True), strict_tool(inspect, True), strict_tool(save_insight, False),
-             strict_tool(list_insights, True), strict_tool(replay_insight, True)]
+             strict_tool(list_insights, True), strict_tool(replay_insight, True), strict_tool(list_lessons, True),
+             strict_tool(run_lesson, True)]
     return Server(name, version=__version__, tools=tools, instructions=(
         "puffergpt runs GPT-2 with every weight row stored in a vector database; every matrix multiply is "
         "one vector search. generate continues a prompt and shows each step's candidates; inspect shows "
-        "attention per head, the logit lens and the attribution at a generated token; save_insight writes "
-        "what the learner understood to their notebook (a git repository), one commit each."))
+        "attention per head, the logit lens and the attribution at a generated token; run_lesson tests a "
+        "lesson's claims on the learner's prompt; save_insight writes what the learner understood to their "
+        "notebook (a git repository), one commit each."))

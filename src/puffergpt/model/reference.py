@@ -130,7 +130,9 @@ class Ablation:
     reads: ``"attn L.H"`` zeroes head H's mixed values (its slice of ``h.{L}.attn.heads``, before
     c_proj), ``"mlp L"`` the MLP's neurons and its output, c_proj's bias included
     (``h.{L}.mlp.gelu``, ``h.{L}.mlp.c_proj``). The forward pass hands each of those values to
-    ``apply`` as it makes it; the empty ablation (``NO_ABLATION``) hands every value back."""
+    ``apply`` as it makes it, and the residual entering each block and ln_f (``h.{l}.resid``,
+    ``ln_f.resid``: (T, C)) too, which an activation patch replaces (``lens/patching.py``); the
+    empty ablation (``NO_ABLATION``) hands every value back."""
 
     def __init__(self, heads: dict[int, tuple[int, ...]] | None = None, mlps: tuple[int, ...] = (),
                  means: dict[str, np.ndarray] | None = None):
@@ -284,10 +286,12 @@ def forward(p: Weights, ids: np.ndarray, start: int, cache: Cache, trace: Trace 
         cache.values = [np.zeros((c.n_head, 0, c.head_dim), np.float32) for _ in range(c.n_layer)]
     x = p.embed(ids, pos)  # (T, C)
     for i in range(c.n_layer):
+        x = ablation.apply(f"h.{i}.resid", x)  # the residual entering block i: (T, C) (a patch puts a clean run's)
         trace.record(f"h.{i}.resid", x[-1])  # entering block i
         x = x + attention(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_1"), c.eps), pos, cache, trace, ablation)
         x = x + mlp(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_2"), c.eps), trace, ablation)
-    trace.record("ln_f.resid", x[-1])  # after the last block, before ln_f
+    x = ablation.apply("ln_f.resid", x)  # after the last block, before ln_f
+    trace.record("ln_f.resid", x[-1])
     return layer_norm(x, *p.norm("ln_f"), c.eps)
 
 

@@ -74,6 +74,27 @@ def log_softmax(logits: np.ndarray) -> tuple[np.ndarray, float]:
     return x, float(m + np.log(np.exp(x - m).sum()))
 
 
+SLIDER = tuple(round(0.05 * i, 2) for i in range(41))  # the page's temperature slider: 0, 0.05, .. 2
+
+
+def normalisers(logits: np.ndarray, temperatures) -> dict[float, float]:
+    """The whole vocabulary's normaliser at each temperature T, as T * log sum exp(logits / T)
+    (at T = 1 the log sum exp; at T = 0 its limit, the largest logit), so that a token's
+    probability over every token at T is exp((logit - n_T) / T): (V,) -> {T: n_T}"""
+    x = np.asarray(logits, dtype=np.float64)
+    m = float(x.max())
+    return {float(t): m if t == 0 else m + float(t * np.log(np.exp((x - m) / t).sum())) for t in temperatures}
+
+
+def probability_over_all(logit: float, normaliser: dict[float, float], temperature: float) -> float:
+    """A token's probability over the whole vocabulary at ``temperature`` (``normalisers``); at 0,
+    1 for the best token and 0 for the others."""
+    n = normaliser[float(temperature)]
+    if temperature == 0:
+        return 1.0 if logit >= n else 0.0
+    return float(np.exp((logit - n) / temperature))
+
+
 def pick(probs: np.ndarray, rng: np.random.Generator) -> int:
     """Index of the chosen candidate."""
     return int(np.argmax(probs)) if probs.max() == 1.0 else int(rng.choice(len(probs), p=probs))

@@ -36,7 +36,7 @@ def ranges(ids: list[int]) -> list[list[int]]:
 
 
 def manifest_field(wte: np.ndarray) -> list[list[int]]:
-    """What ``loading.load`` writes to the manifest as ``untrained``."""
+    """What ``load.load`` writes to the manifest as ``untrained``."""
     return ranges(rows(wte))
 
 

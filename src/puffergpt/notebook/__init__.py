@@ -54,6 +54,9 @@ The package, one module a part, each importing only those above it:
     replaying.py   ``replay``: the stored candidates (and the data) recomputed and compared
 
 Callers import from ``puffergpt.notebook``; the names below are the package's surface.
+
+May import: ``puffergpt.model``, ``puffergpt.texts``, ``puffergpt.lens`` and ``puffergpt.app``
+(replay recomputes an insight's evidence with a model); never an edge.
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@
   text's session: its requests (counted and priced, ``costs.py``), its turn, its namespace of keys;
 - ``scheduler.py``: many texts' searches batched into one request per matrix;
 - ``sweeper.py``: the key namespaces of texts no server holds any more, dropped;
-- ``loading.py``: a checkpoint written into a store, verified against its manifest.
+- ``load.py``: a checkpoint written into a store (and the approximate index over its token vectors);
+- ``verify.py``: every stored document read back against the manifest;
+- ``manifest.py``: the manifest that vouches for a load, read and checked, and the engine opened over it.
 
-May import: ``puffergpt.model`` and ``puffergpt.stores``.
+May import: ``puffergpt.model``, ``puffergpt.stores`` and ``puffergpt.settings`` (its defaults).
 """

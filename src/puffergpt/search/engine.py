@@ -60,7 +60,7 @@ class Engine:
     def __init__(self, store: Store, manifest: dict, model: str, key: str, key_metric: str | None = None,
                  scheduler: Scheduler | None = None, text_ttl_s: float = sweeper.DEFAULT_TTL_S,
                  clock: Callable[[], float] = time.time, output_search: str = "exact"):
-        """``manifest``: the model's, read and checked by the caller (``loading.open_engine``);
+        """``manifest``: the model's, read and checked by the caller (``manifest.open_engine``);
         ``scheduler``: the bound on texts generating at once (a server's own; default 16);
         ``text_ttl_s``: a text unused this long may have its keys dropped by any server
         (``sweeper.py``), read on ``clock`` (unix seconds); ``output_search``: how a text's next

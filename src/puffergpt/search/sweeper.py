@@ -34,11 +34,12 @@ from collections.abc import Callable
 
 import numpy as np
 
+from puffergpt import settings
 from puffergpt.stores.base import Query, Store, StoreError
 
 log = logging.getLogger("puffergpt")
 
-DEFAULT_TTL_S = 1800.0  # serve --text-ttl's default: 30 minutes, as the idle timeout
+DEFAULT_TTL_S = settings.default("text_ttl_s")  # serve --text-ttl's default: 30 minutes, as the idle timeout
 PREFIX = "text-"
 TEXT_NS = re.compile(r"text-[0-9a-f]{16}")  # what session.SearchSession names a text's namespace
 EXPIRY_ID = "expiry"

@@ -4,6 +4,7 @@ router per resource. Thin: each route parses, calls the application layer, and r
 
 - ``texts_routes.py``: the playground's texts (open, edit, generate, stop, inspect, kv);
 - ``views_routes.py``: the embedding views (analogy, neighbours, map) and contexts;
+- ``playground/patching.py``: activation patching (server-sent events) and the lessons;
 - ``model_routes.py``: the model's description (/api/info) and Compare;
 - ``openai.py``: the OpenAI-compatible /v1 routes (bodies in ``openai_bodies.py``);
 - ``tokenize_routes.py``: /tokenize, /detokenize and /tokenizer_info, as vLLM has them;
@@ -44,6 +45,7 @@ from puffergpt.server.openai import routes as openai
 from puffergpt.server.openai import tokenize as tokenize_routes
 from puffergpt.server.openapi_doc import add_document
 from puffergpt.server.playground import model as model_routes
+from puffergpt.server.playground import patching as patching_routes
 from puffergpt.server.playground import static as static_routes
 from puffergpt.server.playground import texts as texts_routes
 from puffergpt.server.playground import views as views_routes
@@ -101,7 +103,7 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
     add_middleware(app, config)
     errors.add_handlers(app)
     for router in (static_routes.router, probes.router, model_routes.router, texts_routes.router,
-                   views_routes.router, tokenize_routes.router, openai.router):
+                   views_routes.router, patching_routes.router, tokenize_routes.router, openai.router):
         app.include_router(router)
     if notebook is not None:
         from puffergpt import notebook as nb

@@ -1,5 +1,6 @@
 """Request bodies: one JSON parser for every route (``parse_json``), then strict types and
-bounded values. JSON that Python cannot hold as sent (an integer past int()'s digits,
+bounded values (a prompt's, new tokens' and a context's bounds are every edge's:
+``app/protocol.py``). JSON that Python cannot hold as sent (an integer past int()'s digits,
 nesting past the recursion limit, NaN, 1e400, a lone surrogate, bytes that are not UTF-8)
 is a 400 that names the field; a body that breaks a field's type or bound is a 422 that
 names it; nothing past the body's check runs."""
@@ -13,15 +14,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from puffergpt.lens.contexts import MAX_PROMPT_CHARS as MAX_CONTEXT_CHARS
+from puffergpt.app.protocol import MAX_CONTEXT_CHARS, MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 from puffergpt.lens.contexts import MAX_PROMPTS as MAX_CONTEXTS
 from puffergpt.lens.inside import MAX_VIEW_K
 from puffergpt.lens.views import MAX_MAP_WORDS
 from puffergpt.model import tokenizer
 from puffergpt.texts.text import MAX_PROMPT_IDS
 
-MAX_PROMPT_CHARS = 16 * 1024
-MAX_NEW_TOKENS = 512
 MAX_WORD_CHARS = 64
 MAX_DEPTH = 32  # nesting of a body's JSON: the deepest field (an insight's evidence) needs 5
 MAX_INT_DIGITS = 100  # no field takes more than 20 digits; int() refuses past 4300
@@ -210,6 +209,11 @@ class AblateBody(Strict):
         return self
 
 
+class WritesBody(Strict):
+    """A head whose writes to read: "L.H" (layer L's head H, checked against the model by ``writes.head_of``)."""
+    head: str = Field(..., min_length=1, max_length=MAX_PART_CHARS)
+
+
 class AnalogyBody(Strict):
     a: str = Field(..., min_length=1, max_length=MAX_WORD_CHARS)
     b: str = Field(..., min_length=1, max_length=MAX_WORD_CHARS)
@@ -237,16 +241,19 @@ class OutputSearchBody(Strict):
 
 
 class ContextsBody(Strict):
-    """One word in 2 or 3 prompts (``contexts.py``): the count and each prompt are checked there,
-    with a message naming the prompt; here only their size."""
+    """One word in 2 or 3 prompts, and an optional control prompt where it means what it does in
+    the first (``contexts.py``): the count and each prompt are checked there, with a message
+    naming the prompt; here only their size."""
     word: str = Field(..., min_length=1, max_length=MAX_WORD_CHARS)
     prompts: list[str] = Field(..., min_length=1, max_length=MAX_CONTEXTS)
+    control: str | None = None
     k: int = Field(5, ge=1, le=MAX_VIEW_K)
 
     @model_validator(mode="after")
     def bounded(self):
-        for i, prompt in enumerate(self.prompts, 1):
+        named = [(f"prompt {i}", prompt) for i, prompt in enumerate(self.prompts, 1)]
+        for name, prompt in named + ([("the control prompt", self.control)] if self.control is not None else []):
             if len(prompt) > MAX_CONTEXT_CHARS:
-                raise ValueError(f"prompt {i} has {len(prompt)} characters, over {MAX_CONTEXT_CHARS}: "
+                raise ValueError(f"{name} has {len(prompt)} characters, over {MAX_CONTEXT_CHARS}: "
                                  "a context is a sentence or two")
         return self

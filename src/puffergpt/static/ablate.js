@@ -5,7 +5,7 @@
 // the top-k search. The candidates before and after, and whether the model's top choice changed.
 // Every rerun is searches, counted in the waterfall with the view's extra requests.
 import { api, textPath } from "./api.js";
-import { h, showError, visibleToken } from "./dom.js";
+import { clearAt, errorAt, failAt, h, visibleToken } from "./dom.js";
 import { plural } from "./format.js";
 import { saveButton, tokenEvidence, withData } from "./insight.js";
 import { withText } from "./reopen.js";
@@ -26,8 +26,9 @@ async function run(p, parts) {
   try {
     const got = await withText(() => api("POST", textPath(S.textId, `/steps/${p}/ablate`), { parts, k: K, mode }));
     keepAblation(key, got);
+    clearAt("ablate|" + key);
   } catch (e) {
-    showError(e);
+    failAt("ablate|" + key, e); // by the button, not at the top of the page
   } finally {
     if (running === key) running = null;
     render("inside", "waterfall");
@@ -120,10 +121,13 @@ export function renderAblate(box, p, cfg) {
     h("p", { class: "note", text: "Test a cause: switch heads or MLPs off (click to toggle, several at once) and run this step again. " +
       "A head switched off mixes nothing (its values are zeroed before c_proj); an MLP switched off writes nothing (its output and bias zeroed); " +
       `both at every position. The tokens before position ${p} are read again that way on a copy, so it costs one prefill's requests, counted. ` +
-      "Zero is a big change the model never saw in training; “its mean” instead puts each part's average output over this text's positions " +
-      "(mean ablation), which removes what the part says about this token and keeps what it always says (a second prefill, with every part on, for the means)." }),
+      "“Its mean” puts each part's average output over this text's positions instead (mean ablation: a second prefill, with every part on, for the means): " +
+      "it removes what the part says about this token in particular. Neither is always the gentler test. Zero writes nothing, a change the model never saw in training; " +
+      "the mean writes an average of what the part wrote at every position, which can be far from anything it writes here, " +
+      "so a mean can change the answer where zero does not (on the demo's copy starter, L1 H3 at its mean turns “ 3” into “ 7”; zeroed, it does not). Try both." }),
     modeSwitch(box, p, cfg),
     grid(set, box, p, cfg),
     h("div", { class: "actions" }, go, clear, running === key ? h("span", { class: "status", text: "running again…" }) : ""),
+    errorAt("ablate|" + key),
     got ? result(got) : "");
 }

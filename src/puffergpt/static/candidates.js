@@ -1,13 +1,22 @@
-// The selected token's candidates: the answer of the final top-k search over the
-// token vectors, with probabilities among those k, at T = 1 and at the slider's T
-// (recomputed here from the stored logits, with no request).
+// The selected token's candidates: the answer of the final top-k search over the token
+// vectors, with two kinds of probability kept apart. The model's own, over the whole
+// vocabulary (p_all: its normaliser needs every logit, one more search over every token vector,
+// asked once a step when its candidates open, counted in the waterfall), at T = 1 and at the
+// slider's T; and the sampler's, renormalised over the top k at the slider's T. Both are
+// recomputed here as the slider moves, with no request (the step keeps the whole vocabulary's
+// normaliser at every temperature the slider offers).
+import { api, textPath } from "./api.js";
 import { branchTo, vocab } from "./actions.js";
-import { $, h, labelled, placeholder, visibleToken } from "./dom.js";
+import { $, clearAt, errorAt, failAt, h, labelled, placeholder, visibleToken } from "./dom.js";
 import { int, logit, pct, probsAt } from "./format.js";
 import { saveButton, tokenEvidence } from "./insight.js";
+import { withText } from "./reopen.js";
 import { chosenProb } from "./tokens.js";
-import { S, keyAt, stepAt, temperature, view } from "./state.js";
+import { S, keyAt, render, stepAt, temperature, view } from "./state.js";
 
+const FOLDED = 5; // candidates shown until "show all"
+let unfolded = false;
+const asking = new Set(); // step keys whose probabilities over all tokens are being fetched
 function badge(step) {
   const kind = step.read > 1 ? "prefill" : step.read === 1 ? "decode" : "replayed";
   return h("span", { class: "badge b-" + (kind === "replayed" ? "replay" : kind), text: kind });
@@ -24,17 +33,33 @@ function probCell(cls, rank) {
   return h("td", { class: "num prob " + cls, dataset: { rank: String(rank) } }, h("span", { class: "pbar" }), h("span", { class: "pval" }));
 }
 function setProb(td, p) {
+  if (p === null || p === undefined) {
+    td.querySelector(".pbar").style.width = "0%";
+    td.querySelector(".pval").textContent = "…";
+    return;
+  }
   td.querySelector(".pbar").style.width = (Math.max(0, Math.min(1, p)) * 100).toFixed(1) + "%";
   td.querySelector(".pval").textContent = pct(p);
 }
 
-function candidateRow(c, i, position, p1, current) {
+// A candidate's probability over all tokens at T, from the step's normaliser n_T there
+// (p = exp((logit - n_T) / T); at T = 0, 1 for the best token): null when not known.
+export function pAllAt(step, lg, T) {
+  const all = step.over_all;
+  if (!all) return null;
+  const hit = all.normalisers.find(([t]) => Math.abs(t - T) < 1e-6);
+  if (!hit) return null;
+  return T === 0 ? (lg >= hit[1] ? 1 : 0) : Math.exp((lg - hit[1]) / T);
+}
+
+function candidateRow(c, i, position, current) {
   const isChosen = c.token_id === current;
-  const tr = h("tr", { class: isChosen ? "chosen" : null, dataset: { rank: String(i), tokenId: String(c.token_id) } },
+  return h("tr", { class: isChosen ? "chosen" : null, dataset: { rank: String(i), tokenId: String(c.token_id) }, hidden: !unfolded && i >= FOLDED },
     h("td", { class: "num rank", text: String(i + 1) }),
     h("td", { class: "tok" }, visibleToken(c.text, c.bytes_hex), h("span", { class: "tid", text: String(c.token_id) })),
     h("td", { class: "num", text: logit(c.logit) }),
-    probCell("p-t1", i),
+    probCell("p-all1", i),
+    probCell("p-all", i),
     probCell("p-t", i),
     h("td", { class: "num cum", dataset: { rank: String(i) } }),
     h("td", { class: "act" },
@@ -44,28 +69,71 @@ function candidateRow(c, i, position, p1, current) {
         title: isChosen ? "this is the token at this position" : `Put “${c.text}” at position ${position} and continue generating`,
         onclick: () => branchTo(position, { rank: i, token_id: c.token_id }),
       }, isChosen ? "chosen" : "branch")));
-  setProb(tr.children[3], p1);
-  return tr;
 }
 
-function probHead(text, k, extra) {
-  return h("th", { class: "num", dataset: { label: extra.id ? "p at the slider's T" : text }, ...extra, id: null },
-    h("span", { class: "th-main", id: extra.id ? extra.id : null, text }),
-    h("span", { class: "th-sub", text: `among these ${k}` }));
+function probHead(text, sub, extra) {
+  return h("th", { class: "num", dataset: { label: extra.label || text }, title: extra.title },
+    h("span", { class: "th-main", id: extra.id || null, text }),
+    h("span", { class: "th-sub", text: sub }));
 }
+
+// The search the final vector made: exact over every token vector, or the approximate index.
+const approximate = (step) => (step.request_log || []).some((r) => r.kind === "wte.ann");
 
 function explain(step, tok, p, k) {
   const pc = chosenProb(step, tok.id);
-  return h("p", { class: "note" },
-    `The final vector searched the ${int(vocab())} token vectors; these are the ${k} best, with their scores (logits). `,
-    `Probabilities are a softmax over these ${k} candidates only, at temperature T: `,
-    h("code", { class: "softmax-formula", text: "p(i) = exp(logit_i / T) / Σ_j exp(logit_j / T)" }),
-    ` (j over the ${k}; T = 1 is the model's own distribution, a lower T sharpens it, a higher one flattens it, T = 0 always takes the best). `,
+  const V = int(vocab());
+  return h("div", { class: "note cand-explain" },
+    h("p", null, approximate(step)
+      ? `The final vector asked the approximate index over the ${V} token vectors (wte.ann, “Next token: approximate”) for its ${k} best: the index may miss some of the true best, and each score it returns is exact. `
+      : `The final vector searched the ${V} token vectors; these are the ${k} best, with their scores (logits). `,
     step.temperature === 0
       ? "It was generated at T = 0: the best candidate is always taken."
-      : `It was sampled at T = ${step.temperature}, where this token had p = ${pct(pc)}.`,
+      : `It was sampled at T = ${step.temperature}, where the sampler gave this token p = ${pct(pc)}.`,
     S.chosen.get(keyAt(p)) === tok.id ? " You put it here with a branch." : "",
-    p >= S.length ? " (Stepped back: branching from here steps forward first.)" : "");
+    p >= S.length ? " (Stepped back: branching from here steps forward first.)" : ""),
+    h("p", null, h("b", { text: "Temperature " }), `reshapes the model's distribution over all ${V} tokens: `,
+      h("code", { class: "all-formula", text: `p_T(i) = exp(logit_i / T) / Σ_j exp(logit_j / T), j over all ${V}` }),
+      ". T = 1 is the model's own distribution; a lower T sharpens it, a higher one flattens it; T = 0 always takes the best."),
+    h("p", null, h("b", { text: "Top-k " }), `is a second, separate step: the sampler keeps the k best and renormalises them to 100 %: `,
+      h("code", { class: "softmax-formula", text: "p(i) = exp(logit_i / T) / Σ_j exp(logit_j / T), j over the top k" }),
+      `, here k = ${k}. So the sampler's column is larger than the model's, by the share of the mass the other tokens hold.`),
+    h("p", { class: "cand-mass" }));
+}
+
+// The shown candidates' share of the model's probability, at T = 1 and at the slider's T.
+function massLine(step, k, T) {
+  const at = (t) => step.candidates.reduce((a, c) => a + (pAllAt(step, c.logit, t) ?? 0), 0);
+  if (!step.over_all) {
+    return asking.has(keyAt(S.selected))
+      ? "Asking for the probabilities over all tokens (one search over every token vector)…"
+      : `The probabilities over all tokens are not known for this step (it was not generated on this server).`;
+  }
+  const m1 = at(1), mT = at(T);
+  return `These ${k} hold ${pct(m1)} of the model's probability at T = 1 (over all ${int(step.over_all.n_vocab)} tokens)` +
+    (T === 1 ? "" : ` and ${pct(mT)} at T = ${T.toFixed(2)}`) + `: the other ${int(step.over_all.n_vocab - k)} tokens hold the rest, and the sampler never picks them.`;
+}
+
+async function askOverAll(p, step) {
+  const key = keyAt(p);
+  if (step.over_all || asking.has(key) || !S.textId || !S.serverSteps.has(p)) return;
+  asking.add(key);
+  try {
+    const got = await withText(() => api("POST", textPath(S.textId, `/steps/${p}/probabilities`), {}));
+    const now = S.memo.get(key);
+    if (now) S.memo.set(key, { ...now, candidates: got.candidates, over_all: got });
+    clearAt("candidates|" + key);
+  } catch (e) {
+    failAt("candidates|" + key, e);
+  } finally {
+    asking.delete(key);
+    render("candidates", "waterfall", "tokens"); // the text's shade becomes the model's own probability
+  }
+}
+
+function foldButton(k) {
+  return h("button", { type: "button", class: "cand-fold", "aria-expanded": String(unfolded),
+    onclick: () => { unfolded = !unfolded; render("candidates"); } }, unfolded ? `show ${FOLDED}` : `show ${k}`);
 }
 
 function renderCandidates() {
@@ -85,38 +153,46 @@ function renderCandidates() {
   }
   const T = temperature();
   const k = step.candidates.length;
-  const p1 = step.probs_t1 || probsAt(step.candidates.map((c) => c.logit), 1);
-  const table = h("table", { class: "cand-table" },
+  const V = int(vocab());
+  const table = h("table", { class: "cand-table" + (unfolded ? "" : " folded") },
     h("thead", null, h("tr", null,
       h("th", { class: "num", text: "#" }),
       h("th", { text: "token" }),
       h("th", { class: "num", title: "the search score: the dot product of the final vector with the token's vector", text: "logit" }),
-      probHead("p at T=1", k, { title: `the model's own probabilities: softmax of the logits over these ${k} candidates` }),
-      probHead(`p at T=${T.toFixed(2)}`, k, { id: "p-temp-head", title: "recomputed here from the logits as you move the temperature slider" }),
-      h("th", { class: "num", text: "cumulative" }),
+      probHead("p at T=1", `over all ${V} tokens`, { label: "p at T=1, over all", title: "the model's own probability: softmax of every logit" }),
+      probHead(`p at T=${T.toFixed(2)}`, `over all ${V} tokens`, { id: "p-all-head", label: "p at the slider's T, over all", title: "the model's probability at the slider's temperature, over every token" }),
+      probHead(`p at T=${T.toFixed(2)}`, `the sampler's, over the top ${k}`, { id: "p-temp-head", label: "the sampler's p, over the top k", title: `what the sampler draws from: the slider's T, renormalised over these ${k}` }),
+      h("th", { class: "num", text: "cumulative", title: "the sampler's, summed from the best" }),
       h("th", { class: "act", dataset: { label: "" }, text: "" }))),
-    h("tbody", null, step.candidates.map((c, i) => candidateRow(c, i, p, p1[i], tok.id))));
+    h("tbody", null, step.candidates.map((c, i) => candidateRow(c, i, p, tok.id))));
   const save = saveButton(() => [tokenEvidence("token", p), [], `The token at position ${p} and the ${k} candidates it was chosen from.`]);
-  box.replaceChildren(selHead(tok, p, step), explain(step, tok, p, k), h("div", { class: "actions save-row" }, save),
-    h("div", { class: "table-scroll" }, labelled(table)));
+  box.replaceChildren(selHead(tok, p, step), explain(step, tok, p, k), errorAt("candidates|" + keyAt(p)), h("div", { class: "actions save-row" }, save),
+    h("div", { class: "table-scroll" }, labelled(table)), k > FOLDED ? h("div", { class: "actions cand-more" }, foldButton(k)) : "");
   updateProbs();
+  askOverAll(p, step);
 }
 
-// The temperature slider: recomputed here from the stored logits, no request.
+// The temperature slider: recomputed here from the stored logits and normalisers, no request.
 export function updateProbs() {
   const rows = $("candidates").querySelectorAll("tbody tr");
   const step = S.selected === null ? undefined : stepAt(S.selected);
   if (!rows.length || !step) return;
   const T = temperature();
   const pT = probsAt(step.candidates.map((c) => c.logit), T);
-  const headCell = $("p-temp-head");
-  if (headCell) headCell.textContent = `p at T=${T.toFixed(2)}`;
+  const set = (id, text) => { const el = $(id); if (el) el.textContent = text; };
+  set("p-temp-head", `p at T=${T.toFixed(2)}`);
+  set("p-all-head", `p at T=${T.toFixed(2)}`);
   let cum = 0;
   rows.forEach((tr, i) => {
+    const c = step.candidates[i];
     cum += pT[i];
+    setProb(tr.querySelector(".p-all1"), pAllAt(step, c.logit, 1) ?? c.p_all);
+    setProb(tr.querySelector(".p-all"), pAllAt(step, c.logit, T));
     setProb(tr.querySelector(".p-t"), pT[i]);
     tr.querySelector(".cum").textContent = pct(Math.min(1, cum));
   });
+  const mass = $("candidates").querySelector(".cand-mass");
+  if (mass) mass.textContent = massLine(step, step.candidates.length, T);
 }
 
 export function initCandidates() { view("candidates", renderCandidates); }

@@ -128,6 +128,15 @@ export function showError(e) {
   el.replaceChildren(h("strong", { text: "Error: " }), document.createTextNode(e && e.message ? e.message : String(e)));
   el.classList.add("shown");
 }
+// An error shown by the control that failed, not in the page's banner (on a phone that is far
+// above it): kept by the control's name until it succeeds or fails again, so a re-render keeps it.
+const local = new Map();
+export function failAt(name, e) { local.set(name, e && e.message ? e.message : String(e)); }
+export function clearAt(name) { local.delete(name); }
+export function errorAt(name) {
+  const m = local.get(name);
+  return m ? h("p", { class: "local-error", role: "alert", dataset: { for: name } }, h("strong", { text: "Error: " }), m) : "";
+}
 export function clearError() {
   const el = $("error");
   if (!el) return;

@@ -53,8 +53,9 @@ function summary(v) {
     h("div", { class: "stat" }, h("b", { text: v.same_greedy ? "same" : "changed" }), h("span", { text: "greedy token" })),
     h("div", { class: "stat" }, h("b", { text: ratio === null ? "–" : `${ratio.toFixed(1)}×` }), h("span", { text: "exact time ÷ approximate time" })),
     h("p", { class: "note", text: `Exact scores every one of the ${int(v.n_vocab)} token vectors; approximate walks a ` +
-      `${ix.kind.toUpperCase()} graph on ${ix.database} (m ${ix.m}, a search list of ${ix.ef_used}: the longer, ` +
-      "the more it finds and the slower) and scores only the rows it visits. " +
+      `${ix.kind.toUpperCase()} graph on ${ix.database} (m ${ix.m}, a search list of ${ix.ef_used}) and scores only the rows it visits. ` +
+      `The list never holds fewer than the ${v.k} asked for, so a list below ${v.k} searches as ${v.k}: the same recall and time. ` +
+      "A longer list visits more of the graph: recall rises until it stops, and a long one can take longer than the exact search, which reads every row in one pass of plain arithmetic while the graph's walk jumps from node to node. " +
       "Each logit it returns is exact for its token: only which tokens come back is approximate." }));
 }
 

@@ -21,6 +21,8 @@ const KIND_HELP = [
 ];
 // The same kind asked for by a view (not needed for the token) does another job.
 const EXTRA_HELP = [
+  [/^wte\.all$/, "every token's score: the normaliser of the probabilities over all tokens"],
+  [/^wte\.writes$/, "the tokens each piece of an opened head's write pushes most (a top-k over the token vectors)"],
   [/attn\.c_proj$/, "what each head writes: one masked query a head (attribution)"],
   [/mlp\.c_proj$/, "what every neuron writes: row n of c_proj, a one-hot query each (the MLP as a memory)"],
 ];
@@ -141,9 +143,15 @@ function extraSection(p) {
   const inside = S.inside.get(insideKey(p));
   const extra = inside && inside.requests ? inside.requests : [];
   const rerun = S.ablations.get(insideKey(p));
-  if (!inside && !rerun) return [];
+  const step = p > 0 ? stepAt(p) : undefined;
+  const all = step && step.over_all && step.over_all.requests.length ? step.over_all.requests : null;
+  if (!inside && !rerun && !all) return [];
   const table = (log, view = true) => h("div", { class: "table-scroll wf-scroll" }, requestTable(log, timeline(log).end, 0, view));
   return [
+    all ? h("div", { class: "wf-all" },
+      h("h3", { text: `Probabilities over all tokens: ${plural(all.length, "extra request")}` }),
+      h("p", { class: "note", text: "One search that scores every token vector, for the normaliser of the model's own probabilities (the candidates' “over all” columns): asked once for this step when you opened its candidates, not needed to choose the token." }),
+      table(all)) : "",
     inside ? h("div", { class: "wf-extra" },
       h("h3", { text: `Looking inside: ${plural(extra.length, "extra request")}, ${plural(roundTrips(extra), "round trip")}` }),
       h("p", { class: "note", text: extra.length

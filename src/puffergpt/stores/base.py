@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from puffergpt.settings import Setting
+
 Filter = tuple[tuple[str, str, Any], ...]
 OPS = ("=", "<", "<=", ">", ">=", "in")
 ATTR_TYPES = ("int", "float", "str")
@@ -233,6 +235,8 @@ class Store(ABC):
     # when it is created (metric=None: metrics[0]); False: by any of those it was created for
     thread_safe: bool = False  # False: the base lets one call at a time reach the backend (the
     # engine writes a text's keys in a background thread while it searches); True: it locks itself
+    settings: tuple[Setting, ...] = ()  # what it is opened with beside data_dir (a DSN, a key): each an
+    # argument of its factory, set by a flag or an environment variable that the CLI reads
 
     def __new__(cls, *args, **kwargs):
         try:

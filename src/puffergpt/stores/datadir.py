@@ -2,8 +2,9 @@
 text's keys) share about the data directory they keep their files in: one process at a time
 and one metadata file (``Home``), files replaced whole or not at all, the fingerprint of a
 namespace's files (``stamp``), and a reader child that opens the store where a database that
-aborts on a damaged file can't take the parent down (``read_isolated``); and the ids and
-attributes of a namespace's documents, kept in memory by slot (``Columns``)."""
+aborts on a damaged file can't take the parent down (``read_isolated``); a namespace as a
+directory of its own, opened on first use (``NamespaceDirs``); and the ids and attributes of a
+namespace's documents, kept in memory by slot (``Columns``)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from puffergpt.stores.base import Filter, Layout, ReaderDied, Store, StoreError, StoreHeld, resolve
+from puffergpt.stores.base import Filter, Layout, ReaderDied, Store, StoreError, StoreHeld, check_name, resolve
 
 _DTYPES = {"int": np.int64, "float": np.float64, "str": object}
 LOCK_FILE = "puffergpt.lock"
@@ -90,6 +91,55 @@ class Columns:
             elif a == "id":
                 n = min(n, 1 if op == "=" else len(set(v)))
         return n
+
+
+class NamespaceDirs:
+    """A persisted namespace as a directory of its own under ``kept`` (its layout in namespace.json),
+    opened on first use and kept open. Mixed into each in-process database's store, which holds
+    ``kept``, ``lock`` (the catalog), ``_ns`` (namespace -> its open namespace) and ``what`` (its
+    name in messages), and opens a namespace's files with ``_open_files(ns, d, layout)``."""
+
+    def _dir(self, ns: str) -> Path:
+        return self.kept / check_name(ns)
+
+    def _get(self, ns: str):
+        n = self._ns.get(ns)
+        if n is None:  # checked again under the lock: two threads may ask at once
+            with self.lock:
+                n = self._ns.get(ns) or self._open(ns)
+        return n
+
+    def _open(self, ns: str):
+        d = self._dir(ns)
+        try:
+            layout = json.loads((d / "namespace.json").read_text())
+        except FileNotFoundError:
+            raise StoreError(f"namespace {ns!r} does not exist") from None
+        except ValueError as e:
+            raise self._damaged(ns, d, e) from None
+        self._ns[ns] = n = self._open_files(ns, d, layout)
+        return n
+
+    def _damaged(self, ns: str, d: Path, e: Exception) -> StoreError:
+        return StoreError(f"{self.what} can't read namespace {ns!r} ({d}): {e}. "
+                          f"Drop it and load again (`puffergpt load --repair`), or restore the data directory")
+
+    def _layout(self, ns):
+        if ns not in self._ns and not (self._dir(ns) / "namespace.json").exists():
+            return None
+        return self._get(ns).spec
+
+    def _namespaces(self, prefix, also=()):
+        """{namespace: layout} of the kept namespaces (and ``also``'s) whose names start with prefix."""
+        with self.lock:
+            kept = [p.name for p in self.kept.iterdir() if not p.name.startswith(".")] if self.kept.is_dir() else []
+            return {ns: self._stored_layout(ns) for ns in {*kept, *also} if ns.startswith(prefix)}
+
+    def _stored_layout(self, ns: str) -> Layout:
+        """The layout from memory, or from namespace.json (listing opens no database file)."""
+        if (n := self._ns.get(ns)) is not None:
+            return n.spec
+        return read_layout(self._dir(ns) / "namespace.json", ns, self.what)
 
 
 class Home:

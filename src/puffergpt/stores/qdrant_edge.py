@@ -110,8 +110,9 @@ class _Spare:
     uses: int
 
 
-class QdrantEdgeStore(Store):
+class QdrantEdgeStore(datadir.NamespaceDirs, Store):
     name = "qdrant-edge"
+    what = "the embedded store (Qdrant Edge)"
     metrics = ("inner_product", "cosine_distance", "euclidean_squared")
     max_queries = 16384  # 12 heads x 1,024 positions: a whole prefill's attention in one request
     thread_safe = True  # it holds its own locks
@@ -136,34 +137,16 @@ class QdrantEdgeStore(Store):
 
     # --- namespaces ---
     def _dir(self, ns: str) -> Path:
-        if ns in self._ephemeral:
-            return self._ephemeral[ns]
-        return self.kept / check_name(ns)
+        return self._ephemeral[ns] if ns in self._ephemeral else super()._dir(ns)
 
-    def _get(self, ns: str) -> _Namespace:
-        n = self._ns.get(ns)
-        if n is None:
-            with self.lock:
-                n = self._ns.get(ns) or self._open(ns)
-        return n
-
-    def _open(self, ns: str) -> _Namespace:
-        """A persisted namespace: its shard, and its ids and attributes read from the payload."""
-        d = self._dir(ns)
-        try:
-            layout = json.loads((d / "namespace.json").read_text())
-        except FileNotFoundError:
-            raise StoreError(f"namespace {ns!r} does not exist") from None
+    def _open_files(self, ns: str, d: Path, layout: dict) -> _Namespace:
+        """A namespace's shard, and its ids and attributes read from the payload (``NamespaceDirs._open``)."""
         n = _Namespace(layout["dim"], layout["schema"], tuple(layout["metrics"]))
         try:
             n.shard = qe.EdgeShard.load(str(d / "shard"))
             self._rebuild(n)
         except Exception as e:
-            raise StoreError(
-                f"the embedded store can't read namespace {ns!r} ({d}): {e}. "
-                f"Drop it and load again (`puffergpt load --repair`), or restore the data directory"
-            ) from None
-        self._ns[ns] = n
+            raise self._damaged(ns, d, e) from None
         return n
 
     @staticmethod
@@ -183,11 +166,6 @@ class QdrantEdgeStore(Store):
                 n.record(slots, ids, {a: [p[a] for p in pays] for a in n.schema})
             if offset is None:
                 return
-
-    def _layout(self, ns):
-        if ns not in self._ns and not (self._dir(ns) / "namespace.json").exists():
-            return None
-        return self._get(ns).spec
 
     def _create_namespace(self, ns, layout, ephemeral):
         # A namespace created for cosine also keeps the vectors as given, for fetch (see above).
@@ -273,14 +251,7 @@ class QdrantEdgeStore(Store):
 
     def _namespaces(self, prefix):
         with self.lock:
-            stored = [p.name for p in self.kept.iterdir() if not p.name.startswith(".")] if self.kept.is_dir() else []
-            return {ns: self._stored_layout(ns) for ns in {*stored, *self._ephemeral} if ns.startswith(prefix)}
-
-    def _stored_layout(self, ns: str) -> Layout:
-        """The layout from memory, or from namespace.json (listing opens no shard)."""
-        if (n := self._ns.get(ns)) is not None:
-            return n.spec
-        return datadir.read_layout(self._dir(ns) / "namespace.json", ns, "the embedded store (Qdrant Edge)")
+            return super()._namespaces(prefix, also=list(self._ephemeral))
 
     # --- documents ---
     def _upsert(self, ns, layout, ids, v, cols):

@@ -209,8 +209,9 @@ class _Namespace(datadir.Columns):
         return m
 
 
-class ZvecStore(Store):
+class ZvecStore(datadir.NamespaceDirs, Store):
     name = "zvec"
+    what = "the embedded store (zvec)"
     metrics = ("inner_product", "cosine_distance", "euclidean_squared")
     max_queries = 16384  # 12 heads x 1,024 positions: a whole prefill in one request
     max_top_k = MAX_TOP_K
@@ -234,25 +235,9 @@ class ZvecStore(Store):
         self._indexes: dict[tuple, object] = {}  # (ns, value, metric) -> an index's collection, read-only
 
     # --- namespaces ---
-    def _dir(self, ns: str) -> Path:
-        return self.kept / check_name(ns)
-
-    def _get(self, ns: str) -> _Namespace:
-        n = self._ns.get(ns)
-        if n is None:
-            with self.lock:
-                n = self._ns.get(ns) or self._open(ns)
-        return n
-
-    def _open(self, ns: str) -> _Namespace:
-        """A namespace's collections, opened read-only, and its ids and attributes read from them."""
-        d = self._dir(ns)
-        try:
-            lay = json.loads((d / "namespace.json").read_text())
-        except FileNotFoundError:
-            raise StoreError(f"namespace {ns!r} does not exist") from None
-        except ValueError as e:
-            raise self._damaged(ns, d, e) from None
+    def _open_files(self, ns: str, d: Path, lay: dict) -> _Namespace:
+        """A namespace's collections, opened read-only, and its ids and attributes read from them
+        (``NamespaceDirs._open``)."""
         n = _Namespace(lay["dim"], lay["schema"], tuple(lay["metrics"]), d, lay.get("partition"), lay.get("codes", {}))
         n.grow(0)
         for p in [] if self.home.borrowed else d.glob(".*"):  # a collection half-made when its process died
@@ -271,7 +256,6 @@ class ZvecStore(Store):
         except Exception as e:
             self._close(n)
             raise self._damaged(ns, d, e) from None
-        self._ns[ns] = n
         return n
 
     def _each(self, f, items) -> list:
@@ -280,11 +264,6 @@ class ZvecStore(Store):
         if bad := next((x for x in done if isinstance(x, BaseException)), None):
             raise bad
         return done
-
-    @staticmethod
-    def _damaged(ns: str, d: Path, e: Exception) -> StoreError:
-        return StoreError(f"the embedded store (zvec) can't read namespace {ns!r} ({d}): {e}. "
-                          f"Drop it and load again (`puffergpt load --repair`), or restore the data directory")
 
     def _mode(self, n: _Namespace, part: _Part, read_only: bool) -> None:
         """(Re)open a collection read-only (to search it) or writable (to write it)."""
@@ -307,11 +286,6 @@ class ZvecStore(Store):
             _mark_clean(part.path, False)  # until it is closed: a kill meanwhile leaves zvec a log to replay
         part.col = zvec.open(str(part.path / "col"), zvec.CollectionOption(read_only=read_only))
         part.read_only = read_only
-
-    def _layout(self, ns):
-        if ns not in self._ns and not (self._dir(ns) / "namespace.json").exists():
-            return None
-        return self._get(ns).spec
 
     def _create_namespace(self, ns, layout, ephemeral):
         if ephemeral:  # the embedded store keeps these on Qdrant Edge
@@ -376,16 +350,6 @@ class ZvecStore(Store):
             self._close_index(ns)
             if (idx := self.root / INDEXES / ns).is_dir():
                 datadir.remove(idx, False)
-
-    def _namespaces(self, prefix):
-        with self.lock:
-            stored = [p.name for p in self.kept.iterdir() if not p.name.startswith(".")]
-            return {ns: self._stored_layout(ns) for ns in stored if ns.startswith(prefix)}
-
-    def _stored_layout(self, ns: str) -> Layout:
-        if (n := self._ns.get(ns)) is not None:
-            return n.spec
-        return datadir.read_layout(self._dir(ns) / "namespace.json", ns, "the embedded store (zvec)")
 
     # --- documents ---
     def _upsert(self, ns, layout, ids, v, cols):

@@ -1,27 +1,25 @@
-"""A text: what a user works on. Type, generate, look at the candidates, step back,
-take another candidate, cut.
+"""A text: what a user works on. Type, generate, look at the candidates, step back, take another candidate, cut.
 
-A text drives any ``Run`` (numpy's or the searches': weights and a session, ``model/session.py``)
-through the one forward pass in ``reference.py``. It remembers what the model has read, so that
-only positions the model has not read cost requests:
+A text drives any ``Run`` (numpy's or the searches': weights and a session, ``model/session.py``) through the one
+forward pass in ``reference.py``. It remembers what the model has read, so that only positions the model has not
+read cost requests:
 
-- ``tokens[:length]`` is the text; tokens after ``length`` are kept after a step back
-  (stepping back deletes nothing) and are dropped only when a new token replaces them;
-- ``tokens[:read_upto]`` have been read: their keys are in the text's namespace, their
-  values in ``cache``, their final hidden states in ``hidden`` (the query for the next token);
-- ``steps[p]`` holds, for each generated position p, its candidates (at most
-  ``KEEP_CANDIDATES``) and what they cost;
-- ``kept[p]``: what a learning view computed from the token at p - 1 (an inspection,
-  ``inspector.py``), for at most ``KEEP_VIEWS`` positions (the most recent), dropped when a
-  token before p changes; others are recomputed on demand;
+- ``tokens[:length]`` is the text; tokens after ``length`` are kept after a step back (stepping back deletes
+  nothing) and are dropped only when a new token replaces them;
+- ``tokens[:read_upto]`` have been read: their keys are in the text's namespace, their values in ``cache``, their
+  final hidden states in ``hidden`` (the query for the next token);
+- ``steps[p]`` holds, for each generated position p, its candidates (at most ``KEEP_CANDIDATES``) and what they
+  cost, and once asked (``texts/probabilities.py``) their probabilities over the whole vocabulary;
+- ``kept[p]``: what a learning view computed from the token at p - 1 (an inspection, ``inspector.py``), for at
+  most ``KEEP_VIEWS`` positions (the most recent), dropped when a token before p changes; others are recomputed;
 - ``writes`` and ``written_by``: which read wrote each position's keys (the KV cache view).
 
 Reading is batched: all unread tokens go through each matrix in one request (prefill).
 
-Texts are opened two ways: ``Texts``, the open texts of one engine (the server's: a bound
-on how many, expiry when idle, closing drops their keys), and ``opened``, a text of its
-own closed on any exit (a completion's, a test's). A text another server held (one that went
-away) is reopened from what the page kept, its token ids (``Text.restore``): one prefill.
+Texts are opened two ways: ``Texts``, the open texts of one engine (the server's: a bound on how many, expiry when
+idle, closing drops their keys), and ``opened``, a text of its own closed on any exit (a completion's, a test's).
+A text another server held (one that went away) is reopened from what the page kept, its token ids
+(``Text.restore``): one prefill.
 """
 
 from __future__ import annotations
@@ -39,7 +37,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from puffergpt.model import tokenizer
+from puffergpt.model import sampling, tokenizer
 from puffergpt.model.checkpoints import GPT2Config
 from puffergpt.model.reference import NO_ABLATION, Ablation, Cache, Trace, forward
 from puffergpt.model.sampling import Sampling, distribution, log_softmax, pick, probabilities
@@ -121,6 +119,7 @@ class Step:
     # a candidate's exact log-probability is logit - logz; and the chosen token's own.
     logz: float | None = None
     logprob: float | None = None
+    normalisers: dict[float, float] | None = None  # {T: n_T} over all n_vocab (``probabilities.py``): p_all
 
     def logprobs(self, k: int) -> list[tuple[int, float]]:
         """The k best tokens and their exact log-probabilities (needs ``logz``)."""
@@ -132,14 +131,11 @@ class Step:
 
     def candidates(self, temperature: float | None = None) -> list[dict]:
         t = self.temperature if temperature is None else temperature
-        probs = probabilities(self.logits, t)
+        probs, n = probabilities(self.logits, t), self.normalisers  # the sampler's: over these candidates
         return [{"token_id": int(i), "text": tokenizer.token_text(int(i)), "logit": float(l), "prob": float(p)}
+                | ({} if n is None else {"p_all": sampling.probability_over_all(l, n, 1.0)}
+                   | ({"p_all_t": sampling.probability_over_all(l, n, t)} if float(t) in n else {}))
                 for i, l, p in zip(self.ids, self.logits, probs, strict=True)]
-
-    def to_json(self) -> dict:
-        return {"position": self.position, "token_id": self.token_id, "text": self.text,
-                "candidates": self.candidates(), "requests": len(self.requests),
-                "round_trips": sum(r.round_trips for r in self.requests), "ms": round(self.ms, 3)}
 
 
 class Text:

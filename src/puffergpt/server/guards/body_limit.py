@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from puffergpt import settings
 from puffergpt.server.bodies import BodyError, parse_json
 from puffergpt.server.errors import refuse
 
@@ -19,7 +20,7 @@ class BoundedBody:
     False: bounded only, handed on as it came (the front of ``serve --workers``, whose workers
     judge it)."""
 
-    def __init__(self, app, read_timeout_s: float = 10.0, parse: bool = True):
+    def __init__(self, app, read_timeout_s: float = settings.default("read_timeout_s"), parse: bool = True):
         self.app = app
         self.read_timeout_s = read_timeout_s
         self.parse = parse

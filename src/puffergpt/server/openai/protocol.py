@@ -10,9 +10,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from puffergpt.app.protocol import MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 from puffergpt.model import tokenizer
 from puffergpt.model.sampling import Sampling
-from puffergpt.server.bodies import MAX_NEW_TOKENS, MAX_PROMPT_CHARS
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for max_tokens
 

@@ -18,8 +18,8 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from puffergpt.app.protocol import MAX_PROMPT_CHARS
 from puffergpt.model import tokenizer
-from puffergpt.server.bodies import MAX_PROMPT_CHARS
 from puffergpt.server.openai.protocol import ERROR_RESPONSES, Message, OpenAIError, body_schema, chat_prompt
 from puffergpt.server.openai.routes import body_of
 from puffergpt.server.state import EngineDep

@@ -4,5 +4,6 @@
 - ``texts.py``: open, edit, generate (server-sent events), stop, close, look inside, switch parts off;
 - ``views.py``: the embedding and output-search views; ``model.py``: ``/api/info`` and Compare;
 - ``notebook.py``: save, list, read and replay insights;
-- ``render.py``: the JSON shapes the page reads; ``responses.py``: their OpenAPI models.
+- ``responses.py``: the OpenAPI models of the JSON the page reads (its shapes are
+  ``app/protocol.py``'s, rendered here, computed nowhere here).
 """

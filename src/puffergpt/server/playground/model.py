@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException
 from puffergpt.app import completion
 from puffergpt.model import info as model_info
 from puffergpt.model import tokenizer
-from puffergpt.search import costs, loading
+from puffergpt.search import costs, manifest
 from puffergpt.search.engine import requests_per_token, round_trips_per_token
 from puffergpt.server.bodies import CompareBody
 from puffergpt.server.playground import responses
@@ -25,7 +25,7 @@ def info(served: ServedDep) -> dict:
     the page reads first."""
     engine, config = served.engine, served.config
     m, c = engine.manifest, engine.config
-    nbytes = loading.stored_bytes(m)
+    nbytes = manifest.stored_bytes(m)
     name = model_info.model_name(engine.model)  # a local checkpoint by its directory's name, as /v1 shows it
     return {"model": name, "backend": engine.store.name, "metric": m["metric"],
             "config": m["config"], "documents": m["documents"], "namespaces": m["namespaces"],
@@ -35,7 +35,7 @@ def info(served: ServedDep) -> dict:
             "max_new_tokens": config.max_new_tokens, "max_open_texts": config.max_open_texts,
             "about": model_info.about(name, c), "starters": model_info.starters(engine.model),
             "embedding_words": model_info.embedding_words(engine.model),
-            "context_starters": model_info.context_starters(),
+            "context_starters": model_info.context_starters(engine.model),
             "fallback": config.fallback,
             "auth": {"api_key": bool(config.api_keys), "public_read_only": config.public_read_only}}
 

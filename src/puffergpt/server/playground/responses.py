@@ -2,7 +2,7 @@
 names their fields. Each allows extra keys, and declares only keys every response has
 (a key present only sometimes, such as an inspection's ``attribution``, stays an extra):
 the JSON the page reads (``static/*.js``) is exactly what the routes render
-(``render.py``, ``views.py``, ``completion.py``). ``errors`` declares the error answers a
+(``app/protocol.py``, ``completion.py``). ``errors`` declares the error answers a
 route really sends, each in the one error shape (``ErrorBody``, ``errors.py``)."""
 
 from __future__ import annotations
@@ -140,6 +140,36 @@ class Ablated(Response):
     requests: list[dict[str, Any]]
 
 
+class Probabilities(Response):
+    """A step's candidates with their probabilities over the whole vocabulary (``p_all`` at T = 1, ``p_all_t``
+    at the step's T) beside the sampler's (``prob``, over these candidates), the normaliser n_T at each
+    temperature of the page's slider ([T, n_T]: p = exp((logit - n_T) / T)), the candidates' share of all the
+    mass at T = 1 (``mass``), and the search it cost (none when the step had it: marked extra)."""
+
+    position: int
+    temperature: float
+    candidates: list[dict[str, Any]]
+    normalisers: list[list[float]]
+    mass: float
+    n_vocab: int
+    requests: list[dict[str, Any]]
+
+
+class Writes(Response):
+    """What head ``layer``.``head`` writes at ``position`` (the query), a source position a piece: its attention
+    ``weight``, its ``effect`` on the logit of ``token`` (read as the attribution reads a part) and the ``top``
+    tokens it pushes; the effects sum to ``total``, the head's part in the attribution."""
+
+    token_id: int
+    token: dict[str, Any]
+    position: int
+    layer: int
+    head: int
+    sources: list[dict[str, Any]]
+    total: float
+    requests: list[dict[str, Any]]
+
+
 class KV(Response):
     """A text's key namespace: which positions hold keys, and which read wrote them."""
 
@@ -215,14 +245,21 @@ class Map(Response):
 
 class Contexts(Response):
     """One word in 2 or 3 prompts, layer by layer (``contexts.py``): ``layers`` [{layer, cosine,
-    lens, top}], each context's tokens and ``attention`` from the word (L x H x its position + 1)."""
+    lens, top (each token's training count and rare mark), control (with a control)}], each
+    context's tokens and ``attention`` from the word (L x H x its position + 1), the ``control``
+    prompt (None: none), the word's ``rarity``, the lines in words (``reading``) and why the lens
+    rows say little where they do (``lens_note``)."""
 
     word_id: int
     word: dict[str, Any]
     positions: list[int]
     layers: list[dict[str, Any]]
     contexts: list[dict[str, Any]]
+    control: dict[str, Any] | None
     attention: list[list[list[list[float]]]]
+    rarity: dict[str, Any]
+    reading: list[str]
+    lens_note: str | None
     k: int
     requests: list[dict[str, Any]]
 

@@ -1,7 +1,7 @@
 """The playground's texts: open one, show it, edit it, generate (server-sent events),
 stop, close, and look inside (a position's attention and lens, the key namespace).
 Each route parses, calls the text (which keeps its own rules: no edit while it
-generates, token ids, the context), and renders (``render.py``)."""
+generates, token ids, the context), and renders (``app/protocol.py``'s JSON)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,15 @@ from collections.abc import Iterator
 from fastapi import APIRouter
 from fastapi.responses import StreamingResponse
 
+from puffergpt.app.protocol import (
+    ablation_json,
+    inspect_json,
+    probabilities_json,
+    step_json,
+    text_json,
+    view_json,
+    writes_json,
+)
 from puffergpt.lens import inspector, output_search, views
 from puffergpt.model import tokenizer
 from puffergpt.model.sampling import Sampling
@@ -22,13 +31,14 @@ from puffergpt.server.bodies import (
     CreateBody,
     PositionBody,
     SamplingBodyInspect,
+    WritesBody,
 )
 from puffergpt.server.playground import responses
-from puffergpt.server.playground.render import ablation_json, inspect_json, request_json, sse, step_json, text_json
 from puffergpt.server.playground.responses import BODY, errors
 from puffergpt.server.state import ConfigDep, GenerationsDep, TextDep, TextsDep
-from puffergpt.server.streaming import stream
+from puffergpt.server.streaming import sse, stream
 from puffergpt.stores.base import StoreError
+from puffergpt.texts import probabilities
 from puffergpt.texts.text import Text, TextError, check_generation
 
 router = APIRouter(prefix="/api/texts", tags=["texts"])
@@ -183,11 +193,32 @@ def ablate(position: int, body: AblateBody, t: TextDep, texts: TextsDep) -> dict
     return ablation_json(inspector.ablate(t, position, body.parts, texts.open_run, body.k, body.mode))
 
 
+@router.post("/{text_id}/steps/{position}/probabilities", response_model=responses.Probabilities,
+             operation_id="stepProbabilities", summary="A step's candidates' probabilities over the whole vocabulary",
+             responses=errors(*BODY, 404, 503))
+def step_probabilities(position: int, t: TextDep) -> dict:
+    """Each candidate of the step at ``position`` with its probability over all n_vocab tokens (the model's own:
+    one search over every token vector, once a step, marked extra) beside the sampler's over the top k."""
+    requests = probabilities.normalise(t, position)
+    with t.lock:
+        return probabilities_json(t.steps[position], t.config.n_vocab, requests)
+
+
+@router.post("/{text_id}/steps/{position}/writes", response_model=responses.Writes, operation_id="headWrites",
+             summary="What a head writes from each position it attends to", responses=errors(*BODY, 404, 409, 503))
+def head_writes(position: int, body: WritesBody, t: TextDep) -> dict:
+    """What head ``head`` ("L.H") writes at the token at position - 1, a piece a source position: its weight,
+    its effect on the logit of the token at ``position`` (the attribution's reading: the pieces sum to the head's
+    part) and the tokens it pushes most (a top-k search over the token vectors)."""
+    got, requests = inspector.head_writes(t, position, body.head)
+    with t.lock:
+        return writes_json(got, t.tokens, requests)
+
+
 @router.get("/{text_id}/kv", response_model=responses.KV, operation_id="getKeys", summary="A text's key namespace",
             responses=errors(404, 503))
 def kv(t: TextDep) -> dict:
     """The text's key namespace: which positions hold keys, and which read wrote them."""
     with t.lock, t.session.recording() as requests:
         d = views.kv(t)
-    d["requests"] = [request_json(r) for r in requests]
-    return d
+    return view_json(d, requests)

@@ -2,8 +2,8 @@
 the path of a text's token through the layers). Each is a fetch and a search or two on
 weights of its own, counted in the response's ``requests``. The next token of a text's
 position found exactly and through the approximate index, side by side (``output_search.py``).
-And a word in two or three contexts, layer by layer (``contexts.py``): a prefill and a lens search a prompt, each in
-a run of its own."""
+And a word in two or three contexts and a control, layer by layer (``contexts.py``): a prefill and a lens search a
+prompt, each in a run of its own."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from collections.abc import Callable
 
 from fastapi import APIRouter
 
+from puffergpt.app.protocol import view_json
 from puffergpt.lens import contexts, inspector, output_search, views
 from puffergpt.search.engine import Engine
 from puffergpt.server.bodies import AnalogyBody, ContextsBody, MapBody, NeighboursBody, OutputSearchBody
 from puffergpt.server.playground import responses
-from puffergpt.server.playground.render import request_json
 from puffergpt.server.playground.responses import BODY, errors
 from puffergpt.server.state import EngineDep, TextsDep, open_text
 from puffergpt.texts.text import TextError
@@ -30,8 +30,7 @@ def view(engine: Engine, compute: Callable[[object], dict]) -> dict:
     try:
         with run.session.recording(extra=True) as requests:
             d = compute(run.weights)
-        d["requests"] = [request_json(r) for r in requests]
-        return d
+        return view_json(d, requests)
     finally:
         run.session.close()
 
@@ -78,13 +77,16 @@ def output_search_view(body: OutputSearchBody, texts: TextsDep) -> dict:
     """The next token at a text's position found both ways, exact (every token vector scored) and
     through the store's approximate index, side by side: what the index missed, and each one's time."""
     got, requests = output_search.at(open_text(body.text_id, texts), body.position, body.k, body.ef)
-    return {**got, "requests": [request_json(r) for r in requests]}
+    return view_json(got, requests)
 
 
 @router.post("/contexts", response_model=responses.Contexts, operation_id="compareContexts",
              summary="One word in 2 or 3 contexts, layer by layer", responses=VIEW)
 def contexts_view(body: ContextsBody, engine: EngineDep) -> dict:
-    """One word in 2 or 3 prompts: per layer the cosine between its vectors, each context's
-    lens, and its attention; what ``puffergpt contexts`` computes, with the page's extras."""
-    got = contexts.contexts(engine.open, engine.config, body.word, list(body.prompts), body.k)
-    return {**got, "requests": [request_json(r) for r in got["requests"]]}
+    """One word in 2 or 3 prompts, and a control prompt where it means what it does in the first:
+    per layer the cosine between its vectors (the control pair's beside them), each context's
+    lens, and its attention; the word's training count, and the lines read in words; what
+    ``puffergpt contexts`` computes, with the page's extras."""
+    got = contexts.contexts(engine.open, engine.config, body.word, list(body.prompts), body.k, body.control,
+                            engine.token_counts)
+    return view_json(got, got["requests"])

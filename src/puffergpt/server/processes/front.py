@@ -34,6 +34,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from puffergpt import settings
 from puffergpt.server.errors import error
 from puffergpt.server.guards.body_limit import BoundedBody
 from puffergpt.server.processes.workers import Pool
@@ -222,7 +223,7 @@ async def health(request: Request) -> Response:
     return JSONResponse({"status": "ok"})
 
 
-def create_front(pool: Pool, read_timeout_s: float = 10.0) -> Starlette:
+def create_front(pool: Pool, read_timeout_s: float = settings.default("read_timeout_s")) -> Starlette:
     """The front's app over a started pool of workers."""
     app = Starlette(routes=[Route("/api/status", status, methods=["GET"]), Route("/metrics", metrics, methods=["GET"]),
                             Route("/ready", ready, methods=["GET"]), Route("/health", health, methods=["GET"]),

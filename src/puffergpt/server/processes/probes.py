@@ -3,7 +3,7 @@
 - ``GET /health``: liveness, the process answers: 200 ``{"status": "ok"}``;
 - ``GET /ready``: readiness: the store answers a search of one row of the model
   (``Engine.probe``) and still holds the manifest this server opened, complete and current
-  (``loading.read_manifest``; ``serve`` checked the documents against it when it started):
+  (``manifest.read_manifest``; ``serve`` checked the documents against it when it started):
   200 ``{"status": "ready"}``, else 503 ``{"status": "unavailable", "reason": ...}``;
 - ``GET /metrics``: Prometheus' text format, from the maintained ``prometheus_client``, in a
   registry of the app's own: HTTP requests answered (method, route, status), tokens the
@@ -23,7 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import BaseModel
 
-from puffergpt.search import loading
+from puffergpt.search import manifest
 from puffergpt.search.engine import Engine
 from puffergpt.server.state import ServedDep
 from puffergpt.texts.registry import Texts
@@ -104,7 +104,7 @@ def health() -> dict:
 def readiness(engine: Engine) -> str | None:
     """Why the server can't serve now, or None."""
     try:
-        stored = loading.read_manifest(engine.store, engine.key, engine.model)
+        stored = manifest.read_manifest(engine.store, engine.key, engine.model)
         if stored.get("matrices") != engine.manifest.get("matrices"):
             return "the store holds another load of the model than this server opened: restart the server"
         engine.probe()

@@ -28,9 +28,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, make_dataclass
 from pathlib import Path
 
+from puffergpt import settings
 from puffergpt.texts.text import log
 
 MAX_WORKERS = 64
@@ -60,19 +61,16 @@ def share(total: int, n: int) -> int:
     return max(1, -(-total // n))
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What a worker needs to serve: sent on its stdin as one JSON line."""
-
-    model: str
-    backend: str
-    data_dir: str | None
-    store_options: dict  # what open_store takes beside data_dir (Store.worker_options, a DSN, a key)
-    config: dict  # ServerConfig's fields
-    max_running: int
-    text_ttl_s: float
-    notebook: str | None = None
-    output_search: str = "exact"  # serve --output-search: how a text's next token is found by default
+# What a worker needs to serve, sent on its stdin as one JSON line: what the server serves, where,
+# and the settings that go to "worker" (puffergpt.settings: named, typed and defaulted there).
+WorkerSpec = make_dataclass("WorkerSpec", [
+    ("model", str),
+    ("data_dir", str | None),
+    ("store_options", dict),  # what open_store takes beside data_dir (the backend's settings, Store.worker_options)
+    ("config", dict),  # ServerConfig's fields
+    ("notebook", str | None),
+    *settings.fields("worker"),
+], frozen=True, namespace={"__module__": __name__})
 
 
 class Worker:
@@ -210,8 +208,7 @@ def worker_config(fields: dict):
     where the config holds tuples): the parent's, keys and hosts included."""
     from puffergpt.server.state import ServerConfig
 
-    tuples = {k: tuple(fields.get(k) or ()) for k in ("cors_origins", "api_keys")}
-    return ServerConfig(**{**fields, **tuples, "trusted_hosts": tuple(fields.get("trusted_hosts") or ()) or None})
+    return ServerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 def worker_main() -> None:
@@ -220,7 +217,7 @@ def worker_main() -> None:
     from puffergpt.model import checkpoints
     from puffergpt.model.reference import NumpyWeights
     from puffergpt.model.session import Run
-    from puffergpt.search import loading
+    from puffergpt.search import manifest
     from puffergpt.search.scheduler import Scheduler
     from puffergpt.server.app import create_app, run, server
     from puffergpt.stores import open_store
@@ -230,7 +227,7 @@ def worker_main() -> None:
     config = worker_config(spec.config)
     store = open_store(spec.backend, Path(spec.data_dir) if spec.data_dir else None, **spec.store_options)
     try:
-        engine = loading.open_engine(store, spec.model, scheduler=Scheduler(spec.max_running),  # checked by the parent
+        engine = manifest.open_engine(store, spec.model, scheduler=Scheduler(spec.max_running),  # checked by the parent
                                      text_ttl_s=spec.text_ttl_s, output_search=spec.output_search)
         notebook = None
         if spec.notebook is not None:
