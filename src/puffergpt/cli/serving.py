@@ -108,11 +108,12 @@ def serve_with_workers(spec, n: int, host: str, port: int, started: str) -> None
     holds the store while they run."""
     from puffergpt.server.app import run
     from puffergpt.server.processes.front import create_front, front_server
-    from puffergpt.server.processes.workers import running
+    from puffergpt.server.processes.workers import running, worker_config
 
     with running(spec, n) as pool:
         click.echo(started)
-        run(front_server(create_front(pool), pool, host, port))
+        front = create_front(pool, worker_config(spec.config))
+        run(front_server(front, pool, host, port))
 
 
 SHARED = (". Several servers can't share one data directory: give each `--backend pgvector --dsn postgresql://...` "
