@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from test_workers import call, free_port
 
 MB = 1 << 20

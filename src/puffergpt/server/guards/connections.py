@@ -94,7 +94,8 @@ class Guarded(H11Protocol):
             self._refuse(408, f"the request's headers did not arrive within {self.header_s:g} s", "request_timeout")
 
     def _refuse(self, status: int, message: str, code: str) -> None:
-        """Answer ``status`` (OpenAI's error shape, as the app's refusals) and close after LINGER_S."""
+        """Answer ``status`` (OpenAI's error shape, as the app's refusals) and close: at once,
+        or after LINGER_S for a client still sending much (a 431), lest the close reset it."""
         self._disarm()
         self._refused = True
         body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
@@ -102,7 +103,10 @@ class Guarded(H11Protocol):
         head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
                 f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
         self.transport.write(head.encode() + body)
-        self.loop.call_later(LINGER_S, self.transport.close)
+        if status == 431:
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
+            self.transport.close()  # after what was written
 
 
 def uvicorn_config(app, host: str, port: int, header_s: float, max_connections: int, **kwargs) -> uvicorn.Config:
