@@ -56,6 +56,7 @@ def serve(model, backend_settings, **given) -> None:
     url = f"http://{shown}:{s.port}/"
     serving = default_data(s.data_dir) / SERVING if s.backend == "embedded" else None
     with opened, clear_errors(), announced(serving, {"url": url, "pid": os.getpid(), "model": model}):
+        room_for_spares(opened.store, s.workers, s.max_running)  # before the address: a full disk is an error
         where = f"puffergpt: {model} on {s.backend}, {opened.engine.manifest['documents']:,} documents"
         if s.workers == 1:
             click.echo(f"{where}, one process. Open {url}")
@@ -64,6 +65,15 @@ def serve(model, backend_settings, **given) -> None:
             store_options = {**store_settings(s.backend, backend_settings), **opened.store.worker_options()}
             spec = worker_spec(model, given, store_options, config)
             serve_with_workers(spec, s.workers, s.host, s.port, f"{where}, {s.workers} worker processes. Open {url}")
+
+
+def room_for_spares(store, workers: int, max_running: int) -> None:
+    """NoSpace (search/space.py) where the disk can't hold every process's spare text namespaces."""
+    from puffergpt.search import space
+    from puffergpt.server.processes.workers import share
+
+    n = workers * min(share(max_running, workers), store.keeps_spares)
+    space.check(store, n * space.NAMESPACE_BYTES, f"the server's {n} spare text namespaces")
 
 
 def server_config(given: dict, **worked_out):
@@ -109,11 +119,12 @@ def serve_with_workers(spec, n: int, host: str, port: int, started: str) -> None
     holds the store while they run."""
     from puffergpt.server.app import run
     from puffergpt.server.processes.front import create_front, front_server
-    from puffergpt.server.processes.workers import running
+    from puffergpt.server.processes.workers import running, worker_config
 
     with running(spec, n) as pool:
         click.echo(started)
-        run(front_server(create_front(pool), pool, host, port))
+        front = create_front(pool, worker_config(spec.config))
+        run(front_server(front, pool, host, port))
 
 
 SHARED = (". Several servers can't share one data directory: give each `--backend pgvector --dsn postgresql://...` "

@@ -25,7 +25,7 @@ import numpy as np
 from puffergpt.model import token_counts, untrained
 from puffergpt.model.checkpoints import GPT2Config
 from puffergpt.model.session import Run
-from puffergpt.search import documents, sweeper
+from puffergpt.search import documents, space, sweeper
 from puffergpt.search.documents import Encoding
 from puffergpt.search.scheduler import Batcher, Scheduler
 from puffergpt.search.session import SearchSession
@@ -112,6 +112,7 @@ class Engine:
         """The run of one text: its session, with a namespace of its own for the text's keys, and
         its weights; ``output_search``: how its next token is found (None: the engine's default)."""
         how = self.output_search if output_search is None else check_output_search(output_search)
+        space.check(self.store, space.text_bytes(self.config), "a text's keys")  # a full disk: an error, not SIGBUS
         if how == "approximate":
             self.output_index()
         return self._run(SearchSession(self), how)
@@ -156,9 +157,10 @@ class Engine:
         """Make n texts' namespaces of keys ahead of the learners, on a store that keeps a closed
         text's namespace for the next (``keeps_spares``, at most: the embedded store, where making
         one costs ~45 ms): the first n texts then open at once. -> how many were made (0: none kept)"""
-        opened = []
+        opened, n = [], min(n, self.store.keeps_spares)
+        space.check(self.store, n * space.NAMESPACE_BYTES, f"the server's {n} spare text namespaces")
         try:
-            for _ in range(min(n, self.store.keeps_spares)):
+            for _ in range(n):
                 opened.append(self.open())
         finally:
             for run in opened:

@@ -120,7 +120,7 @@ def add_middleware(app: FastAPI, config: ServerConfig) -> None:
     only (a refusal below still carries its headers, so a page there reads why), no request
     forged by another site and no body but JSON (``cross_site.py``), the API key
     (``auth.py``), then the body's bound."""
-    app.add_middleware(BoundedBody, read_timeout_s=config.read_timeout_s)
+    app.add_middleware(BoundedBody, read_timeout_s=config.read_timeout_s, total_s=config.body_timeout_s)
     app.add_middleware(Auth, keys=config.api_keys, read_only=config.public_read_only)
     app.add_middleware(CrossSite, allowed=config.cors_origins)
     if config.cors_origins:  # none: every preflight unanswered, a page elsewhere sends only what CrossSite refuses
@@ -140,12 +140,16 @@ def server(app: FastAPI, host: str, port: int):
     A response still open after GRACE_S (a client that stopped reading) is cancelled."""
     import uvicorn
 
+    from puffergpt.server.guards.connections import uvicorn_config
+
     class Server(uvicorn.Server):
         async def shutdown(self, sockets=None):
             app.state.generations.end_all(SHUTDOWN)
             await super().shutdown(sockets)
 
-    return Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_S))
+    config = app.state.served.config
+    return Server(uvicorn_config(app, host, port, config.header_timeout_s, config.max_connections,
+                                 timeout_graceful_shutdown=GRACE_S))
 
 
 class ServerDidNotStart(RuntimeError):

@@ -101,6 +101,12 @@ SERVER: tuple[Setting, ...] = (
             to=("config",)),
     Setting("read_timeout_s", "a request body must keep arriving: each piece within this", 10.0, float,
             to=("config",)),
+    Setting("body_timeout_s", "a request body must arrive within this in all", 30.0, float, to=("config",)),
+    Setting("header_timeout_s", "a request's line and headers must arrive within this in all (from the "
+                                "connection's start, or the end of its last answer)", 10.0, float, to=("config",)),
+    Setting("max_connections", "connections open at once (the front's, and each process's); one more is answered "
+                               "503 and closed", 1024, int, "--max-connections", range=(8, 100_000),
+            to=("config",)),
 )
 _BY_NAME = {s.name: s for s in SERVER}
 

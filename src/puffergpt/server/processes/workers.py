@@ -158,6 +158,13 @@ class Pool:
         if not w.wait_listening(self.start_s) and not self._stopping.is_set():
             log.warning("worker %d did not start again; it is tried again in %.1f s", i, WATCH_S)
 
+    def kill(self, i: int) -> None:
+        """End worker i at once (SIGKILL: a stopped process too); ``_watch`` starts it again."""
+        w = self.workers[i]
+        if w is not None and w.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.kill()
+
     def terminate(self) -> None:
         """Ask every worker to end (SIGTERM: each ends its open requests with their final word)."""
         self._stopping.set()
@@ -165,6 +172,7 @@ class Pool:
             if w is not None and w.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     w.proc.send_signal(signal.SIGTERM)
+                    w.proc.send_signal(signal.SIGCONT)  # a stopped one, to hear it
 
     def stop(self, wait_s: float = 15.0) -> None:
         """End every worker: SIGTERM, then SIGKILL after ``wait_s``."""
