@@ -85,11 +85,48 @@ def test_a_bad_lesson_file_is_refused_by_name(text, says):
     assert "lesson 'mine'" in str(e.value) and says in str(e.value)
 
 
-def test_a_teachers_lesson_in_a_folder_loads(tmp_path):
-    (tmp_path / "my-lesson.yaml").write_text("title: Mine\nsummary: s\nstarter: 'a b a'\nsteps:\n"
-                                             "  - {title: t, view: candidates, say: s, check: copies}\n")
+MINE = ("order: 0\ntitle: Mine\nsummary: s\nstarter: 'a = 7\\nb = 3\\na = 7\\nb ='\nsteps:\n"
+        "  - {title: t, view: candidates, say: s, check: copies}\n")
+
+
+def test_a_teachers_folder_adds_its_lessons_beside_the_shipped_and_replaces_by_name(tmp_path):
+    (tmp_path / "my-lesson.yaml").write_text(MINE)
+    (tmp_path / "temperature.yaml").write_text(MINE.replace("Mine", "Our temperature"))
     got = lessons.load(tmp_path)
-    assert list(got) == ["my-lesson"] and got["my-lesson"].steps[0].check == "copies"
+    assert list(got)[0] == "my-lesson" and got["my-lesson"].steps[0].check == "copies"
+    assert set(lessons.load()) < set(got), "the shipped lessons stay listed"
+    assert got["temperature"].title == "Our temperature" and lessons.get("temperature").title != "Our temperature"
+
+
+@pytest.mark.parametrize("make,says", [
+    (lambda d: None, "holds no lesson"),
+    (lambda d: (d / "x.yaml").write_text("title: [unclosed"), "x.yaml"),
+    (lambda d: (d / "x.yaml").write_bytes(b"\xff\xfe"), "not UTF-8"),
+])
+def test_a_teachers_bad_folder_is_refused_naming_the_file(tmp_path, make, says):
+    make(tmp_path)
+    with pytest.raises(lessons.LessonError, match=says):
+        lessons.check_folder(tmp_path)
+    with pytest.raises(lessons.LessonError, match="not a folder of lessons"):
+        lessons.check_folder(tmp_path / "nowhere")
+
+
+def test_serve_and_the_cli_read_a_teachers_folder(tmp_path, loaded, demo):
+    (tmp_path / "my-lesson.yaml").write_text(MINE)
+    store, key = loaded(demo)
+    from puffergpt.server import ServerConfig
+
+    with TestClient(create_app(open_engine(store, demo.name, key), ServerConfig(lessons_dir=tmp_path))) as c:
+        assert c.get("/api/lessons").json()[0] == {"id": "my-lesson", "title": "Mine", "steps": 1}
+        ran = c.post("/api/lessons/my-lesson/run", json={})
+        assert ran.status_code == 200 and ran.json()["steps"][0]["holds"] is True, ran.text
+    run = CliRunner().invoke(main, ["lesson", "--lessons", str(tmp_path), "--model", "demo", "--engine", "reference",
+                                    "--json", "my-lesson"], env={"PUFFERGPT_DATA": None})
+    assert run.exit_code == 0 and json.loads(run.stdout)["steps"][0]["holds"] is True, run.output
+    bad = CliRunner().invoke(main, ["lesson", "--lessons", str(tmp_path / "nowhere"), "my-lesson"])
+    assert bad.exit_code != 0 and "not a folder of lessons" in bad.output, bad.output
+    env = CliRunner().invoke(main, ["lesson"], env={"PUFFERGPT_LESSONS": str(tmp_path)})
+    assert env.exit_code == 0 and "my-lesson" in env.output, env.output
 
 
 @pytest.fixture(scope="module")

@@ -83,9 +83,10 @@ def render_patch(got: dict, asked) -> None:
 @ENGINE
 @option("backend")
 @option("data_dir")
+@option("lessons_dir")
 @click.option("--json", "as_json", is_flag=True,
               help='{"id", "prompt", "steps": [{"title", "claim", "holds", "evidence"}]}')
-def lesson(lesson_id, prompt, model, engine, backend, backend_settings, data_dir, as_json) -> None:
+def lesson(lesson_id, prompt, model, engine, backend, backend_settings, data_dir, lessons_dir, as_json) -> None:
     """Run a lesson on PROMPT (default: the lesson's starter): each step's claim, computed from
     the model, and whether it holds. Without LESSON_ID, the lessons there are."""
     from puffergpt.lens import lessons
@@ -93,10 +94,10 @@ def lesson(lesson_id, prompt, model, engine, backend, backend_settings, data_dir
 
     try:
         if lesson_id is None:
-            for x in lessons.load().values():
+            for x in lessons.load(lessons_dir).values():
                 click.echo(json.dumps(x.brief()) if as_json else f"{x.id:<16} {x.title} ({len(x.steps)} steps)")
             return
-        chosen = lessons.get(lesson_id)
+        chosen = lessons.get(lesson_id, lessons_dir)
         if prompt is not None:
             lessons.check_prompt(prompt)
     except (lessons.LessonError, TextError) as e:

@@ -117,15 +117,38 @@ def folder() -> Path:
     return Path(str(resources.files("puffergpt") / "lessons"))
 
 
-def load(where: Path | None = None) -> dict[str, Lesson]:
-    """Every lesson in the folder (default: the package's), by id, listed by their ``order``, then id."""
-    where = folder() if where is None else Path(where)
-    got = [parse(f.stem, f.read_text(encoding="utf-8")) for f in sorted(where.glob("*.yaml"))]
+def load(extra: Path | None = None) -> dict[str, Lesson]:
+    """Every lesson, by id, listed by their ``order``, then id: the package's, and a teacher's own
+    folder's (``serve --lessons DIR``), whose file replaces a shipped lesson of the same id."""
+    found = {f.stem: f for f in sorted(folder().glob("*.yaml"))}
+    if extra is not None:
+        found |= {f.stem: f for f in sorted(check_folder(extra).glob("*.yaml"))}
+    got = [parse(i, f.read_text(encoding="utf-8")) for i, f in found.items()]
     return {x.id: x for x in sorted(got, key=lambda x: (x.order, x.id))}
 
 
-def get(lesson_id, where: Path | None = None) -> Lesson:
-    lessons = load(where)
+def check_folder(where) -> Path:
+    """A teacher's folder of lessons: it exists, and every lesson in it reads (LessonError naming
+    the file and the problem), so that a typo shows when the server starts, not in class."""
+    where = Path(where).expanduser()
+    if not where.is_dir():
+        raise LessonError(f"{str(where)[:200]!r} is not a folder of lessons: give a directory of YAML files "
+                          "(docs/lessons.md)")
+    files = sorted(where.glob("*.yaml"))
+    if not files:
+        raise LessonError(f"{str(where)[:200]!r} holds no lesson: each lesson is a file NAME.yaml (docs/lessons.md)")
+    for f in files:
+        try:
+            parse(f.stem, f.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise LessonError(f"{f}: not UTF-8 text") from None
+        except LessonError as e:
+            raise LessonError(f"{f}: {e}") from None
+    return where
+
+
+def get(lesson_id, extra: Path | None = None) -> Lesson:
+    lessons = load(extra)
     if lesson_id not in lessons:
         raise LessonError(f"there is no lesson {str(lesson_id)[:60]!r}: the lessons are {', '.join(lessons)}")
     return lessons[lesson_id]

@@ -111,10 +111,11 @@ class Backend(Protocol):
 
 class Local:
     """The model opened here (``opened``: a ``cli.options.Opened`` on the search engine) and
-    a notebook (None: the insight tools say how to give one)."""
+    a notebook (None: the insight tools say how to give one); ``lessons_dir``: a teacher's own
+    lessons beside the shipped ones (``mcp --lessons DIR``)."""
 
-    def __init__(self, opened, notebook: nb.Notebook | None):
-        self.opened, self.notebook = opened, notebook
+    def __init__(self, opened, notebook: nb.Notebook | None, lessons_dir=None):
+        self.opened, self.notebook, self.lessons_dir = opened, notebook, lessons_dir
         self.model = opened.engine.model if opened.engine is not None else None
         self.texts = Texts(opened.open_run, max_open=OPEN_TEXTS + 1)
         self.order: OrderedDict[str, None] = OrderedDict()  # open texts, oldest first
@@ -161,10 +162,10 @@ class Local:
         return {"id": ins.id, "model": ins.model, "position": ins.evidence["position"] if ins.evidence else None, **r}
 
     def list_lessons(self) -> list[dict]:
-        return [x.brief() for x in lessons.load().values()]
+        return [x.brief() for x in lessons.load(self.lessons_dir).values()]
 
     def run_lesson(self, lesson_id: str, prompt: str | None) -> dict:
-        got = lessons.run(lessons.get(lesson_id), self.opened.open_run, self.opened.config, prompt)
+        got = lessons.run(lessons.get(lesson_id, self.lessons_dir), self.opened.open_run, self.opened.config, prompt)
         return lesson_json(got)
 
     def close(self) -> None:

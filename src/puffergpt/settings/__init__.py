@@ -47,6 +47,10 @@ SERVER: tuple[Setting, ...] = (
             env="PUFFERGPT_DATA"),
     Setting("notebook_path", "the insight notebook, a git repository [default: DATA/notebook]", None, Path | None,
             "--notebook"),
+    Setting("lessons_dir", "a folder of your own lessons, one YAML file each (docs/lessons.md), listed beside the "
+                           "shipped ones; a file named like a shipped lesson replaces it [env PUFFERGPT_LESSONS]",
+            None, Path | None, "--lessons", env="PUFFERGPT_LESSONS", metavar="DIR", to=("config",),
+            check="puffergpt.lens.lessons:check_folder"),
     Setting("output_search", "how the next token is found: exact scores every token vector; approximate searches "
                              "the store's HNSW index (built by `puffergpt load --output-index`), which may miss "
                              "some of the best (docs/benchmarks.md)", "exact", str, "--output-search",

@@ -118,30 +118,30 @@ def run_patching(body: PatchBody, engine: EngineDep, config: ConfigDep, generati
                   farewell=lambda why: sse("error", {"detail": why.message}), limit_s=config.max_request_s)
 
 
-def lesson_of(lesson_id: str) -> lessons.Lesson:
+def lesson_of(lesson_id: str, config) -> lessons.Lesson:
     try:
-        return lessons.get(lesson_id)
+        return lessons.get(lesson_id, config.lessons_dir)
     except lessons.LessonError as e:
         raise HTTPException(404, str(e)) from None
 
 
 @router.get("/lessons", response_model=list[LessonBrief], operation_id="listLessons", summary="The lessons")
-def list_lessons() -> list[dict]:
-    """Every lesson: its id, title and number of steps."""
-    return [x.brief() for x in lessons.load().values()]
+def list_lessons(config: ConfigDep) -> list[dict]:
+    """Every lesson: its id, title and number of steps (the shipped ones and the server's ``--lessons``)."""
+    return [x.brief() for x in lessons.load(config.lessons_dir).values()]
 
 
 @router.get("/lessons/{lesson_id}", response_model=dict[str, Any], operation_id="getLesson", summary="A lesson",
             responses=errors(404))
-def get_lesson(lesson_id: str) -> dict:
+def get_lesson(lesson_id: str, config: ConfigDep) -> dict:
     """A lesson's summary, starter and steps (each step's title, the view it opens and what it says)."""
-    return lesson_of(lesson_id).to_json()
+    return lesson_of(lesson_id, config).to_json()
 
 
 @router.post("/lessons/{lesson_id}/run", response_model=LessonRun, operation_id="testLessonClaims",
              summary="Run a lesson on a prompt: each claim with its verdict", responses=errors(*BODY, 404, 503))
-def run_lesson(lesson_id: str, body: LessonBody, engine: EngineDep) -> dict:
+def run_lesson(lesson_id: str, body: LessonBody, engine: EngineDep, config: ConfigDep) -> dict:
     """Every step of the lesson on ``prompt`` (default: its starter): each claim computed from the
     model, whether it holds, and its evidence. Each step's forward passes are searches, counted."""
-    got = lessons.run(lesson_of(lesson_id), engine.open, engine.config, body.prompt)
+    got = lessons.run(lesson_of(lesson_id, config), engine.open, engine.config, body.prompt)
     return {**got, "requests": len(got["requests"])}
