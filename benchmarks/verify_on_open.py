@@ -40,7 +40,7 @@ def main() -> None:
         m = manifest.read_manifest(store, key, a.model)
         full, _ = timed(lambda: verify.check_on_open(store, key, a.model, m, force=True))
         stamped, same = timed(lambda: verify.unchanged_since_verified(store, key, m))
-        open_engine(store, a.model).open().close()  # a start: the shards opened and closed
+        open_engine(store, a.model).open().session.close()  # a start: the shards opened and closed
         store.release(list(m["namespaces"]))
         after, same2 = timed(lambda: verify.unchanged_since_verified(store, key, m))
         files = store.stamp(list(m["namespaces"]))

@@ -20,6 +20,10 @@ What it sends:
   printed as a matrix of route x kind -> status;
 - the work budget: 64 prompts of 120 ids echoed with logprobs (15,360 tokens of work) must
   be a 400 naming --max-request-tokens before anything runs;
+- slow and odd clients (issue 43), over a raw socket: no Host header (HTTP/1.0: 200), headers
+  sent a byte at a time (a 408 at the header deadline, 2 s here), a 1 MB header line (431), a
+  body sent a byte at a time (a 408 at the body deadline, 3 s here), one connection past the
+  cap (503); each must come within its deadline and a second;
 - notebook attacks: an insight file that is not UTF-8, a YAML alias bomb, a FIFO, a file
   over the size bound, a symbolic link to a file outside, the insights folder a symbolic
   link to a folder outside, and a read-only notebook (a 503 with the reason is its right
@@ -38,6 +42,7 @@ import itertools
 import json
 import os
 import re
+import socket
 import subprocess
 import tempfile
 import threading
@@ -48,7 +53,8 @@ import httpx
 
 from puffergpt import notebook as nb
 from puffergpt.model import checkpoints, tokenizer
-from puffergpt.model.reference import NumpyProducts
+from puffergpt.model.reference import NumpyWeights
+from puffergpt.model.session import Run
 from puffergpt.search import load, manifest
 from puffergpt.search.engine import Engine
 from puffergpt.search.manifest import open_engine
@@ -105,6 +111,9 @@ CROSS_SITE_MORE = {"/api/texts/{id}/stop": {}, "/api/texts/{id}/step_forward": {
                    "/detokenize": {"tokens": [31373]}}
 # The issue's costly body, in the tiny model's context: 64 prompts x 120 ids, echoed and scored
 BUDGET_BODY = {"prompt": [[5] * 120] * 64, "max_tokens": 0, "echo": True, "logprobs": 5}
+
+
+CAP = 64  # open connections the probed server takes (serve --max-connections)
 
 
 def dumps(body) -> bytes:
@@ -182,7 +191,7 @@ class Probe:
 def evidence(engine: Engine, name: str) -> dict:
     """A good insight's evidence: the model's top 5 after "hello there"."""
     ids = tokenizer.encode("hello there")
-    top, logits = nb.candidates_from_products(engine.open)(ids, len(ids), 5)
+    top, logits = nb.candidates_from_runs(engine.open)(ids, len(ids), 5)
     return {"kind": "token", "model": name, "prompt_ids": ids, "position": len(ids), "token_id": top[0],
             "sampling": {"temperature": 1.0, "top_k": 5, "seed": None},
             "candidates": [{"token_id": i, "logit": v} for i, v in zip(top, logits, strict=True)]}
@@ -281,6 +290,57 @@ def budget(p: Probe) -> None:
         p.wrong.append(("POST", "/v1/completions", "64 x 120 echo logprobs", "not refused naming the limit"))
 
 
+SLOW_HEAD = b"GET /api/info HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200
+SLOW_BODY = (b"POST /api/texts HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+             b"Content-Length: 300\r\n\r\n" + b'{"prompt": "' + b"a" * 280)
+CLIENTS = [  # (what, what is sent, a byte every so many seconds or None: at once, the status, within s)
+    ("no Host header", b"GET /ready HTTP/1.0\r\n\r\n", None, 200, 5),
+    ("headers a byte at a time", SLOW_HEAD, 0.2, 408, 3),
+    ("a 1 MB header line", b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * (1 << 20) + b"\r\n\r\n", None,
+     431, 5),
+    ("a body a byte at a time", SLOW_BODY, 0.2, 408, 4),
+]
+
+
+def answer_to(port: int, data: bytes, every_s: float | None) -> tuple[int | None, float]:
+    """Send ``data`` (a byte every ``every_s``, or at once) on a new connection: the answer's
+    status (None: none) and the seconds until the server closed the connection."""
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        with contextlib.suppress(OSError):  # the server may close while the client still sends
+            for piece in ([data] if every_s is None else [data[i:i + 1] for i in range(len(data))]):
+                s.sendall(piece)
+                if every_s:
+                    time.sleep(every_s)
+        got = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(65536):
+                got += chunk
+    status = int(got.split()[1]) if got.startswith(b"HTTP/") else None
+    return status, time.monotonic() - t0
+
+
+def slow_clients(p: Probe, port: int, cap: int) -> None:
+    """The CLIENTS, and one connection past the cap of ``cap``: each its status in time."""
+    for what, data, every_s, want, within_s in CLIENTS:
+        status, took = answer_to(port, data, every_s)
+        ok = status == want and took < within_s + 1
+        p.counts["expected" if ok else "5xx"] += 1
+        if not ok:
+            p.wrong.append(("raw", what, f"{status} after {took:.1f} s", f"want {want} within {within_s} s"))
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(cap)]
+    try:
+        time.sleep(0.3)
+        status, took = answer_to(port, b"", None)
+    finally:
+        for s in held:
+            s.close()
+    p.counts["expected" if status == 503 else "5xx"] += 1
+    if status != 503:
+        p.wrong.append(("raw", f"connection {cap + 1} of a cap of {cap}", status, "want 503"))
+    p.alive()
+
+
 def print_matrix(matrix: dict[str, dict[str, int]]) -> None:
     kinds = list(CROSS_SITE)
     print("cross-site matrix (route x kind -> status):")
@@ -309,7 +369,8 @@ def main() -> None:
     engine = open_engine(store, ckpt.name)
     book = nb.Notebook(tmp / "notebook")
     (tmp / "outside").mkdir()
-    app = create_app(engine, ServerConfig(max_open_texts=8), reference=lambda: NumpyProducts(ckpt), notebook=book)
+    config = ServerConfig(max_open_texts=8, header_timeout_s=2.0, body_timeout_s=3.0, max_connections=CAP)
+    app = create_app(engine, config, reference=lambda: Run(NumpyWeights(ckpt)), notebook=book)
     fields = {
         **FIELDS,
         "/api/insights": {"title": "t", "body": "b", "tags": ["x"], "evidence": evidence(engine, ckpt.name)},
@@ -336,6 +397,7 @@ def main() -> None:
             p.send("GET", path)
         matrix = cross_site(p, app, book, fields)
         budget(p)
+        slow_clients(p, port, CAP)
         notes += notebook_attacks(p, book, fields["/api/insights"], tmp / "outside")
         before = len(app.state.texts)
     srv.should_exit = True
@@ -345,7 +407,8 @@ def main() -> None:
     print(
         f"{t}: {sum(counts.values())} inputs: {counts['4xx']} refused (4xx), {counts['5xx']} 5xx, "
         f"{counts['hang']} hangs, {counts['expected']} answered with their expected status (a saved insight, the "
-        f"notebook's list, the read-only notebook's 503, the cross-site refusals, the work budget's 400), "
+        f"notebook's list, the read-only notebook's 503, the cross-site refusals, the work budget's 400, "
+        f"the slow clients' 200, 408, 431 and 503), "
         f"{counts.get('2xx', 0)} accepted (values that are valid for "
         f"their field, e.g. 0 tokens, a seed of 0, token ids as a prompt: listed below); {before} texts open at the end"
     )

@@ -89,12 +89,13 @@ def compare_with_reference(ckpt, text, prompt: str, n: int, metric: str = "inner
     asserting at every step the same top-40 ids, logits within LOGIT_BOUNDS[metric] and the
     same token; closes ``text``. Returns (worst logit difference, tokens)."""
     from puffergpt.model import tokenizer
-    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyWeights
     from puffergpt.model.sampling import Sampling
+    from puffergpt.model.session import Run
     from puffergpt.texts.text import Text
 
     ids = tokenizer.encode(prompt)
-    ref = Text(NumpyProducts(ckpt))
+    ref = Text(Run(NumpyWeights(ckpt)))
     text.append(ids)
     ref.append(ids)
     worst, tokens = 0.0, []
@@ -115,14 +116,15 @@ def compare_with_reference(ckpt, text, prompt: str, n: int, metric: str = "inner
     return worst, tokens
 
 
-def products_for(kind: str, loaded, ckpt):
-    """A products factory for ckpt: "search", the engine on a store it is loaded into
+def open_run_for(kind: str, loaded, ckpt):
+    """A factory of runs (``model.session.Run``) for ckpt: "search", the engine on a store it is loaded into
     (``loaded``, the conftest fixture); anything else ("numpy", "reference"), numpy."""
-    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyWeights
+    from puffergpt.model.session import Run
     from puffergpt.search.manifest import open_engine
 
     if kind != "search":
-        return lambda: NumpyProducts(ckpt)
+        return lambda: Run(NumpyWeights(ckpt))
     store, key = loaded(ckpt)
     return open_engine(store, ckpt.name, key).open
 

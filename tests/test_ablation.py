@@ -12,10 +12,10 @@ import contextlib
 import numpy as np
 import pytest
 
-from helpers import assert_close, message, products_for
+from helpers import assert_close, message, open_run_for
 from puffergpt.app import completion
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import Ablation, Cache, NumpyProducts, forward
+from puffergpt.model.reference import Ablation, Cache, NumpyWeights, forward
 from puffergpt.model.sampling import Sampling
 from puffergpt.search.engine import requests_per_token
 from puffergpt.search.manifest import open_engine
@@ -94,7 +94,7 @@ def hf_logits(m, ids, ablation: Ablation) -> np.ndarray:
 
 
 def numpy_top(ckpt, ids, ablation: Ablation, k: int) -> tuple[list[int], np.ndarray]:
-    p = NumpyProducts(ckpt)
+    p = NumpyWeights(ckpt)
     logits = p.logits(forward(p, np.asarray(ids), 0, Cache(), None, ablation)[-1])
     top = np.argsort(-logits, kind="stable")[:k]
     return [int(i) for i in top], logits[top]
@@ -109,7 +109,7 @@ def test_an_ablated_generation_equals_transformers_with_the_same_hooks(request, 
     m = hf(ckpt)
     off = Ablation.of(PARTS[model], ckpt.config)
     ids = tokenizer.encode(PROMPTS[model])
-    steps = list(completion.complete(products_for(kind, loaded, ckpt), ids, 3, Sampling(0, 40), ablation=off))
+    steps = list(completion.complete(open_run_for(kind, loaded, ckpt), ids, 3, Sampling(0, 40), ablation=off))
     assert len(steps) == 3
     worst = moved = 0.0
     for i, step in enumerate(steps):
@@ -182,7 +182,7 @@ def test_the_rerun_route_answers_before_and_after_and_leaves_the_text(loaded, de
         assert step.status_code == 200
         before = client.get(url).json()
         text = app.state.served.texts.get(t["id"])
-        keys = text.products.key_counts()
+        keys = text.session.key_counts()
         got = client.post(f"{url}/steps/{n}/ablate", json={"parts": [part], "k": 10})
         assert got.status_code == 200, got.text
         a = got.json()
@@ -199,7 +199,7 @@ def test_the_rerun_route_answers_before_and_after_and_leaves_the_text(loaded, de
         assert len(a["requests"]) == requests_per_token(demo.config) and all(r["extra"] for r in a["requests"])
         assert [r["kind"] for r in a["requests"]][-1] == "wte.top_k"
         # The text is as it was: its tokens, its keys, its next token (the whole model's).
-        assert client.get(url).json()["tokens"] == before["tokens"] and text.products.key_counts() == keys
+        assert client.get(url).json()["tokens"] == before["tokens"] and text.session.key_counts() == keys
         nxt = client.post(f"{url}/generate", json={"max_tokens": 1, "temperature": 0})
         assert nxt.status_code == 200
         assert client.get(url).json()["tokens"][-1]["token_id"] == numpy_top(demo, ids + [three], Ablation(), 1)[0][0]

@@ -8,12 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from helpers import assert_close, message, products_for
+from helpers import assert_close, message, open_run_for
 from puffergpt.app import completion
 from puffergpt.lens import attribution, inside, inspector
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import NumpyProducts
+from puffergpt.model.reference import NumpyWeights
 from puffergpt.model.sampling import Sampling
+from puffergpt.model.session import Run
 from puffergpt.search.manifest import open_engine
 from puffergpt.texts.text import Text, TextError
 
@@ -150,7 +151,7 @@ def test_generate_explains_each_token_as_transformers(request, hf, loaded, kind,
     m = hf(ckpt)
     for prompt in PROMPTS:
         ids = tokenizer.encode(prompt)
-        steps = list(completion.complete(products_for(kind, loaded, ckpt), ids, 2, Sampling(0, 40), inspect=5,
+        steps = list(completion.complete(open_run_for(kind, loaded, ckpt), ids, 2, Sampling(0, 40), inspect=5,
                                          explain=True))
         for i, step in enumerate(steps):
             upto = ids + [s.token_id for s in steps[:i]]
@@ -219,7 +220,7 @@ def test_numpy_and_search_make_the_same_requests_and_numbers(loaded, tiny):
     ids = tokenizer.encode(PROMPTS[1])
     runs = {}
     for kind in ("numpy", "search"):
-        t = Text(products_for(kind, loaded, tiny)())
+        t = Text(open_run_for(kind, loaded, tiny)())
         try:
             t.append(ids)
             list(inspector.generate(t, 1, Sampling(0, 40), 5))
@@ -247,8 +248,8 @@ def test_numpy_and_search_make_the_same_requests_and_numbers(loaded, tiny):
 def test_the_neurons_pushes_and_the_bias_sum_to_the_mlps_part(tiny):
     """Push is each neuron's share of its MLP's part: over every neuron of a layer, the pushes
     and c_proj's bias (read the same way) add up to the MLP's part of the attribution."""
-    p = NumpyProducts(tiny)
-    text = Text(p)
+    p = NumpyWeights(tiny)
+    text = Text(Run(p))
     text.append(tokenizer.encode(PROMPTS[0]))
     step = list(inspector.generate(text, 1, Sampling(0, 40), 5))[0]
     got = attribution.explain(p, step.inspect, step.token_id, pushing=True)
@@ -266,8 +267,8 @@ def test_the_neurons_pushes_and_the_bias_sum_to_the_mlps_part(tiny):
 
 def test_head_writes_sum_to_the_attention_output(tiny):
     """Each head's write plus the bias is what attention added (c_proj is linear)."""
-    p = NumpyProducts(tiny)
-    text = Text(p)
+    p = NumpyWeights(tiny)
+    text = Text(Run(p))
     text.append(tokenizer.encode(PROMPTS[0]))
     got = list(inspector.generate(text, 1, Sampling(0, 40), 5))[0].inspect
     tr = got["trace"]

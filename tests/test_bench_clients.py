@@ -16,8 +16,9 @@ from click.testing import CliRunner
 from puffergpt.bench import clients as bc
 from puffergpt.cli import main
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import NumpyProducts, Reference
+from puffergpt.model.reference import NumpyWeights, Reference
 from puffergpt.model.sampling import Sampling
+from puffergpt.model.session import Run
 from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
@@ -65,7 +66,7 @@ def test_seeded_sampling_together_is_solo_and_the_numpy_sampler(served, demo):
     assert report["outputs"]["equal"] == 2 and report["errors"] == []
     for r in report["together"]["runs"]:
         i = r["learner"]
-        with opened(lambda: NumpyProducts(demo), tokenizer.encode(r["prompt"])) as text:
+        with opened(lambda: Run(NumpyWeights(demo)), tokenizer.encode(r["prompt"])) as text:
             want = [st.token_id for st in text.generate(3, Sampling(0.8, 40, 7 + i))]
         assert r["token_ids"] == want, r["prompt"]
 

@@ -256,7 +256,8 @@ def test_analogy_and_replay_load_the_model_on_first_use(cli_ckpt, tmp_path):
     data directory, analogy and `notebook replay --engine search` load the model as generate
     does, then answer as numpy does."""
     from puffergpt import notebook as nb
-    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyWeights
+    from puffergpt.model.session import Run
     from test_notebook import step_evidence
 
     ckpt = checkpoints.load(str(cli_ckpt))
@@ -267,7 +268,7 @@ def test_analogy_and_replay_load_the_model_on_first_use(cli_ckpt, tmp_path):
     assert [x["token_id"] for x in json.loads(r.stdout)["results"]] == numpy_analogy(cli_ckpt, 3)[0]
 
     data = tmp_path / "b"
-    evidence = step_evidence(NumpyProducts(ckpt), str(cli_ckpt), n=1)  # recorded on numpy, replayed on searches
+    evidence = step_evidence(Run(NumpyWeights(ckpt)), str(cli_ckpt), n=1)  # recorded on numpy, replayed on searches
     ins = nb.Notebook(data / "notebook").save("First use", "", [], evidence)
     r = run("notebook", "replay", ins.id, "--data", str(data), "--engine", "search", "--json")
     assert r.exit_code == 0, r.output

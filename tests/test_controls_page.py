@@ -10,7 +10,7 @@ from playwright.sync_api import expect
 
 from puffergpt.model import sampling, tokenizer
 from puffergpt.model.info import starters
-from puffergpt.model.reference import Cache, NumpyProducts, forward
+from puffergpt.model.reference import Cache, NumpyWeights, forward
 from puffergpt.model.sampling import Sampling
 from test_playground import browser, generated, open_page, server, wait_idle  # noqa: F401
 
@@ -40,8 +40,8 @@ def test_a_penalty_starter_shows_the_candidates_before_and_after(browser, server
     expect(p.locator("#candidates .cand-controls")).to_contain_text("Penalties and bias")
     rows = table.locator("tbody tr")
     shown = [int(x) for x in rows.evaluate_all("rs => rs.map(r => r.dataset.tokenId)")]
-    products = NumpyProducts(demo)
-    raw = products.logits(forward(products, np.asarray(ids[:last]), 0, Cache())[-1])
+    weights = NumpyWeights(demo)
+    raw = weights.logits(forward(weights, np.asarray(ids[:last]), 0, Cache())[-1])
     s = Sampling(0.0, 40, frequency_penalty=0.8)
     after, moved = sampling.controls(s, np.arange(len(raw)), raw, ids[:last], ids[len(prompt): last])
     assert shown == list(np.argsort(-after, kind="stable")[: len(shown)])
@@ -58,7 +58,7 @@ def test_a_penalty_starter_shows_the_candidates_before_and_after(browser, server
     unmoved = next(i for i, t in enumerate(shown) if not moved[t])
     assert rows.nth(unmoved).locator("td.moved").inner_text() == ""
     # without the penalty the same prompt loops: the text differs
-    greedy = NumpyProducts(demo)
+    greedy = NumpyWeights(demo)
     out = list(prompt)
     for _ in range(16):
         out.append(int(np.argmax(greedy.logits(forward(greedy, np.asarray(out), 0, Cache())[-1]))))

@@ -23,7 +23,8 @@ from helpers import message
 from puffergpt import notebook as nb
 from puffergpt.cli import main
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import NumpyProducts
+from puffergpt.model.reference import NumpyWeights
+from puffergpt.model.session import Run
 from puffergpt.search.engine import Engine
 from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
@@ -54,6 +55,9 @@ ROUTES = [
     ("POST", "/api/neighbours", {"word": " man", "k": 3}),
     ("POST", "/api/map", {"words": [" man", " woman"]}),
     ("POST", "/api/contexts", {"word": " mole", "prompts": ["a mole", "the mole"]}),
+    ("POST", "/api/patching/propose", {"clean": "a = 7", "corrupt": "a = 5"}),
+    ("POST", "/api/patching", {"clean": "a = 7", "corrupt": "a = 5", "answer": " 7", "wrong": " 5"}),
+    ("POST", "/api/lessons/copying-head/run", {}),
     ("POST", "/api/output_search", {"text_id": "text-0123456789abcdef", "position": 1}),
     ("POST", "/api/insights", {"title": "forged", "body": "from elsewhere"}),
     ("POST", "/api/insights/push", {}),
@@ -117,7 +121,7 @@ class Served:
 def evidence(engine: Engine, name: str) -> dict:
     """An insight's evidence: the model's top 5 after "hello there"."""
     ids = tokenizer.encode("hello there")
-    top, logits = nb.candidates_from_products(engine.open)(ids, len(ids), 5)
+    top, logits = nb.candidates_from_runs(engine.open)(ids, len(ids), 5)
     return {"kind": "token", "model": name, "prompt_ids": ids, "position": len(ids), "token_id": top[0],
             "sampling": {"temperature": 1.0, "top_k": 5, "seed": None},
             "candidates": [{"token_id": i, "logit": v} for i, v in zip(top, logits, strict=True)]}
@@ -134,7 +138,7 @@ def served(loaded, tiny, tmp_path_factory):
     subprocess.run(["git", "init", "-q", "--bare", str(remote)], check=True)
     subprocess.run(["git", "-C", str(book.path), "remote", "add", "origin", str(remote)], check=True)
     app = create_app(engine, ServerConfig(max_open_texts=8, cors_origins=(ALLOWED,)),
-                     reference=lambda: NumpyProducts(tiny), notebook=book)
+                     reference=lambda: Run(NumpyWeights(tiny)), notebook=book)
     with serving(app) as url:
         s = Served(app, store, book.path, remote, url, insight)
         yield s
@@ -175,7 +179,7 @@ def test_every_route_that_changes_state_or_costs_work_is_listed(served):
     """The list above is every route the app answers to a POST, PUT, PATCH or DELETE: a new one
     is checked here the day it is added."""
     def template(path: str) -> str:
-        path = re.sub(r"/steps/[0-9]+/", "/steps/{position}/", path)
+        path = re.sub(r"/steps/[0-9]+/", "/steps/{position}/", path).replace("/copying-head/", "/{lesson_id}/")
         return path.replace("{id}", "{text_id}").replace("{insight}", "{insight_id}")
 
     listed = {(m, template(p)) for m, p, _ in ROUTES}

@@ -20,7 +20,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from puffergpt import notebook as nb
-from puffergpt.model.reference import NumpyProducts
+from puffergpt.model.reference import NumpyWeights
+from puffergpt.model.session import Run
 from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
@@ -107,7 +108,7 @@ def sites(loaded, tiny, tmp_path_factory):
     subprocess.run(["git", "-C", str(book.path), "remote", "add", "origin", str(remote)], check=True)
     with static_origin(tmp) as hostile, static_origin(tmp) as friend:
         app = create_app(engine, ServerConfig(max_open_texts=8, cors_origins=(friend,)),
-                         reference=lambda: NumpyProducts(tiny), notebook=book)
+                         reference=lambda: Run(NumpyWeights(tiny)), notebook=book)
         with serving(app) as url:
             yield Served(app, store, book.path, remote, url, insight), hostile, friend
     for name in STORE_CALLS:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import Cache, NumpyProducts, Trace, forward, softmax
+from puffergpt.model.reference import Cache, NumpyWeights, Trace, forward, softmax
 
 HELD_OUT = Path(__file__).parent / "data" / "english.txt"  # never trained on: scripts/train_demo.py drops it
 CARD = Path(__file__).parent.parent / "src" / "puffergpt" / "models" / "demo" / "README.md"
@@ -34,7 +34,7 @@ def paragraphs() -> list[list[int]]:
 
 def last_token_trace(ckpt, ids) -> tuple[np.ndarray, Trace]:
     """The numpy forward pass of ids: (logits of the last token (V,), its trace)."""
-    p, trace = NumpyProducts(ckpt), Trace()
+    p, trace = NumpyWeights(ckpt), Trace()
     h = forward(p, np.asarray(ids), 0, Cache(), trace)  # (T, C)
     return p.logits(h[-1]), trace
 
@@ -53,7 +53,7 @@ def one_id(word: str) -> int:
 def test_held_out_english_perplexity_is_under_1000(demo):
     total, n = 0.0, 0
     for ids in paragraphs():
-        p = NumpyProducts(demo)
+        p = NumpyWeights(demo)
         logits = p.logits(forward(p, np.asarray(ids), 0, Cache()))[:-1].astype(np.float64)  # (T-1, V)
         logp = logits - logits.max(1, keepdims=True)
         logp -= np.log(np.exp(logp).sum(1, keepdims=True))

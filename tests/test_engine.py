@@ -46,8 +46,7 @@ def test_padded_encodings_on_the_demo_model(loaded, demo, metric):
 
 def test_request_counts(loaded, tiny):
     store, key = loaded(tiny)
-    products = open_engine(store, tiny.name, key).open()
-    text = Text(products)
+    text = Text(open_engine(store, tiny.name, key).open())
     L = tiny.config.n_layer
     text.append(tokenizer.encode("one two three four five six"))
     steps = list(text.generate(3, Sampling(0, 40)))
@@ -67,14 +66,13 @@ def test_request_counts(loaded, tiny):
     fc = steps[1].requests[5]
     assert fc.rows == 4 * tiny.config.n_embd and fc.returned == fc.rows  # one request, every row
     assert steps[0].requests[5].queries == 6  # prefill: all six tokens in that one request
-    products.close()
+    text.close()
 
 
 def test_no_weights_in_the_server(loaded, tiny):
-    """Walk everything a text and its products hold: only layer norms and activations."""
+    """Walk everything a text, its weights and its session hold: only layer norms and activations."""
     store, key = loaded(tiny)
-    products = open_engine(store, tiny.name, key).open()
-    text = Text(products)
+    text = Text(open_engine(store, tiny.name, key).open())
     text.append(tokenizer.encode("Hello world"))
     list(text.generate(4, Sampling(0, 40)))
     arrays, seen = [], set()
@@ -103,15 +101,31 @@ def test_no_weights_in_the_server(loaded, tiny):
     assert big == [], f"the server holds arrays larger than a layer norm: {big}"
     wte = tiny.params["wte.weight"]
     assert not any(np.array_equal(a, wte[t]) for a in held for t in text.tokens)  # not even the rows it read
-    products.close()
+    text.close()
 
 
 def test_closing_drops_the_keys_namespace(loaded, tiny):
     store, key = loaded(tiny)
-    products = open_engine(store, tiny.name, key).open()
-    assert products.keys_ns in store.namespaces("text-")
-    products.close()
-    assert products.keys_ns not in store.namespaces("text-")
+    session = open_engine(store, tiny.name, key).open().session
+    assert session.keys_ns in store.namespaces("text-")
+    session.close()
+    assert session.keys_ns not in store.namespaces("text-")
+
+
+def test_a_text_that_fails_to_open_leaves_no_namespace(loaded, tiny, monkeypatch):
+    """The session makes the namespace, the weights then fetch the layer norms: where that fetch
+    fails, the open fails with the store's error, and the session's namespace goes with it."""
+    store, key = loaded(tiny)
+    engine = open_engine(store, tiny.name, key)
+    before = store.namespaces("text-")
+
+    def fetch(ns, ids):
+        raise StoreError("the store went away")
+
+    monkeypatch.setattr(store, "fetch", fetch)
+    with pytest.raises(StoreError, match="went away"):
+        engine.open()
+    assert store.namespaces("text-") == before
 
 
 def test_texts_made_ready_open_on_spare_shards_and_still_equal_numpy(tmp_path, tiny):
@@ -136,17 +150,17 @@ def test_texts_made_ready_open_on_spare_shards_and_still_equal_numpy(tmp_path, t
         store.close()
 
 
-def test_products_for_the_views_make_no_namespace_and_read_no_text(loaded, tiny):
+def test_a_run_for_the_views_makes_no_namespace_and_reads_no_text(loaded, tiny):
     store, key = loaded(tiny)
     before = store.namespaces("text-")
-    products = open_engine(store, tiny.name, key).views()
-    assert store.namespaces("text-") == before and products.keys_ns is None
-    t = Text(products)
+    run = open_engine(store, tiny.name, key).views()
+    assert store.namespaces("text-") == before and run.session.keys_ns is None
+    t = Text(run)
     t.append([1, 2])
     with pytest.raises(StoreError, match="open a text"):
         next(t.generate(1, Sampling(0, 40)))
-    assert len(products.token_rows([1, 2])) == 2  # what the views need still works
-    products.close()
+    assert len(run.weights.token_rows([1, 2])) == 2  # what the views need still works
+    t.close()
     assert store.namespaces("text-") == before
 
 

@@ -6,7 +6,7 @@ output_hidden_states) and numpy on the checkpoint."""
 import numpy as np
 import pytest
 
-from helpers import assert_close, products_for
+from helpers import assert_close, open_run_for
 from puffergpt.app import completion
 from puffergpt.lens import inside, inspector, views
 from puffergpt.model import checkpoints, tokenizer
@@ -44,7 +44,7 @@ def test_attention_and_lens_equal_transformers(request, hf, loaded, kind, model)
     for prompt in PROMPTS:
         ids = tokenizer.encode(prompt)
         # the prefill's step, then a decode step's (unless the first token is <|endoftext|>: it stops)
-        steps = list(completion.complete(products_for(kind, loaded, ckpt), ids, 2, Sampling(0, 40), inspect=k))
+        steps = list(completion.complete(open_run_for(kind, loaded, ckpt), ids, 2, Sampling(0, 40), inspect=k))
         decodes += len(steps) - 1
         for i, step in enumerate(steps):
             upto = ids + [s.token_id for s in steps[:i]]
@@ -73,14 +73,14 @@ def test_inspect_on_demand_equals_the_generations_own(loaded, tiny):
         steps = list(inspector.generate(t, 6, Sampling(0, 40), 10))
         kept = {p: t.kept[p] for p in list(t.kept)}
         t.kept.clear()
-        before = (list(t.tokens), t.read_upto, t.products.key_counts())
+        before = (list(t.tokens), t.read_upto, t.session.key_counts())
         for p, want in kept.items():
             got, reqs, recomputed = inspector.inspect(t, p, 10)
             assert recomputed and reqs and all(r.extra for r in reqs)
             assert_close(f"weights at {p}", got["weights"], want["weights"], 1e-6)
             for a, b in zip(got["lens"], want["lens"], strict=True):
                 assert list(a["ids"]) == list(b["ids"])
-        assert (list(t.tokens), t.read_upto, t.products.key_counts()) == before
+        assert (list(t.tokens), t.read_upto, t.session.key_counts()) == before
         more = list(t.generate(4, Sampling(0, 40)))
         ref = Reference(tiny).greedy(tokenizer.encode(PROMPTS[0]), 10)
         assert [s.token_id for s in steps + more] == ref
@@ -124,10 +124,10 @@ def numpy_untrained(ckpt) -> set[int]:
 def test_analogy_and_neighbours_equal_numpy(request, loaded, model):
     ckpt = request.getfixturevalue(model)
     store, key = loaded(ckpt)
-    products = open_engine(store, ckpt.name, key).open()
+    run = open_engine(store, ckpt.name, key).open()
     try:
-        with products.recording() as requests:
-            got = views.analogy(products, " man", " woman", " king", 10)
+        with run.session.recording() as requests:
+            got = views.analogy(run.weights, " man", " woman", " king", 10)
         assert [r.kind for r in requests] == ["wte.fetch", "wte.cosine"]  # a fetch and one search
         w = ckpt.params["wte.weight"].astype(np.float64)
         a, b, c = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
@@ -136,37 +136,37 @@ def test_analogy_and_neighbours_equal_numpy(request, loaded, model):
         want = [int(i) for i in np.argsort(-sims, kind="stable") if int(i) not in (a, b, c) and int(i) not in bad][:10]
         assert [r["token_id"] for r in got["results"]] == want
         assert_close(f"{model} analogy scores", [r["score"] for r in got["results"]], sims[want], 1e-4)
-        got = views.neighbours(products, " list", 5)
+        got = views.neighbours(run.weights, " list", 5)
         i = tokenizer.encode(" list")[0]
         sims = numpy_cosine(ckpt, w[i])
         want = [int(j) for j in np.argsort(-sims, kind="stable") if int(j) != i and int(j) not in bad][:5]
         assert [r["token_id"] for r in got["results"]] == want
         assert_close(f"{model} neighbour scores", [r["score"] for r in got["results"]], sims[want], 1e-4)
     finally:
-        products.close()
+        run.session.close()
 
 
 def test_a_word_of_several_tokens_is_a_clear_error(loaded, tiny):
     store, key = loaded(tiny)
-    products = open_engine(store, tiny.name, key).open()
+    run = open_engine(store, tiny.name, key).open()
     try:
         with pytest.raises(TextError,
                            match=r"'queen' is 2 GPT-2 tokens \('que' \+ 'en'\).*leading space, ' queen' is one token"):
-            views.analogy(products, " man", "queen", " king")
+            views.analogy(run.weights, " man", "queen", " king")
         with pytest.raises(TextError, match="k must be"):
-            views.neighbours(products, " man", 0)
+            views.neighbours(run.weights, " man", 0)
         with pytest.raises(TextError, match="2 to 24 words"):
-            views.embedding_map(products, [" man"])
+            views.embedding_map(run.weights, [" man"])
     finally:
-        products.close()
+        run.session.close()
 
 
 def test_map_is_stable_and_is_the_words_pca(loaded, tiny):
     store, key = loaded(tiny)
-    products = open_engine(store, tiny.name, key).open()
+    run = open_engine(store, tiny.name, key).open()
     words = [" man", " woman", " king", " queen", " list"]
     try:
-        one, two = views.embedding_map(products, words), views.embedding_map(products, words)
+        one, two = views.embedding_map(run.weights, words), views.embedding_map(run.weights, words)
         assert one["points"] == two["points"]
         rows = tiny.params["wte.weight"][[tokenizer.encode(w)[0] for w in words]].astype(np.float64)
         centred = rows - rows.mean(axis=0)
@@ -177,7 +177,7 @@ def test_map_is_stable_and_is_the_words_pca(loaded, tiny):
         assert_close("map distances", np.linalg.norm(got[:, None] - got[None], axis=-1),
                      np.linalg.norm(want[:, None] - want[None], axis=-1), 1e-6)
     finally:
-        products.close()
+        run.session.close()
 
 
 def test_kv_view_counts_keys_in_the_store(loaded, tiny):
@@ -311,33 +311,33 @@ def test_untrained_rows_are_recorded_at_load(twins, loaded, demo):
 
 def test_views_never_answer_with_untrained_rows(twins):
     ckpt, store, key, _, bad = twins
-    products = open_engine(store, ckpt.name, key).views()
+    run = open_engine(store, ckpt.name, key).views()
     w = ckpt.params["wte.weight"].astype(np.float64)
     try:
         man, woman, king = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
-        got = views.analogy(products, " man", " woman", " king", 5)
+        got = views.analogy(run.weights, " man", " woman", " king", 5)
         sims = numpy_cosine(ckpt, w[woman] - w[man] + w[king])
         order = [int(i) for i in np.argsort(-sims, kind="stable") if int(i) not in (man, woman, king)]
         want = [i for i in order if i not in bad][:5]
         assert [r["token_id"] for r in got["results"]] == want
         assert got["untrained_skipped"] == len([i for i in order[: order.index(want[-1])] if i in bad]) >= 3
         assert got["untrained_inputs"] == [" king"] and "' king' was never trained" in got["note"]
-        got = views.neighbours(products, " king", 5)
+        got = views.neighbours(run.weights, " king", 5)
         assert not {r["token_id"] for r in got["results"]} & bad
         assert got["untrained_skipped"] == len(bad) - 1  # its twins are all at cosine 1: skipped
         assert got["untrained_inputs"] == [" king"]
-        got = views.neighbours(products, " list", 5)
+        got = views.neighbours(run.weights, " list", 5)
         assert got["untrained_inputs"] == []
         assert got["note"] is None or "skipped" in got["note"]
-        m = views.embedding_map(products, [" king", " queen", " man", " woman", " list"])
+        m = views.embedding_map(run.weights, [" king", " queen", " man", " woman", " list"])
         assert [p["untrained"] for p in m["points"]] == [True, True, False, False, False]
         assert m["degenerate"] and "same point" in m["note"] and "never trained" in m["note"]
-        m = views.embedding_map(products, [" man", " woman", " list", " dict"])
+        m = views.embedding_map(run.weights, [" man", " woman", " list", " dict"])
         assert not m["degenerate"] and m["note"] is None
-        m = views.embedding_map(products, [" man", " woman"])  # two points: a line
+        m = views.embedding_map(run.weights, [" man", " woman"])  # two points: a line
         assert m["degenerate"] and "second component" in m["note"]
     finally:
-        products.close()
+        run.session.close()
 
 
 def test_a_store_from_an_older_version_says_untrained_rows_are_unknown(tmp_path, tiny):
@@ -349,14 +349,15 @@ def test_a_store_from_an_older_version_says_untrained_rows_are_unknown(tmp_path,
         m = load.load(store, tiny, key, progress=False)
         del m["untrained"]
         store.put_meta(f"manifest:{key}", m)
-        products = open_engine(store, tiny.name, key).views()
+        run = open_engine(store, tiny.name, key).views()
         try:
-            for got in (views.analogy(products, " man", " woman", " king", 3), views.neighbours(products, " man", 3),
-                        views.embedding_map(products, [" man", " woman", " king"])):
+            w = run.weights
+            for got in (views.analogy(w, " man", " woman", " king", 3), views.neighbours(w, " man", 3),
+                        views.embedding_map(w, [" man", " woman", " king"])):
                 assert "`puffergpt load`" in got["note"] and "older puffergpt" in got["note"]
             assert got["points"][0]["untrained"] is None
         finally:
-            products.close()
+            run.session.close()
         assert load.load(store, tiny, key, progress=False)["untrained"] == []
         assert open_engine(store, tiny.name, key).untrained == frozenset()
     finally:

@@ -17,16 +17,17 @@ MAX_MODULE_LINES = 500
 # What each package may import besides itself, from the bottom up. "puffergpt" is the package's
 # own __init__ (its version and path).
 MAY_IMPORT = {
+    "settings": set(),  # every server setting defined once: read by every layer, imports none
     "model": set(),  # GPT-2 as math: knows no store, no text, no edge
-    "stores": {"puffergpt"},  # the vector databases: know nothing of GPT-2
+    "stores": {"puffergpt", "settings"},  # the vector databases: know nothing of GPT-2; settings: their own
     "texts": {"model"},  # a text reaches the searches only through the seam: never a store
-    "search": {"model", "stores"},
+    "search": {"model", "stores", "settings"},  # settings: the scheduler's and the sweeper's defaults
     "lens": {"model", "texts", "stores"},  # stores: the seam's errors (an index that isn't there)
-    "app": {"model", "texts", "lens", "search"},
+    "app": {"model", "texts", "lens", "search", "settings"},  # settings: a request's bound
     "notebook": {"model", "texts", "lens", "app"},
     "bench": {"puffergpt", "model", "texts", "search", "stores", "app"},  # a server only over HTTP
     "mcp": {"puffergpt", "model", "texts", "lens", "search", "stores", "app", "notebook"},  # never the server
-    "server": {"puffergpt", "model", "texts", "lens", "search", "stores", "app", "notebook"},  # never mcp
+    "server": {"puffergpt", "model", "texts", "lens", "search", "stores", "app", "notebook", "settings"},  # never mcp
 }
 EDGES = {"cli"}  # the command line may call every layer and edge: it starts them
 

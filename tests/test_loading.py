@@ -181,7 +181,7 @@ def test_a_verified_store_is_not_read_again_until_its_files_change(tmp_path, tin
         reads.clear()
         s = open_store("embedded", tmp_path)
         try:
-            open_engine(s, "tiny", verify=True).open().close()
+            open_engine(s, "tiny", verify=True).open().session.close()
         finally:
             s.close()
         return len(reads)

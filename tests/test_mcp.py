@@ -29,7 +29,7 @@ from puffergpt.server.app import serving
 
 PROMPT = "The cat sat on the"
 N = 5
-TOOLS = {"generate", "inspect", "save_insight", "list_insights", "replay_insight"}
+TOOLS = {"generate", "inspect", "save_insight", "list_insights", "replay_insight", "list_lessons", "run_lesson"}
 
 
 def git(repo: Path, *args: str) -> str:
@@ -108,6 +108,12 @@ async def tour(client, ckpt, model: str) -> dict:
     replayed = await call(client, "replay_insight", insight_id=page["id"])
     assert replayed["matches"] and replayed["max_abs_diff"] <= nb.TOLERANCE
     assert "no insight 'nope'" in await error(client, "replay_insight", insight_id="nope")
+    listed = await call(client, "list_lessons")
+    assert len(listed["lessons"]) >= 5 and {"id", "title", "steps"} <= set(listed["lessons"][0])
+    ran = await call(client, "run_lesson", lesson_id="temperature", prompt=PROMPT)
+    assert ran["prompt"] == PROMPT and len(ran["steps"]) == 3
+    assert all(isinstance(x["holds"], bool) and x["claim"] and x["view"] for x in ran["steps"])
+    assert "there is no lesson 'nope'" in await error(client, "run_lesson", lesson_id="nope")
     return {"chat": chat, "page": page}
 
 
@@ -211,7 +217,8 @@ def test_bad_text_ids_are_tool_errors_through_a_running_server(tmp_path, tiny, l
 
 # --- the tools as a client sees them (issue 33): strict, described, annotated, versioned ---
 
-READ_ONLY = {"generate": True, "inspect": True, "list_insights": True, "replay_insight": True, "save_insight": False}
+READ_ONLY = {"generate": True, "inspect": True, "list_insights": True, "replay_insight": True, "save_insight": False,
+             "list_lessons": True, "run_lesson": True}
 
 
 def in_process(backend, script) -> dict:

@@ -22,8 +22,9 @@ from puffergpt import notebook as nb
 from puffergpt.cli.notebook import notebook as notebook_cli
 from puffergpt.lens import attribution, inspector
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import NumpyProducts, Reference
+from puffergpt.model.reference import NumpyWeights, Reference
 from puffergpt.model.sampling import Sampling
+from puffergpt.model.session import Run
 from puffergpt.notebook import GitError, InsightNotFound, InvalidInsight, Notebook, NotebookError
 from puffergpt.search.manifest import open_engine
 from puffergpt.server import errors
@@ -56,9 +57,9 @@ def commits(repo: Path) -> list[str]:
 GREEDY = Sampling(0.0, 40)
 
 
-def step_evidence(products, model: str, prompt: str = PROMPT, n: int = 3, s: Sampling = GREEDY) -> dict:
-    """Evidence as the playground attaches it: the last generated token of a text."""
-    text = Text(products)
+def step_evidence(run, model: str, prompt: str = PROMPT, n: int = 3, s: Sampling = GREEDY) -> dict:
+    """Evidence as the playground attaches it: the last generated token of a text (on ``run``)."""
+    text = Text(run)
     try:
         text.append(tokenizer.encode(prompt))
         step = list(text.generate(n, s))[-1]
@@ -85,7 +86,7 @@ def engine_evidence(loaded, tiny) -> dict:
 @pytest.fixture
 def evidence(tiny) -> dict:
     """Small evidence for the tests about files and git (numpy: fast)."""
-    return step_evidence(NumpyProducts(tiny), tiny.name, n=1, s=Sampling(1.0, 5, 3))
+    return step_evidence(Run(NumpyWeights(tiny)), tiny.name, n=1, s=Sampling(1.0, 5, 3))
 
 
 def numpy_candidates_at(ckpt):
@@ -383,8 +384,8 @@ def test_replay_of_engine_evidence_matches_numpy(tmp_path, engine_evidence, tiny
     assert r["same_ids"] and r["matches"] and r["first_differences"] == []
     assert r["max_abs_diff"] <= nb.TOLERANCE
     assert [c["token_id"] for c in r["now"]] == [c["token_id"] for c in engine_evidence["candidates"]]
-    # the CLI's path (a Text over numpy products) agrees too
-    again = nb.replay(ins, nb.candidates_from_products(lambda: NumpyProducts(tiny)))
+    # the CLI's path (a Text over a numpy run) agrees too
+    again = nb.replay(ins, nb.candidates_from_runs(lambda: Run(NumpyWeights(tiny))))
     assert again["matches"], again["first_differences"]
 
 
@@ -448,7 +449,7 @@ def inside_evidence(loaded, tiny) -> dict:
 
 
 def numpy_replay(ins, tiny) -> dict:
-    return nb.replay(ins, numpy_candidates_at(tiny), data_at=nb.data_from_products(lambda: NumpyProducts(tiny)))
+    return nb.replay(ins, numpy_candidates_at(tiny), data_at=nb.data_from_runs(lambda: Run(NumpyWeights(tiny))))
 
 
 def doctor(book: Notebook, ins, data: dict) -> None:

@@ -21,7 +21,8 @@ import yaml
 from playwright.sync_api import expect
 
 from puffergpt import notebook as nb
-from puffergpt.model.reference import NumpyProducts
+from puffergpt.model.reference import NumpyWeights
+from puffergpt.model.session import Run
 from puffergpt.notebook import Notebook
 from puffergpt.search.manifest import open_engine
 from puffergpt.server import create_app
@@ -38,7 +39,7 @@ def served(loaded, demo, tmp_path_factory):
     """(url, notebook dir, demo): the app over the demo model with a notebook in tmp."""
     store, key = loaded(demo)
     book = tmp_path_factory.mktemp("notebook")
-    app = create_app(open_engine(store, demo.name, key), reference=lambda: NumpyProducts(demo), notebook=Notebook(book))
+    app = create_app(open_engine(store, demo.name, key), reference=lambda: Run(NumpyWeights(demo)), notebook=Notebook(book))
     with serving(app) as url:
         yield url, book, demo
 
@@ -78,7 +79,7 @@ def save_from_token(p, title, body="", tags=""):
 
 def numpy_top(demo, ids, position, k):
     """The reference: numpy GPT-2's top-k for the token at position, through the same application path."""
-    return nb.candidates_from_products(lambda: NumpyProducts(demo))(ids, position, k)
+    return nb.candidates_from_runs(lambda: Run(NumpyWeights(demo)))(ids, position, k)
 
 
 def test_save_a_hostile_title_from_a_token_find_it_in_git_list_and_replay(page, served):

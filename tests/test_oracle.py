@@ -15,7 +15,7 @@ import pytest
 
 from helpers import LOGIT_BOUNDS, assert_close
 from puffergpt.model import checkpoints, tokenizer
-from puffergpt.model.reference import Cache, NumpyProducts, forward
+from puffergpt.model.reference import Cache, NumpyWeights, forward
 from puffergpt.model.sampling import Sampling
 from puffergpt.search.manifest import open_engine
 from puffergpt.texts.text import Text
@@ -76,10 +76,10 @@ def test_the_tokenizer_agrees_with_the_oracle(prompt):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_numpy_agrees_with_the_oracle(demo, prompt):
-    """reference.forward over NumpyProducts: the final hidden states (after ln_f) and logits at
+    """reference.forward over NumpyWeights: the final hidden states (after ln_f) and logits at
     the first and last positions, the top 20 at the last, and 8 greedy tokens (KV cache)."""
     o, ids = oracle_of(prompt), oracle_of(prompt)["ids"]
-    p, cache = NumpyProducts(demo), Cache()
+    p, cache = NumpyWeights(demo), Cache()
     x = forward(p, np.array(ids), 0, cache)  # (T,) -> (T, C)
     logits = p.logits(x)  # (T, C) -> (T, V)
     for a in o["at"]:

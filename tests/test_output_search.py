@@ -37,9 +37,9 @@ def test_exact_is_the_default_and_unchanged(indexed, demo, positions):
     plain, asked = engine.open(), engine.open(output_search="exact")
     try:
         for x in positions[:8]:
-            with plain.recording() as reqs:
-                ids, logits = plain.top_k(x, 40)
-            got = asked.top_k_many(x[None], 40, kind="wte.top_k")[0]
+            with plain.session.recording() as reqs:
+                ids, logits = plain.weights.top_k(x, 40)
+            got = asked.weights.top_k_many(x[None], 40, kind="wte.top_k")[0]
             # byte for byte the exact search of every wte row, as before the option
             assert np.array_equal(ids, got[0]) and np.array_equal(logits, got[1])
             assert [r.kind for r in reqs] == ["wte.top_k"] and reqs[0].rows == demo.config.n_vocab
@@ -47,20 +47,20 @@ def test_exact_is_the_default_and_unchanged(indexed, demo, positions):
             assert np.array_equal(np.sort(ids), np.sort(np.argsort(-want, kind="stable")[:40])), "exact top 40"
             np.testing.assert_allclose(logits, want[ids], atol=1e-4)
     finally:
-        plain.close()
-        asked.close()
+        plain.session.close()
+        asked.session.close()
 
 
 def test_approximate_candidates_are_tokens_with_their_true_logits(indexed, demo, positions):
     store, key, _ = indexed
     engine = manifest.open_engine(store, demo.name, key, output_search="approximate")
     W = demo.params["wte.weight"].astype(np.float64)
-    p = engine.open()
+    run = engine.open()
     recalls, worst = [], 0.0
     try:
         for x in positions:
-            with p.recording() as reqs:
-                ids, logits = p.top_k(x, 40)
+            with run.session.recording() as reqs:
+                ids, logits = run.weights.top_k(x, 40)
             assert [r.kind for r in reqs] == ["wte.ann"], "one request, as the exact search"
             assert len(ids) == 40 and len(set(ids.tolist())) == 40
             assert ids.min() >= 0 and ids.max() < demo.config.n_vocab
@@ -69,14 +69,14 @@ def test_approximate_candidates_are_tokens_with_their_true_logits(indexed, demo,
             assert np.all(np.diff(logits) <= 1e-6), "best first"
             recalls.append(output_search.recall(ids, np.argsort(-want)[:40]))
     finally:
-        p.close()
+        run.session.close()
     assert worst < 1e-4, f"the approximate path's logits are off numpy's by {worst:.2e}"
     # recall is measured, not assumed: the bench's figure is the same computation, checked here
     mean = float(np.mean(recalls))
-    got = output_search.measure(manifest.open_engine(store, demo.name, key).views(), positions)
+    got = output_search.measure(manifest.open_engine(store, demo.name, key).views().weights, positions)
     assert abs(got["recall"] - mean) < 1e-12 and got["positions"] == len(positions)
     assert 0 < mean <= 1 and got["greedy_changes"] == sum(
-        output_search.compare(engine.views(), x)["same_greedy"] is False for x in positions)
+        output_search.compare(engine.views().weights, x)["same_greedy"] is False for x in positions)
     print(f"\nrecall@40 {mean:.3f} (min {min(recalls):.2f}) over {len(recalls)} positions; logits within "
           f"{worst:.1e} of numpy; greedy changes {got['greedy_changes']}")
 

@@ -12,7 +12,8 @@ import pytest
 from playwright.sync_api import expect
 
 from puffergpt.lens import output_search
-from puffergpt.model.reference import NumpyProducts
+from puffergpt.model.reference import NumpyWeights
+from puffergpt.model.session import Run
 from puffergpt.search.manifest import open_engine
 from puffergpt.server import create_app
 from puffergpt.server.app import serving
@@ -23,7 +24,7 @@ from test_views_page import shot
 @pytest.fixture(scope="module")
 def indexed_server(indexed, demo):
     store, key, _ = indexed
-    with serving(create_app(open_engine(store, demo.name, key), reference=lambda: NumpyProducts(demo))) as url:
+    with serving(create_app(open_engine(store, demo.name, key), reference=lambda: Run(NumpyWeights(demo)))) as url:
         yield url
 
 

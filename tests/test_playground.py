@@ -16,7 +16,8 @@ import httpx
 import pytest
 from playwright.sync_api import Page, expect, sync_playwright
 
-from puffergpt.model.reference import NumpyProducts
+from puffergpt.model.reference import NumpyWeights
+from puffergpt.model.session import Run
 from puffergpt.search.manifest import open_engine
 from puffergpt.server import create_app
 from puffergpt.server.app import serving
@@ -31,7 +32,7 @@ expect.set_options(timeout=TIMEOUT_MS)  # a loaded 2-core machine: the first tok
 def server(loaded, demo):
     """The app over the demo model in an embedded store, served on a free port."""
     store, key = loaded(demo)
-    app = create_app(open_engine(store, demo.name, key), reference=lambda: NumpyProducts(demo))
+    app = create_app(open_engine(store, demo.name, key), reference=lambda: Run(NumpyWeights(demo)))
     with serving(app) as url:
         yield url
 

@@ -5,7 +5,7 @@ import pytest
 
 from helpers import PROMPTS, assert_close
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import Cache, NumpyProducts, Reference, forward, gelu, layer_norm, softmax
+from puffergpt.model.reference import Cache, NumpyWeights, Reference, forward, gelu, layer_norm, softmax
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra: make test installs it")  # noqa: F841
 transformers = pytest.importorskip("transformers")
@@ -40,7 +40,7 @@ def test_kv_cache_decode_equals_full_forward(tiny):
     """Reading tokens one at a time with the cache gives the full forward's logits."""
     ids = tokenizer.encode("The quick brown fox jumps over the lazy dog.")
     full = Reference(tiny).logits(ids)
-    p, cache = NumpyProducts(tiny), Cache()
+    p, cache = NumpyWeights(tiny), Cache()
     steps = [p.logits(forward(p, np.array(ids[:3]), 0, cache))[-1]]
     for i in range(3, len(ids)):
         steps.append(p.logits(forward(p, np.array([ids[i]]), i, cache))[-1])
@@ -49,7 +49,7 @@ def test_kv_cache_decode_equals_full_forward(tiny):
 
 def test_stepping_back_overwrites_the_cache(tiny):
     a, b = tokenizer.encode("one two three"), tokenizer.encode(" four")
-    p, cache = NumpyProducts(tiny), Cache()
+    p, cache = NumpyWeights(tiny), Cache()
     forward(p, np.array(a + tokenizer.encode(" five six")), 0, cache)
     got = p.logits(forward(p, np.array(b), len(a), cache))[-1]  # replaces position 3 onwards
     assert_close("after step back", got, Reference(tiny).logits(a + b)[-1], 1e-5)
@@ -75,10 +75,10 @@ def test_a_trace_names_what_it_holds_as_gpt2_does(tiny):
     """A forward pass's trace is keyed by GPT-2's names, as the request kinds are: each layer's
     residual, attention scores and weights, heads, c_proj outputs and neurons, then ln_f's
     input; each of the last token's shape."""
-    from puffergpt.model.reference import Cache, NumpyProducts, Trace, forward
+    from puffergpt.model.reference import Cache, NumpyWeights, Trace, forward
 
     c, trace = tiny.config, Trace()
-    forward(NumpyProducts(tiny), np.array([1, 2, 3]), 0, Cache(), trace)
+    forward(NumpyWeights(tiny), np.array([1, 2, 3]), 0, Cache(), trace)
     want = {f"h.{l}.{kind}" for l in range(c.n_layer) for kind in Trace.KINDS} | {"ln_f.resid"}
     assert set(trace.values) == want, sorted(set(trace.values) ^ want)
     assert trace["h.1.attn.weights"].shape == (c.n_head, 3) and trace["h.1.mlp.gelu"].shape == (4 * c.n_embd,)

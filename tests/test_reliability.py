@@ -138,7 +138,7 @@ def test_a_disconnect_storm_on_generate_ends_each_generation(served):
     assert code == 201, body
     tid = json.loads(body)["id"]
     text = texts.get(tid)
-    ns = text.products.keys_ns
+    ns = text.session.keys_ns
     ended = []
     for _ in range(40):
         s = served.send("POST", f"/api/texts/{tid}/generate", {"max_tokens": 100, "temperature": 1.0, "top_k": 40})
@@ -171,7 +171,7 @@ def test_shutdown_cancels_running_generations(served):
     code, body = served.request("POST", "/api/texts", {"prompt": PROMPT})
     tid = json.loads(body)["id"]
     text = served.app.state.texts.get(tid)
-    ns = text.products.keys_ns
+    ns = text.session.keys_ns
     s = served.send("POST", f"/api/texts/{tid}/generate", {"max_tokens": 100, "temperature": 1.0})
     read_events(s, 2)  # generating, its client still reading
     took = served.shutdown(within_s=8)
@@ -578,10 +578,11 @@ def book_client(tmp_path, loaded, tiny):
 
 
 def evidence_of(tiny) -> dict:
-    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyWeights
+    from puffergpt.model.session import Run
     from puffergpt.texts.text import Text
 
-    text = Text(NumpyProducts(tiny))
+    text = Text(Run(NumpyWeights(tiny)))
     try:
         text.append(tokenizer.encode(PROMPT))
         step = list(text.generate(1, Sampling(0, 5)))[-1]

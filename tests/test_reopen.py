@@ -18,8 +18,9 @@ from fastapi.testclient import TestClient
 from helpers import LOGIT_BOUNDS, assert_close, message
 from puffergpt.lens import inspector
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import NumpyProducts, Reference
+from puffergpt.model.reference import NumpyWeights, Reference
 from puffergpt.model.sampling import Sampling
+from puffergpt.model.session import Run
 from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.texts.registry import Texts
@@ -201,11 +202,11 @@ def test_a_bad_reopen_over_http_gets_a_4xx_naming_it(clients, body, status, matc
 
 
 def test_numpy_texts_reopen_too(demo):
-    """The seam's numpy products (no store, no keys to keep) reopen the same way."""
-    texts = Texts(lambda: NumpyProducts(demo))
+    """A numpy run (no store, no keys to keep) reopens the same way."""
+    texts = Texts(lambda: Run(NumpyWeights(demo)))
     t = texts.create(tokenizer.encode(PROMPT))
     list(t.generate(3, GREEDY))
-    r, requests = Texts(lambda: NumpyProducts(demo)).reopen(*page_state(t))
+    r, requests = Texts(lambda: Run(NumpyWeights(demo))).reopen(*page_state(t))
     assert requests == [] and r.tokens == t.tokens
     for p, step in r.steps.items():
         assert list(step.ids[:40]) == list(t.steps[p].ids[:40])

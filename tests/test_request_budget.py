@@ -16,10 +16,10 @@ import time
 import httpx
 import pytest
 
+from puffergpt import settings
 from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.app import serving
-from puffergpt.server.state import MAX_REQUEST_TOKENS
 
 # The issue's body: 64 prompts of 250 token ids (48 KB), echoed with logprobs: 16,000 all-vocabulary searches
 ISSUE_BODY = {"prompt": [[5] * 250] * 64, "max_tokens": 0, "echo": True, "logprobs": 5}
@@ -88,7 +88,7 @@ def test_the_issues_48_kb_echo_body_is_refused_up_front_naming_the_limit(loaded,
     assert r.status_code == 400, r.text[:300]
     err = r.json()["error"]
     assert err["code"] == "request_too_large" and err["param"] == "prompt"
-    assert f"{64 * 500:,} tokens" in err["message"] and f"{MAX_REQUEST_TOKENS:,}" in err["message"]
+    assert f"{64 * 500:,} tokens" in err["message"] and f"{settings.default('max_request_tokens'):,}" in err["message"]
     assert "--max-request-tokens" in err["message"] and "--batch_size" in err["message"]
     assert counted.n == 0, "the refused request searched"
 

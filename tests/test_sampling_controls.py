@@ -8,8 +8,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from puffergpt.model import sampling, tokenizer
-from puffergpt.model.reference import Cache, NumpyProducts, forward
+from puffergpt.model.reference import Cache, NumpyWeights, forward
 from puffergpt.model.sampling import Sampling
+from puffergpt.model.session import Run
 from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.texts.text import Text
@@ -20,15 +21,15 @@ LOOP = "Perl was created by Larry Wall in"  # the demo loops: "the first of the 
 
 def full_after(ckpt, tokens: list[int], s: Sampling, seen, generated) -> np.ndarray:
     """The numpy GPT-2's whole vocabulary at the end of ``tokens``, after the controls: (V,)"""
-    products = NumpyProducts(ckpt)
-    h = forward(products, np.asarray(tokens), 0, Cache())
-    return sampling.controls(s, np.arange(ckpt.config.n_vocab), products.logits(h[-1]), seen, generated)[0]
+    weights = NumpyWeights(ckpt)
+    h = forward(weights, np.asarray(tokens), 0, Cache())
+    return sampling.controls(s, np.arange(ckpt.config.n_vocab), weights.logits(h[-1]), seen, generated)[0]
 
 
 def far_token(ckpt, prompt: str, rank: int) -> tuple[int, float]:
     """The token ranked ``rank`` after ``prompt``, and the bias that makes it the best by 1."""
-    products = NumpyProducts(ckpt)
-    logits = products.logits(forward(products, np.asarray(tokenizer.encode(prompt)), 0, Cache())[-1])
+    weights = NumpyWeights(ckpt)
+    logits = weights.logits(forward(weights, np.asarray(tokenizer.encode(prompt)), 0, Cache())[-1])
     order = np.argsort(-logits)
     return int(order[rank]), float(logits[order[0]] - logits[order[rank]] + 1.0)
 
@@ -46,10 +47,10 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("kind", ["numpy", "search"])
 def test_candidates_are_the_true_top_k_after_the_controls(demo, loaded, kind, case):
-    products = NumpyProducts(demo) if kind == "numpy" else open_engine(*[loaded(demo)[0], demo.name,
-                                                                         loaded(demo)[1]]).open()
+    store, key = loaded(demo)
+    run = Run(NumpyWeights(demo)) if kind == "numpy" else open_engine(store, demo.name, key).open()
     s = Sampling(0.0, 40, **CASES[case])
-    text = Text(products)
+    text = Text(run)
     text.append(tokenizer.encode(LOOP))
     steps, moved = list(text.generate(10, s)), 0
     for st in steps:

@@ -12,8 +12,9 @@ import pytest
 
 from helpers import LOGIT_BOUNDS, assert_close
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import NumpyProducts
+from puffergpt.model.reference import NumpyWeights
 from puffergpt.model.sampling import Sampling
+from puffergpt.model.session import Run
 from puffergpt.search.engine import Engine
 from puffergpt.search.manifest import open_engine
 from puffergpt.search.scheduler import Batcher, Scheduler, split
@@ -137,8 +138,7 @@ def demo_engine(loaded, demo):
 
 
 def generate(engine_or_ckpt, prompt: str, s: Sampling, n: int = 8):
-    products = engine_or_ckpt.open() if isinstance(engine_or_ckpt, Engine) else NumpyProducts(engine_or_ckpt)
-    t = Text(products)
+    t = Text(engine_or_ckpt.open() if isinstance(engine_or_ckpt, Engine) else Run(NumpyWeights(engine_or_ckpt)))
     try:
         t.append(tokenizer.encode(prompt))
         steps = list(t.generate(n, s))

@@ -9,7 +9,8 @@ from fastapi.testclient import TestClient
 from helpers import message
 from puffergpt.cli import serve
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import NumpyProducts, Reference
+from puffergpt.model.reference import NumpyWeights, Reference
+from puffergpt.model.session import Run
 from puffergpt.search.manifest import open_engine
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.server.guards.body_limit import MAX_BODY
@@ -21,7 +22,7 @@ PROMPT = "The quick brown fox"
 def client(loaded, tiny):
     store, key = loaded(tiny)
     app = create_app(open_engine(store, tiny.name, key), ServerConfig(max_open_texts=4),
-                     reference=lambda: NumpyProducts(tiny))
+                     reference=lambda: Run(NumpyWeights(tiny)))
     with TestClient(app) as c:
         yield c
 
@@ -189,7 +190,7 @@ def test_idle_texts_are_swept(loaded, tiny):
     app = create_app(open_engine(store, tiny.name, key), ServerConfig(idle_s=0.2))
     with TestClient(app) as c:
         t = c.post("/api/texts", json={"prompt": PROMPT}).json()
-        ns = app.state.texts.get(t["id"]).products.keys_ns
+        ns = app.state.texts.get(t["id"]).session.keys_ns
         time.sleep(1.0)  # idle: no request touches it (a GET would count as use)
         assert c.get(f"/api/texts/{t['id']}").status_code == 404
         assert ns not in store.namespaces("text-")

@@ -121,9 +121,10 @@ def test_the_streams_above_cannot_end_before_the_signal(demo):
     still open when SIGTERM comes."""
     from puffergpt.app import completion
     from puffergpt.model import tokenizer
-    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyWeights
     from puffergpt.model.sampling import Sampling
+    from puffergpt.model.session import Run
 
-    got = [s.token_id for s in completion.complete(lambda: NumpyProducts(demo), tokenizer.encode(PROMPT), 200,
+    got = [s.token_id for s in completion.complete(lambda: Run(NumpyWeights(demo)), tokenizer.encode(PROMPT), 200,
                                                    Sampling(0.0))]
     assert len(got) == 200 and tokenizer.EOT not in got

@@ -257,17 +257,62 @@ def test_a_text_knows_nothing_of_inspection():
     assert not got, f"text.py imports {sorted(got)}: inspection belongs in inspector.py"
 
 
-def test_no_caller_probes_a_products_object_for_what_it_has():
-    """Products declares everything its callers use (reference.Weights, reference.Extras):
-    no getattr/hasattr on a products object anywhere in src/."""
+RUN_PARTS = re.compile(r"\b(weights|session|run|products)\b")  # a text's run, its two halves, the old name
+
+
+def test_no_caller_probes_a_run_for_what_it_has():
+    """The two seams declare everything their callers use (``reference.Weights``,
+    ``session.Session``): no getattr/hasattr on a run, its weights or its session in src/."""
     probes = []
     for p in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):
             probe = isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr",
                                                                                                         "hasattr")
-            if probe and node.args and "products" in ast.unparse(node.args[0]):
+            if probe and node.args and RUN_PARTS.search(ast.unparse(node.args[0])):
                 probes.append(f"{p.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
-    assert not probes, "probing products instead of declaring it in reference.py:\n" + "\n".join(probes)
+    assert not probes, "probing a run instead of declaring it in its seam:\n" + "\n".join(probes)
+
+
+def members(cls) -> set[str]:
+    """A class's public names: its methods and properties, and the attributes it annotates."""
+    return {n for n in vars(cls) if not n.startswith("_")} | set(getattr(cls, "__annotations__", {}))
+
+
+def methods(cls) -> set[str]:
+    return {n for n, v in vars(cls).items() if callable(v) and not n.startswith("_")}
+
+
+def test_the_math_seam_is_the_weights_products_and_nothing_of_how_they_run():
+    """``Weights`` (what the forward pass takes) is the weights' products and what describes
+    them; every runtime member (requests, turns, the text's namespace of keys) is the
+    ``Session``'s, beside it. numpy's weights have the products and nothing else; its session,
+    ``Local``, the session's members and nothing else; the engine's weights none of the session's."""
+    from puffergpt.model.reference import NumpyWeights, Weights
+    from puffergpt.model.session import Local, Session
+    from puffergpt.search.session import SearchSession
+    from puffergpt.search.weights import SearchWeights
+
+    products = {"embed", "norm", "linear", "attention_scores", "top_k", "top_k_many", "logits", "token_logits", "row",
+                "token_rows", "cosine_all"}
+    assert members(Weights) == products | {"config", "untrained"}
+    assert members(Session) == {"keys_ns", "recording", "slot", "stepping", "wrote_token", "key_counts", "touch",
+                                "close"}
+    assert methods(NumpyWeights) == products
+    assert members(Local) == members(Session)
+    assert not members(Session) & (methods(SearchWeights) | members(Weights))
+    assert methods(SearchSession) & members(Session) == methods(Session) and not methods(SearchSession) & products
+
+
+def test_model_imports_nothing_above_it_and_texts_only_model():
+    """``model/`` is the bottom layer: both seams live there because a text (``texts/``) and the
+    engine (``search/``) import only it. A text never imports a store or the engine."""
+    known = modules()
+    above = {m: sorted(t for t in imports_of(m) if not t.startswith("puffergpt.model"))
+             for m in known if m.startswith("puffergpt.model")}
+    assert not any(above.values()), {m: t for m, t in above.items() if t}
+    beside = {m: sorted(t for t in imports_of(m) if not t.startswith(("puffergpt.model", "puffergpt.texts")))
+              for m in known if m.startswith("puffergpt.texts")}
+    assert not any(beside.values()), {m: t for m, t in beside.items() if t}
 
 
 def test_nothing_rewires_an_engine_after_it_is_built():

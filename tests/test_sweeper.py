@@ -66,8 +66,8 @@ def test_a_text_in_use_keeps_its_keys_an_idle_one_loses_them(servers, clock):
         clock.now += TTL / 4
         texts_a.get(busy.id)
         list(busy.generate(1, Sampling(0, 40)))
-        assert sweep.sweep() in ([], [idle.products.keys_ns])
-    assert busy.products.keys_ns in keys_of(a.store) and idle.products.keys_ns not in keys_of(a.store)
+        assert sweep.sweep() in ([], [idle.session.keys_ns])
+    assert busy.session.keys_ns in keys_of(a.store) and idle.session.keys_ns not in keys_of(a.store)
     # The idle text's server says it is gone (a 404 text_not_found: the page reopens it) and lets go of it.
     with pytest.raises(TextNotFound, match="unused past its TTL"):
         texts_a.get(idle.id)
@@ -79,7 +79,7 @@ def test_the_keys_of_a_dead_servers_text_are_dropped_by_another_server(servers, 
     (dead, alive), (texts_dead, texts_alive) = servers(2)
     lost = texts_dead.create(tokenizer.encode("He said"))
     list(lost.generate(2, Sampling(0, 40)))
-    ns = lost.products.keys_ns
+    ns = lost.session.keys_ns
     texts_dead._texts.clear()  # kill -9: the server is gone, nothing closes its text
     mine = texts_alive.create(tokenizer.encode("She said"))
     sweep = sweeper.Sweeper(alive.store, TTL, clock)
@@ -88,14 +88,14 @@ def test_the_keys_of_a_dead_servers_text_are_dropped_by_another_server(servers, 
     texts_alive.get(mine.id)  # the living server's text is used
     clock.now += TTL * sweeper.RENEW + 1
     assert sweep.sweep() == [ns]  # past the dead server's TTL: dropped
-    assert keys_of(alive.store) == {mine.products.keys_ns}
-    assert sweeper.read_expiry(alive.store, mine.products.keys_ns) > clock.now
+    assert keys_of(alive.store) == {mine.session.keys_ns}
+    assert sweeper.read_expiry(alive.store, mine.session.keys_ns) > clock.now
 
 
 def test_the_expiry_moves_on_at_most_once_a_quarter_of_the_ttl(servers, clock):
     (a,), (texts,) = servers(1)
     t = texts.create(tokenizer.encode("He said"))
-    ns = t.products.keys_ns
+    ns = t.session.keys_ns
     first = sweeper.read_expiry(a.store, ns)
     assert first == pytest.approx(clock.now + TTL, abs=1)
     clock.now += TTL * sweeper.RENEW / 2
@@ -112,8 +112,8 @@ def test_the_expiry_is_no_key(servers, clock):
     t = texts.create(tokenizer.encode("He said to me"))
     list(t.generate(2, Sampling(0, 40)))
     c = a.config
-    assert t.products.key_counts() == [c.n_head * t.read_upto] * c.n_layer
-    assert a.store.count(t.products.keys_ns) == c.n_layer * c.n_head * t.read_upto + 1  # and the expiry
+    assert t.session.key_counts() == [c.n_head * t.read_upto] * c.n_layer
+    assert a.store.count(t.session.keys_ns) == c.n_layer * c.n_head * t.read_upto + 1  # and the expiry
 
 
 def test_a_namespace_without_an_expiry_goes_a_ttl_after_it_was_first_seen(servers, clock):

@@ -76,7 +76,7 @@ def test_stepping_back_and_forward_costs_nothing(text):
     text.append(PROMPT)
     list(text.generate(8, GREEDY))
     end, tokens = text.length, list(text.tokens)
-    with text.products.recording() as requests:
+    with text.session.recording() as requests:
         text.step_back(end - 5)
         text.step_forward(end)
         text.step_back(end - 5)
@@ -174,15 +174,15 @@ def test_lifecycle(engine):
     with pytest.raises(TextError, match="2 texts are open"):
         texts.create(PROMPT)
     list(a.generate(1, GREEDY))
-    assert a.products.keys_ns in store.namespaces("text-")
+    assert a.session.keys_ns in store.namespaces("text-")
     texts.close(a.id)
-    assert a.products.keys_ns not in store.namespaces("text-")  # closing deletes its keys
+    assert a.session.keys_ns not in store.namespaces("text-")  # closing deletes its keys
     with pytest.raises(KeyError, match="no open text"):
         texts.get(a.id)
     with pytest.raises(KeyError, match="no open text"):
         texts.get("nope")
     assert texts.expire(now=b.last_used + 61) == [b.id]
-    assert len(texts) == 0 and b.products.keys_ns not in store.namespaces("text-")
+    assert len(texts) == 0 and b.session.keys_ns not in store.namespaces("text-")
     with pytest.raises(TextError, match="outside the vocabulary"):
         texts.create([99999])
     assert len(texts) == 0  # a text that failed to open is not left open

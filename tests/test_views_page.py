@@ -6,8 +6,8 @@ and the MLP's neurons, attention in words, honest embedding views, and a phone's
 
 Each test checks the page against the server's JSON or an independent computation from
 it (Python here), never against numbers of the demo model written down. Screenshots of
-the new views at 1,400 and 400 px go to /tmp/shots/. Context changes meaning (issue 34): one
-word in several sentences, the page's numbers against its route's."""
+the new views at 1,400 and 400 px go to /tmp/shots/. Context changes meaning is
+tests/test_contexts_page.py."""
 
 from __future__ import annotations
 
@@ -355,7 +355,7 @@ def test_switching_the_copying_head_off_breaks_the_copy_and_the_versus_sums(requ
     import numpy as np
 
     from puffergpt.model import tokenizer
-    from puffergpt.model.reference import Ablation, Cache, NumpyProducts, forward
+    from puffergpt.model.reference import Ablation, Cache, NumpyWeights, forward
     from test_demo_model import COPY_HEAD, COPY_LAYER, COPY_PROMPT
 
     p = request.getfixturevalue("page" if width == 1400 else "phone").page
@@ -382,7 +382,7 @@ def test_switching_the_copying_head_off_breaks_the_copy_and_the_versus_sums(requ
     # Switch the copying head off: the page's after equals numpy's forward pass with it zeroed.
     part = f"attn {COPY_LAYER}.{COPY_HEAD}"
     ids = tokenizer.encode(COPY_PROMPT)
-    np_p = NumpyProducts(demo)
+    np_p = NumpyWeights(demo)
     logits = np_p.logits(forward(np_p, np.asarray(ids), 0, Cache(), None, Ablation.of([part], demo.config))[-1])
     want = [int(i) for i in np.argsort(-logits, kind="stable")[:10]]
     off = p.locator("#ablate")
@@ -634,7 +634,7 @@ def test_a_phone_tap_shows_its_token_and_every_view_fits(phone, server):
     shot(p, "phone-400")
 
 
-# --- 6. the open head, the softmax, and context changes meaning (issue 34) ---
+# --- 6. the open head and the softmax (issue 34) ---
 
 def test_an_open_heads_keys_follow_the_scores_and_say_what_the_store_searched(page):
     """The weights come rounded (to 6 decimals; to 2 here, so that many tie): the open head's
@@ -669,69 +669,3 @@ def test_an_open_heads_keys_follow_the_scores_and_say_what_the_store_searched(pa
     generated(p).first.click()
     expect(p.locator("#candidates .softmax-formula")).to_have_text(
         "p(i) = exp(logit_i / T) / Σ_j exp(logit_j / T), j over the top k")
-
-
-@pytest.mark.parametrize("width", [1400, 400])
-def test_the_contexts_view_shows_the_mole_sentences_with_the_routes_numbers(browser, server, width):
-    """The mole starter: its three sentences with the word marked where the route found it, the
-    cosine of each pair at each layer, each context's lens top-1, each head's most attended
-    token, as the route's JSON says. On a phone, first: a tapped starter brings the text into view."""
-    from test_demo_model import COPY_HEAD, COPY_LAYER
-
-    phone = width == 400
-    kw = {"height": 860, "is_mobile": True, "has_touch": True, "device_scale_factor": 1} if phone else {}
-    ctx, w = open_page(browser, server, width=width, **kw)
-    p = w.page
-    press = (lambda el: el.tap()) if phone else (lambda el: el.click())
-    if phone:
-        press(p.locator("#starters .starter").first)
-        p.wait_for_function("() => { const r = document.querySelector('#tokens').closest('section').getBoundingClientRect();"
-                            " return r.top >= -1 && r.top < window.innerHeight * 0.6; }")
-        expect(generated(p).first).to_be_in_viewport()
-        wait_idle(p)
-    mole = httpx.get(server + "/api/info").json()["context_starters"][0]
-    with p.expect_response(lambda r: r.url.endswith("/api/contexts")) as got:
-        press(p.locator("#ctx-starters .starter").first)
-    assert got.value.ok, got.value.text()
-    want = got.value.json()
-    box = p.locator("#contexts-result")
-    lines = box.locator(".ctx-context")
-    expect(lines).to_have_count(len(mole["prompts"]))
-    for i, prompt in enumerate(mole["prompts"]):
-        expect(lines.nth(i).locator(".ctx-text")).to_have_text(prompt)
-        expect(lines.nth(i).locator(".ctx-word")).to_have_text(mole["word"])
-        assert int(lines.nth(i).locator(".ctx-word").get_attribute("data-position")) == want["positions"][i]
-    n, layers = len(mole["prompts"]), want["layers"]
-    cells = box.locator("td.ctx-cos")
-    expect(cells).to_have_count(n * (n - 1) // 2 * len(layers))
-    for layer, pair, text in cells.evaluate_all(
-            "cs => cs.map(c => [Number(c.closest('tr').dataset.layer), c.dataset.pair, c.textContent])"):
-        a, b = map(int, pair.split("-"))
-        assert text == f"{layers[layer]['cosine'][a][b]:.4f}", (layer, pair)
-    expect(box.locator(".ctx-line")).to_have_count(n * (n - 1) // 2)
-    first = [layers[0]["cosine"][a][b] for a in range(n) for b in range(a + 1, n)]
-    expect(box.locator(".ctx-summary")).to_contain_text(f"Cosine {min(first):.4f} to {max(first):.4f} at the embedding")
-    tops = box.locator("td.ctx-lens").evaluate_all(
-        "cs => cs.map(c => [Number(c.closest('tr').dataset.layer), Number(c.dataset.context),"
-        " Number(c.querySelector('.lens-chip').dataset.tokenId)])")
-    assert sorted((l, i) for l, i, _ in tops) == [(l, i) for l in range(len(layers)) for i in range(n)]
-    assert all(t == layers[l]["lens"][i] for l, i, t in tops)
-    L, H = len(want["attention"][0]), len(want["attention"][0][0])
-    rows = box.locator(".ctx-attn-row")
-    expect(rows).to_have_count(L * H)
-    for l, hd, i, top in box.locator(".ctx-cell").evaluate_all(
-            "cs => cs.map(c => { const r = c.closest('.ctx-attn-row');"
-            " return [Number(r.dataset.layer), Number(r.dataset.head), Number(c.dataset.context), Number(c.dataset.top)]; })"):
-        weights = want["attention"][i][l][hd]
-        assert top == max(range(len(weights)), key=lambda j: (weights[j], -j)), (l, hd, i)
-    press(rows.nth(COPY_LAYER * H + COPY_HEAD))
-    expect(box.locator(".ctx-head .ctx-head-text")).to_have_count(n)
-    expect(box.locator(".ctx-cost")).to_contain_text(f"{len(want['requests'])} requests")
-    shot(p, f"contexts-{width}", p.locator("#contexts-card"))
-    if phone:
-        wide = p.evaluate("""() => { const vw = document.documentElement.clientWidth;
-          return [...document.querySelectorAll('#contexts-card *')].filter(e => e.getClientRects().length
-            && e.getBoundingClientRect().right > vw + 0.5).map(e => `${e.tagName.toLowerCase()}.${e.getAttribute('class')}`); }""")
-        assert wide == [], wide
-    assert not w.errors, f"the page raised: {w.errors}"
-    ctx.close()

@@ -10,6 +10,7 @@ no worker behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -289,3 +290,69 @@ def test_workers_refuse_a_store_one_process_opens(tmp_path):
             store.worker_options()
     finally:
         store.close()
+
+
+def test_a_stopped_worker_is_left_out_then_started_again(tiny_dir, tmp_path):
+    """kill -STOP a worker mid-stream: the front's /ready, /metrics and /api/status answer within
+    3 s, a new text opens on the other worker and generates; the stopped worker is killed and
+    started again (watch.STALL_S), its stream ends with its last event (``error``, code
+    worker_lost) and its text answers text_not_found; no traceback is logged."""
+    from puffergpt.server.processes.watch import STALL_S
+
+    port = free_port()
+    proc = start_serve(tiny_dir, tmp_path / "data", port)
+    try:
+        a = opened(port, PROMPTS[0])
+        victim = holder(port, proc, a)
+        other = [u for p in children(proc.pid) if int(p) != victim for u in worker_urls_of(int(p))]
+        s, got = stream_until_a_token(port, a)
+        os.kill(victim, signal.SIGSTOP)
+        for path in ("/ready", "/metrics", "/api/status"):
+            t0 = time.monotonic()
+            status, _ = call(port, "GET", path)
+            assert status == 200 and time.monotonic() - t0 < 3, (path, status, time.monotonic() - t0)
+        deadline = time.monotonic() + 5
+        while json.loads(call(port, "GET", "/ready")[1]).get("workers") != 1:
+            assert time.monotonic() < deadline, "the stopped worker is still counted ready"
+            time.sleep(0.2)
+        b = opened(port, PROMPTS[1])
+        urllib.request.urlopen(f"{other[0]}/api/texts/{b}", timeout=10).read()  # on the other worker
+        assert len(generated(port, b, 3)) == 3
+        s.settimeout(STALL_S + 30)
+        while chunk := s.recv(65536):
+            got += chunk
+        last = [ln for ln in got.decode(errors="replace").splitlines() if ln.startswith(("event: ", "data: "))][-2:]
+        assert last[0] == "event: error" and json.loads(last[1][6:])["code"] == "worker_lost", got[-400:]
+        status, body = call(port, "POST", f"/api/texts/{a}/generate", {"max_tokens": 2, "temperature": 0})
+        assert status == 404 and json.loads(body)["error"]["code"] == "text_not_found", body
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGCONT)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "has not answered" in err, err[-3000:]
+
+
+def stream_until_a_token(port: int, text_id: str) -> tuple[socket.socket, bytes]:
+    """A generation of ``text_id`` streamed over a raw socket, read until its first token."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=60)
+    body = json.dumps({"max_tokens": 120, "temperature": 0}).encode()
+    s.sendall(f"POST /api/texts/{text_id}/generate HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+              f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    got = b""
+    while b"event: token" not in got:
+        got += s.recv(65536)
+    return s, got
+
+
+def test_the_front_answers_a_request_without_host(served):
+    """HTTP/1.0 with no Host header: the front's probes answer (the workers' checks judge a Host
+    only where one is sent)."""
+    port, _ = served
+    for path in ("/ready", "/health", "/metrics", "/api/status"):
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(f"GET {path} HTTP/1.0\r\n\r\n".encode())
+            got = b""
+            while chunk := s.recv(65536):
+                got += chunk
+        assert got.startswith(b"HTTP/1.1 200"), (path, got[:300])

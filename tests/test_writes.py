@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from helpers import products_for
+from helpers import open_run_for
 from puffergpt.app import completion
 from puffergpt.cli import main
 from puffergpt.lens import attribution, inspector, writes
@@ -46,7 +46,7 @@ def test_p_all_is_transformers_softmax_over_the_whole_vocabulary(request, hf, lo
     m = hf(ckpt)
     for prompt in PROMPTS:
         ids = tokenizer.encode(prompt)
-        steps = list(completion.complete(products_for(kind, loaded, ckpt), ids, 2, Sampling(0.7, 10, seed=3),
+        steps = list(completion.complete(open_run_for(kind, loaded, ckpt), ids, 2, Sampling(0.7, 10, seed=3),
                                          over_all=True))
         for i, step in enumerate(steps):
             want = softmax(hf_logits(m, ids + [s.token_id for s in steps[:i]]))
@@ -126,7 +126,7 @@ def test_writes_is_transformers_and_sums_to_the_heads_part(request, hf, loaded, 
     for prompt in PROMPTS:
         ids = tokenizer.encode(prompt)
         c = int(np.argmax(hf_logits(m, ids)))  # the greedy next token
-        with opened(products_for(kind, loaded, ckpt), ids) as text:
+        with opened(open_run_for(kind, loaded, ckpt), ids) as text:
             text.read()
             for layer, head in {(min(2, cfg.n_layer - 1), 2), (cfg.n_layer - 1, cfg.n_head - 1), (0, 0)}:
                 got, reqs = inspector.head_writes(text, len(ids), f"{layer}.{head}")
@@ -159,7 +159,7 @@ def test_writes_is_transformers_and_sums_to_the_heads_part(request, hf, loaded, 
 
 
 def test_the_copy_starters_l2_h2_writes_3(demo):
-    with opened(products_for("numpy", None, demo), tokenizer.encode(COPY)) as text:
+    with opened(open_run_for("numpy", None, demo), tokenizer.encode(COPY)) as text:
         text.read()
         got, _ = inspector.head_writes(text, text.length, "2.2")
     three = tokenizer.encode(" 3")[0]
@@ -200,8 +200,8 @@ def test_the_routes_give_p_all_and_a_heads_writes(demo, loaded):
     """The page's routes: a step's probabilities over all tokens (one search, then kept), and what L2 H2 writes
     at the copy starter's " 3" (its pieces summing to the head's bar in the attribution); bad input by name."""
     from fastapi.testclient import TestClient
-    from puffergpt.search.manifest import open_engine
 
+    from puffergpt.search.manifest import open_engine
     from puffergpt.server import ServerConfig, create_app
 
     store, key = loaded(demo)

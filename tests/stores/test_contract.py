@@ -1,6 +1,6 @@
 """The store seam, on every backend: what the engine relies on, checked against numpy.
 
-Every backend in ``BACKENDS`` runs every test here, ``memory`` below included: a backend
+Every installed backend (``backends()``) runs every test here, ``memory`` below included: a backend
 written as docs/backends.md says, in one page, which is how that page's claim is checked;
 and the embedded store also in its fallback mode (everything on Qdrant Edge)."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from puffergpt.stores import BACKENDS, Hits, Layout, Query, Store, StoreError, open_store, register
+from puffergpt.stores import Hits, Layout, Query, Store, StoreError, backends, open_store, register
 from puffergpt.stores.base import NoIndex
 
 SCHEMA = {"matrix": "str", "row": "int"}
@@ -142,7 +142,7 @@ def test_the_base_splits_a_batch_at_max_queries(monkeypatch):
         np.testing.assert_array_equal(split.attrs["row"][split.query == i], np.argsort(-(a[:10 + i] @ v))[:3])
 
 
-@pytest.fixture(params=[*BACKENDS, "embedded-fallback"])
+@pytest.fixture(params=[*backends(), "embedded-fallback"])
 def store(request, tmp_path):
     """Each backend; ``embedded-fallback``: the embedded store with everything on Qdrant Edge, as
     on a CPU without AVX2 (``embedded``: the weights on zvec, a text's keys on Qdrant Edge)."""
@@ -341,7 +341,8 @@ def test_data_directory_that_cannot_be_written(tmp_path):
 
 
 def test_unknown_backend(tmp_path):
-    with pytest.raises(StoreError, match="unknown backend 'faiss': use one of embedded, pgvector, turbopuffer"):
+    with pytest.raises(StoreError, match="unknown backend 'faiss': the installed backends are embedded, pgvector, "
+                                         "turbopuffer"):
         open_store("faiss", tmp_path)
 
 
@@ -349,15 +350,16 @@ def test_the_engine_on_every_backend(store, tiny):
     """The engine on this store: greedy tokens and top-40 logits equal the numpy reference."""
     from helpers import assert_close
     from puffergpt.model import tokenizer
-    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyWeights
     from puffergpt.model.sampling import Sampling
+    from puffergpt.model.session import Run
     from puffergpt.search import load
     from puffergpt.search.manifest import open_engine
     from puffergpt.texts.text import Text
 
     load.load(store, tiny, "tiny", progress=False)  # the store's most precise metric
     ids = tokenizer.encode("The quick brown fox")
-    got, want = Text(open_engine(store, tiny.name, "tiny").open()), Text(NumpyProducts(tiny))
+    got, want = Text(open_engine(store, tiny.name, "tiny").open()), Text(Run(NumpyWeights(tiny)))
     for t in (got, want):
         t.append(ids)
     for a, b in zip(got.generate(8, Sampling(0, 40)), want.generate(8, Sampling(0, 40)), strict=True):
@@ -373,8 +375,9 @@ def test_the_learning_views_on_every_backend(store, tiny):
     from puffergpt.app import completion
     from puffergpt.lens import views
     from puffergpt.model import tokenizer
-    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyWeights
     from puffergpt.model.sampling import Sampling
+    from puffergpt.model.session import Run
     from puffergpt.search import load
     from puffergpt.search.manifest import open_engine
 
@@ -382,17 +385,17 @@ def test_the_learning_views_on_every_backend(store, tiny):
     engine = open_engine(store, tiny.name, "tiny")
     ids = tokenizer.encode("one two three one two")
     got = list(completion.complete(engine.open, ids, 2, Sampling(0, 40), inspect=10))
-    want = list(completion.complete(lambda: NumpyProducts(tiny), ids, 2, Sampling(0, 40), inspect=10))
+    want = list(completion.complete(lambda: Run(NumpyWeights(tiny)), ids, 2, Sampling(0, 40), inspect=10))
     for a, b in zip(got, want, strict=True):
         assert_close(f"{store.name} attention at {a.position}", a.inspect["weights"], b.inspect["weights"], 1e-4)
         for la, lb in zip(a.inspect["lens"], b.inspect["lens"], strict=True):
             assert list(la["ids"]) == list(lb["ids"]), f"{store.name} lens layer {la['layer']}"
             assert_close(f"{store.name} lens layer {la['layer']}", la["logits"], lb["logits"], 1e-3)
-    products = engine.open()
+    run = engine.open()
     try:
-        g = views.analogy(products, " man", " woman", " king", 5)["results"]
+        g = views.analogy(run.weights, " man", " woman", " king", 5)["results"]
     finally:
-        products.close()
+        run.session.close()
     w = tiny.params["wte.weight"].astype(np.float64)
     a, b, c = (tokenizer.encode(x)[0] for x in (" man", " woman", " king"))
     v = w[b] - w[a] + w[c]

@@ -578,12 +578,13 @@ def test_the_approximate_index_on_pgvector_gives_true_logits_through_hnsw(tiny_p
     m = load.build_output_index(store, key, tiny.name, {"m": 8, "ef_construction": 32, "ef": 100}, progress=False)
     info = m["indexes"]["wte"]
     assert info["database"] == "pgvector" and info["rows"] == tiny.config.n_vocab and 0 < info["recall_at_build"] <= 1
-    p = open_engine(store, tiny.name, key, output_search="approximate").open()
+    run = open_engine(store, tiny.name, key, output_search="approximate").open()
+    p = run.weights
     W = tiny.params["wte.weight"].astype(np.float64)
     recalls, worst = [], 0.0
     try:
         for x in output_search.hidden_states(tiny, tokenizer.encode(PROMPTS[1])):
-            with p.recording() as reqs:
+            with run.session.recording() as reqs:
                 ids, logits = p.top_k(x, 40)
             assert [r.kind for r in reqs] == ["wte.ann"]
             assert len(set(ids.tolist())) == 40 and 0 <= ids.min() and ids.max() < tiny.config.n_vocab
@@ -594,7 +595,7 @@ def test_the_approximate_index_on_pgvector_gives_true_logits_through_hnsw(tiny_p
         assert len(sent) == 1 and "ORDER BY vector <=>" in sent[0], sent
     finally:
         store.__dict__.pop("_run", None)  # the spy off: the store is the module's
-        p.close()
+        run.session.close()
     assert worst < 1e-4, worst
     table, _ = store._ann(m["matrices"]["wte"]["namespace"], ("matrix", "wte"), "inner_product")
     with store.lock:

@@ -5,5 +5,6 @@
 - ``protocol.py``: what the edges share: the limits of a request and the JSON of a step, a
   text, an inspection, an ablation and a view (the server, MCP and the CLI render it).
 
-May import: ``puffergpt.model``, ``puffergpt.texts``, ``puffergpt.lens``. Never an edge.
+May import: ``puffergpt.model``, ``puffergpt.texts``, ``puffergpt.lens``, ``puffergpt.settings`` (a default).
+Never an edge.
 """

@@ -5,7 +5,7 @@
 - ``choice_pieces``: one choice of a completion as a client may see it: UTF-8 whole across
   tokens, stop strings held back while they may be starting and never returned, each
   token with its offset and log-probabilities (the ``/v1`` routes only render it);
-- ``compare``: the prompt's next-token candidates through two ``Products`` (the engine's
+- ``compare``: the prompt's next-token candidates through two runs (the engine's
   searches and the numpy reference), side by side;
 - ``Usage``: requests, sequential round trips, bytes and cost of some steps.
 """
@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 
 from puffergpt.lens import inspector
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import NO_ABLATION, Ablation, Products
+from puffergpt.model.reference import NO_ABLATION, Ablation
 from puffergpt.model.sampling import Sampling
+from puffergpt.model.session import Run
 from puffergpt.model.tokenizer import token_dict
 from puffergpt.texts import probabilities
 from puffergpt.texts.text import Step, TextError, check_generation, opened
@@ -27,7 +28,7 @@ from puffergpt.texts.text import Step, TextError, check_generation, opened
 LOWEST = -1e9  # JSON has no -inf: a log-probability below this is sent as this
 
 
-def complete(open_products: Callable[[], Products], ids: list[int], n: int, s: Sampling,
+def complete(open_run: Callable[[], Run], ids: list[int], n: int, s: Sampling,
              should_stop: Callable[[], bool] | None = None, inspect: int = 0,
              full: bool = False, echo: bool = False, explain: bool = False, versus: int | None = None,
              ablation: Ablation = NO_ABLATION, over_all: bool = False,
@@ -44,7 +45,7 @@ def complete(open_products: Callable[[], Products], ids: list[int], n: int, s: S
     Drive it to its end or call its ``close()`` from the thread that runs it: never leave
     an unfinished one to the garbage collector, whose finaliser would take the store's
     lock from whatever thread it runs in."""
-    with opened(open_products, ablation=ablation) as text:
+    with opened(open_run, ablation=ablation) as text:
         text.append(list(ids))  # checks the ids and that they fit the context
         check_generation(text.config, s, len(ids), n)
         if echo:
@@ -97,7 +98,7 @@ def _held(out: str, stops: list[str]) -> int:
     return max([n for s in stops for n in range(1, len(s)) if out.endswith(s[:n])], default=0)
 
 
-def choice_pieces(open_products: Callable[[], Products], ids: list[int], max_tokens: int, s: Sampling,
+def choice_pieces(open_run: Callable[[], Run], ids: list[int], max_tokens: int, s: Sampling,
                   stops: list[str], full: bool, echo: bool, k: int | None,
                   should_stop: Callable[[], bool] | None = None,
                   on_step: Callable[[Step], None] | None = None) -> Iterator[Piece]:
@@ -105,7 +106,7 @@ def choice_pieces(open_products: Callable[[], Products], ids: list[int], max_tok
     as it becomes safe to show. Offsets count characters from the prompt's start. A generated
     ``<|endoftext|>`` ends the choice and is its last token (offset: the text's end), never text."""
     prompt = tokenizer.decode(ids)
-    steps = complete(open_products, ids, max_tokens, s, should_stop, full=full or k is not None,
+    steps = complete(open_run, ids, max_tokens, s, should_stop, full=full or k is not None,
                      echo=echo and k is not None, on_step=on_step)
     try:
         if echo and k is None:
@@ -147,14 +148,14 @@ def choice_pieces(open_products: Callable[[], Products], ids: list[int], max_tok
 
 # --- Compare: the engine's candidates beside the reference's ----------------------------
 
-def compare(search: Callable[[], Products], reference: Callable[[], Products], ids: list[int], top_k: int) -> dict:
+def compare(search: Callable[[], Run], reference: Callable[[], Run], ids: list[int], top_k: int) -> dict:
     """The prompt through the engine and through the numpy reference: the engine's top-k
     beside the reference's logit for each, and the largest difference. The search runs
     first: a prompt it refuses (the context) never opens the reference."""
     rows = {}
-    for name, open_products in (("search", search), ("reference", reference)):
-        products = open_products()  # the checkpoint's load is not the comparison's time
-        steps = list(complete(lambda p=products: p, ids, 1, Sampling(1.0, top_k)))
+    for name, open_run in (("search", search), ("reference", reference)):
+        run = open_run()  # the checkpoint's load is not the comparison's time
+        steps = list(complete(lambda r=run: r, ids, 1, Sampling(1.0, top_k)))
         step = steps[0]
         rows[name] = {"ids": [int(i) for i in step.ids], "logits": [float(v) for v in step.logits],
                       "requests": len(step.requests), "ms": round(step.ms, 1)}

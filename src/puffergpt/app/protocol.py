@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from puffergpt import settings
 from puffergpt.lens import attribution, inside
 from puffergpt.model import tokenizer
 from puffergpt.texts.text import Step, Text
 
 MAX_PROMPT_CHARS = 16 * 1024
-MAX_NEW_TOKENS = 512
+MAX_NEW_TOKENS = settings.default("max_new_tokens")  # a request's most; a server's default bound (serve's table)
 MAX_CONTEXT_CHARS = 500  # bounds the contexts view's prefills and the attention it sends back
 
 

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from puffergpt.app.completion import Usage, complete
-from puffergpt.model.reference import NumpyProducts
+from puffergpt.model.reference import NumpyWeights
 from puffergpt.model.sampling import Sampling
+from puffergpt.model.session import Run
 
 GREEDY = Sampling(0.0, 40)
 
@@ -61,12 +62,12 @@ def prompt_of(n: int, n_vocab: int) -> list[int]:
     return [int(t) for t in rng.integers(0, min(n_vocab, 50000), n)]
 
 
-def run_engine(open_products: Callable, plan: Plan, n_vocab: int, s: Samples) -> None:
+def run_engine(open_run: Callable, plan: Plan, n_vocab: int, s: Samples) -> None:
     for n in plan.prefill_lengths:  # the prefill: read n tokens, then one top-k
-        (step,) = list(complete(open_products, prompt_of(n, n_vocab), 1, GREEDY))
+        (step,) = list(complete(open_run, prompt_of(n, n_vocab), 1, GREEDY))
         s.prefill.setdefault(n, []).append(step.ms)
     for p in plan.decode_positions:
-        steps = list(complete(open_products, prompt_of(p, n_vocab), plan.decode_tokens + 1, GREEDY))[1:]
+        steps = list(complete(open_run, prompt_of(p, n_vocab), plan.decode_tokens + 1, GREEDY))[1:]
         s.decode.setdefault(p, []).extend(st.ms for st in steps)
         for st in steps:
             u = Usage.of([st])
@@ -77,7 +78,7 @@ def run_engine(open_products: Callable, plan: Plan, n_vocab: int, s: Samples) ->
 
 
 def transformers_products(ckpt_dir: str):
-    """A Products over torch for the same forward (timing only), or None without torch."""
+    """transformers' GPT-2 on torch, timed beside the runs (not a Run: its own forward), or None without torch."""
     try:
         import torch
         import transformers
@@ -161,15 +162,15 @@ def blas_threads() -> list[dict]:
 
 
 def bench(ckpt, ckpt_dir: str, engines: dict[str, Callable], plan: Plan, with_torch: bool = True) -> dict:
-    """engines: name -> open_products; numpy and (if installed) transformers are added."""
+    """engines: name -> open_run; numpy and (if installed) transformers are added."""
     plan = plan.fit(ckpt.config.n_ctx)
     runners: dict[str, Callable[[Samples], None]] = {
-        "numpy": lambda s: run_engine(lambda: NumpyProducts(ckpt), plan, ckpt.config.n_vocab, s)}
+        "numpy": lambda s: run_engine(lambda: Run(NumpyWeights(ckpt)), plan, ckpt.config.n_vocab, s)}
     torch_engine = transformers_products(ckpt_dir) if with_torch else None
     if torch_engine is not None:
         runners["transformers"] = lambda s: run_torch(torch_engine, plan, ckpt.config.n_vocab, s)
-    for name, open_products in engines.items():
-        runners[name] = lambda s, o=open_products: run_engine(o, plan, ckpt.config.n_vocab, s)
+    for name, open_run in engines.items():
+        runners[name] = lambda s, o=open_run: run_engine(o, plan, ckpt.config.n_vocab, s)
     samples = {name: Samples() for name in runners}
     for _ in range(plan.rounds):  # interleaved: each round runs every engine once
         for name, run in runners.items():

@@ -13,12 +13,11 @@ import click
 from puffergpt.app.protocol import MAX_CONTEXT_CHARS, step_line
 from puffergpt.cli.options import (
     MODEL_HELP,
-    backend_option,
+    BackendCommand,
     clear_errors,
-    data_option,
     fail,
     open_model,
-    output_search_option,
+    option,
     resolve_model,
 )
 from puffergpt.lens.inside import MAX_VIEW_K
@@ -26,15 +25,15 @@ from puffergpt.model import tokenizer
 from puffergpt.model.sampling import Sampling
 
 
-@click.command()
+@click.command(cls=BackendCommand)
 @click.argument("prompt")
 @click.option("--model", default=None,
               help=MODEL_HELP + " [default: gpt2, or the demo model when GPT-2 small can't be had]")
 @click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
               help="search: every product a vector search; reference: the numpy GPT-2")
-@backend_option
-@data_option
-@output_search_option
+@option("backend")
+@option("data_dir")
+@option("output_search")
 @click.option("--temperature", type=float, default=1.0, show_default=True, help="0 is greedy")
 @click.option("--top-k", type=int, default=40, show_default=True)
 @click.option("--seed", type=int, default=None, help="makes sampling reproducible")
@@ -64,9 +63,9 @@ from puffergpt.model.sampling import Sampling
 @click.option("--ablate", "ablate", multiple=True, metavar="PART",
               help="switch a part of the model off at every position, repeatable: 'attn L.H' (layer L's head H, "
                    "its mixed values zeroed before c_proj) or 'mlp L' (layer L's MLP output, bias included)")
-def generate(prompt, model, engine, backend, dsn, data_dir, output_search, temperature, top_k, seed, n_tokens,
-             presence_penalty, frequency_penalty, repetition_penalty, logit_bias, min_p, as_json, inspect, lens_k,
-             versus, ablate) -> None:
+def generate(prompt, model, engine, backend, backend_settings, data_dir, output_search, temperature, top_k, seed,
+             n_tokens, presence_penalty, frequency_penalty, repetition_penalty, logit_bias, min_p, as_json, inspect,
+             lens_k, versus, ablate) -> None:
     """Continue PROMPT."""
     from puffergpt.app.completion import complete
 
@@ -82,9 +81,10 @@ def generate(prompt, model, engine, backend, dsn, data_dir, output_search, tempe
     ids = tokenizer.encode(prompt)
     s = Sampling(temperature, top_k, seed, 1.0, min_p, presence_penalty, frequency_penalty, repetition_penalty,
                  parse_bias(logit_bias))
-    with clear_errors(), open_model(engine, model, backend, data_dir, dsn, output_search=output_search) as opened:
+    with clear_errors(), open_model(engine, model, backend, data_dir, backend_settings,
+                                    output_search=output_search) as opened:
         off = checked(opened.config, s, len(ids), n_tokens, ablate, versus)
-        steps = complete(opened.products, ids, n_tokens, s, inspect=lens_k if inspect else 0, explain=inspect,
+        steps = complete(opened.open_run, ids, n_tokens, s, inspect=lens_k if inspect else 0, explain=inspect,
                          versus=versus, ablation=off, over_all=as_json)
         run_generate(steps, prompt, ids, as_json,
                      {"model": model, "engine": engine, "backend": backend if engine == "search" else None}
@@ -165,17 +165,17 @@ def run_generate(steps, prompt, ids, as_json, summary) -> None:
         click.echo(f"[switched off at every position: {', '.join(summary['ablate'])}]", err=True)
 
 
-@click.command()
+@click.command(cls=BackendCommand)
 @click.argument("a")
 @click.argument("b")
 @click.argument("c")
 @click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
-@backend_option
-@data_option
+@option("backend")
+@option("data_dir")
 @click.option("-k", "k", type=click.IntRange(1, MAX_VIEW_K), default=10, show_default=True, help="answers to show")
 @click.option("--json", "as_json", is_flag=True,
               help='{"results": [{"token_id", "text", "score", "count", "rare"}, ...], "rare_below", "rare_note", ...}')
-def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
+def analogy(a, b, c, model, backend, backend_settings, data_dir, k, as_json) -> None:
     """A is to B as C is to ?: the tokens nearest by cosine to wte[B] - wte[A] + wte[C], as one search.
 
     Words are GPT-2 tokens: a word inside a sentence carries its leading space (" man"). An answer
@@ -184,14 +184,14 @@ def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
     from puffergpt.texts.text import TextError
 
     model, _ = resolve_model(model)
-    with clear_errors(), open_model("search", model, backend, data_dir, dsn) as opened:
-        products = opened.engine.views()
+    with clear_errors(), open_model("search", model, backend, data_dir, backend_settings) as opened:
+        run = opened.engine.views()
         try:
-            got = views.analogy(products, a, b, c, k, opened.engine.token_counts)
+            got = views.analogy(run.weights, a, b, c, k, opened.engine.token_counts)
         except TextError as e:
             fail(str(e))
         finally:
-            products.close()
+            run.session.close()
     if as_json:
         keys = ("results", "rare_below", "counts_known", "rare_inputs", "rare_results", "rare_note", "note")
         click.echo(json.dumps({key: got[key] for key in keys}))
@@ -205,33 +205,40 @@ def analogy(a, b, c, model, backend, dsn, data_dir, k, as_json) -> None:
             click.echo(f"note: {note}")
 
 
-@click.command()
+@click.command(cls=BackendCommand)
 @click.argument("word")
 @click.argument("prompts", nargs=-1)
 @click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
 @click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
               help="search: every product a vector search; reference: the numpy GPT-2")
-@backend_option
-@data_option
+@option("backend")
+@option("data_dir")
+@click.option("--control", default=None, metavar="PROMPT",
+              help="a control: WORD in the sense it has in the first PROMPT; its cosine with the first prompt, "
+                   "layer by layer, is the baseline the other pairs are read against")
 @click.option("--json", "as_json", is_flag=True,
-              help='{"word_id", "positions", "layers": [{"layer", "cosine", "lens"}]}')
-def contexts(word, prompts, model, engine, backend, dsn, data_dir, as_json) -> None:
+              help='{"word_id", "positions", "layers": [{"layer", "cosine", "lens"}]}; with --control, '
+                   '"control_position" and each layer\'s "control"')
+def contexts(word, prompts, model, engine, backend, backend_settings, data_dir, control, as_json) -> None:
     """How WORD's vector changes with its context: WORD in 2 or 3 PROMPTs, layer by layer.
 
     For each layer, the cosine between the contexts' residual vectors at WORD's first
-    occurrence, and what each context's logit lens says there. WORD is one GPT-2 token: inside
-    a sentence it carries its leading space (" mole")."""
+    occurrence, and what each context's logit lens says there; with --control, the control
+    pair's cosine beside them, and what each line did, in words, read against it. WORD is one
+    GPT-2 token: inside a sentence it carries its leading space (" mole")."""
     from puffergpt.lens import contexts as ctx
+    from puffergpt.model import token_counts
     from puffergpt.texts.text import TextError
 
     try:
-        ctx.check(word, list(prompts), MAX_CONTEXT_CHARS)  # a bad word or prompt says so before a model is opened
+        ctx.check(word, list(prompts), MAX_CONTEXT_CHARS, control)  # a bad word or prompt says so before a model opens
     except TextError as e:
         fail(str(e))
     model, _ = resolve_model(model)
-    with clear_errors(), open_model(engine, model, backend, data_dir, dsn) as opened:
+    with clear_errors(), open_model(engine, model, backend, data_dir, backend_settings) as opened:
+        counts = token_counts.for_model(model, opened.config.n_vocab)
         try:
-            got = ctx.contexts(opened.products, opened.config, word, list(prompts), k=1)  # the lens's top-1
+            got = ctx.contexts(opened.open_run, opened.config, word, list(prompts), 1, control, counts)  # lens top-1
         except TextError as e:
             fail(str(e))
     if as_json:
@@ -242,35 +249,47 @@ def contexts(word, prompts, model, engine, backend, dsn, data_dir, as_json) -> N
 
 def render_contexts(got: dict) -> None:
     """The text output: where the word is, then a line a layer: the cosine of each pair of
-    contexts and each context's lens top-1."""
+    contexts (and the control's) and each context's lens top-1; then the reading and the notes."""
     n, word = len(got["contexts"]), got["word"]["text"]
+    r = got["rarity"]
+    seen = "" if r["count"] is None else f", seen {r['count']:,} times in training" + (" (rare)" if r["rare"] else "")
+    click.echo(f"{word!r}: token {got['word_id']}{seen}")
     for i, c in enumerate(got["contexts"], 1):
         click.echo(f"{i}: {c['prompt']!r}: {word!r} at position {c['position']}")
+    control = got["control"]
+    if control:
+        click.echo(f"control: {control['prompt']!r}: {word!r} at position {control['position']}, read against 1")
     pairs = [(a, b) for a in range(n) for b in range(a + 1, n)]
-    click.echo("layer   " + "  ".join(f"cos {a + 1}-{b + 1}" for a, b in pairs) + "   lens top-1 of each")
+    click.echo("layer   " + "  ".join(f"cos {a + 1}-{b + 1}" for a, b in pairs) + ("  cos 1-C" if control else "")
+               + "   lens top-1 of each")
     last = len(got["layers"]) - 1
     for e in got["layers"]:
         name = "ln_f" if e["layer"] == last else str(e["layer"])
-        cos = "  ".join(f"{e['cosine'][a][b]:7.4f}" for a, b in pairs)
+        cos = "  ".join(f"{e['cosine'][a][b]:7.4f}" for a, b in pairs) + (f"  {e['control']:7.4f}" if control else "")
         tops = " | ".join(repr(tokenizer.token_text(t)) for t in e["lens"])
         click.echo(f"{name:>5}   {cos}   {tops}")
+    for line in got["reading"]:
+        click.echo(line)
+    for note in (r["note"], got["lens_note"]):
+        if note:
+            click.echo(f"note: {note}")
     reqs = got["requests"]
-    cost = (f"{len(reqs)} requests, {sum(r.round_trips for r in reqs)} round trips" if reqs
+    cost = (f"{len(reqs)} requests, {sum(q.round_trips for q in reqs)} round trips" if reqs
             else "the numpy reference: no searches")
     click.echo(f"[layer l < {last}: the residual entering block l; ln_f: entering ln_f | {cost}]", err=True)
 
 
-@click.command()
+@click.command(cls=BackendCommand)
 @click.argument("head", metavar="L.H")
 @click.argument("prompt")
 @click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
 @click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
               help="search: every product a vector search; reference: the numpy GPT-2")
-@backend_option
-@data_option
+@option("backend")
+@option("data_dir")
 @click.option("--json", "as_json", is_flag=True,
               help='{"token_id", "position", "sources": [{"position", "weight", "effect", "top"}], "total"}')
-def writes(head, prompt, model, engine, backend, dsn, data_dir, as_json) -> None:
+def writes(head, prompt, model, engine, backend, backend_settings, data_dir, as_json) -> None:
     """What head L.H (layer L's head H) writes at PROMPT's last position, from each position it attends to.
 
     Each source position j gives a piece a_j * v_j @ W_O (its attention weight, its value vector, the head's rows
@@ -283,9 +302,9 @@ def writes(head, prompt, model, engine, backend, dsn, data_dir, as_json) -> None
         fail("the prompt is empty: give some text for the head to read")
     model, _ = resolve_model(model)
     ids = tokenizer.encode(prompt)
-    with clear_errors(), open_model(engine, model, backend, data_dir, dsn) as om:
+    with clear_errors(), open_model(engine, model, backend, data_dir, backend_settings) as om:
         try:
-            with opened(om.products, ids) as text:
+            with opened(om.open_run, ids) as text:
                 text.read()
                 got, requests = inspector.head_writes(text, len(ids), head)
         except TextError as e:

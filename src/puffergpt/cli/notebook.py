@@ -11,11 +11,11 @@ from pathlib import Path
 import click
 
 from puffergpt import notebook as nb
-from puffergpt.cli.options import backend_option, clear_errors, data_option, notebook_dir, notebook_option, open_model
+from puffergpt.cli.options import BackendCommand, clear_errors, notebook_dir, open_model, option
 
 
 def notebook_options(f):
-    return notebook_option(data_option(f))
+    return option("notebook_path")(option("data_dir")(f))
 
 
 def open_notebook(notebook_path: Path | None, data_dir: Path | None) -> nb.Notebook:
@@ -66,15 +66,15 @@ def show(insight_id, as_json, notebook_path, data_dir) -> None:
                        + (nb.render_evidence(ins.evidence) if ins.evidence else nb.NO_EVIDENCE + "\n")))
 
 
-@notebook.command()
+@notebook.command(cls=BackendCommand)
 @click.argument("insight_id")
 @click.option("--model", default=None, help="the model to replay with [default: the insight's own]")
 @click.option("--engine", type=click.Choice(["reference", "search"]), default="reference", show_default=True,
               help="reference: the numpy GPT-2 from the checkpoint; search: the engine on the store (loaded if needed)")
-@backend_option
+@option("backend")
 @click.option("--json", "as_json", is_flag=True, help="the comparison as JSON")
 @notebook_options
-def replay(insight_id, model, engine, backend, dsn, as_json, notebook_path, data_dir) -> None:
+def replay(insight_id, model, engine, backend, backend_settings, as_json, notebook_path, data_dir) -> None:
     """Recompute an insight's candidates and check they still match (exit 1 if not)."""
     with clear_errors():
         ins = open_notebook(notebook_path, data_dir).get(insight_id)
@@ -82,9 +82,9 @@ def replay(insight_id, model, engine, backend, dsn, as_json, notebook_path, data
             r = nb.replay(ins, None)
             click.echo(json.dumps({"id": ins.id, **r}) if as_json else f"{ins.id}: {r['reason']}")
             return
-        with open_model(engine, model or ins.model, backend, data_dir, dsn) as opened:
-            r = nb.replay(ins, nb.candidates_from_products(opened.products),
-                          data_at=nb.data_from_products(opened.products))
+        with open_model(engine, model or ins.model, backend, data_dir, backend_settings) as opened:
+            r = nb.replay(ins, nb.candidates_from_runs(opened.open_run),
+                          data_at=nb.data_from_runs(opened.open_run))
     if as_json:
         click.echo(json.dumps({"id": ins.id, "model": model or ins.model, "engine": engine, **r}))
     else:

@@ -1,12 +1,14 @@
 """What every command shares: the options, the data directory, one way to open a store and one
-to open a model on it, and clear errors. The project's environment is read here and nowhere
-else: PUFFERGPT_DATA, PUFFERGPT_DSN and PUFFERGPT_API_KEY through the options, TURBOPUFFER_API_KEY,
-TURBOPUFFER_REGION and TURBOPUFFER_BASE_URL in ``open_store``."""
+to open a model on it, and clear errors. The options are built from the settings' one table
+(``puffergpt.settings``) and from the settings each installed backend declares
+(``Store.settings``). The project's environment is read here and nowhere else: each setting's
+variable (PUFFERGPT_DATA, PUFFERGPT_API_KEY, a backend's PUFFERGPT_DSN or TURBOPUFFER_API_KEY)."""
 
 from __future__ import annotations
 
 import json
 import os
+import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,8 +17,11 @@ from typing import TYPE_CHECKING, NoReturn
 
 import click
 
+from puffergpt import settings, stores
 from puffergpt.model import checkpoints, hub
-from puffergpt.stores import BACKENDS
+from puffergpt.model.session import Run
+from puffergpt.settings import Setting
+from puffergpt.stores.base import StoreError, resolve
 
 if TYPE_CHECKING:
     from puffergpt.search.engine import Engine
@@ -30,81 +35,139 @@ def fail(msg: str) -> NoReturn:
     raise click.ClickException(msg)
 
 
-# --- options ------------------------------------------------------------------------------
+# --- options, from the settings ---------------------------------------------------------------
 
-def data_option(f):
-    return click.option("--data", "data_dir", type=click.Path(path_type=Path), envvar="PUFFERGPT_DATA", default=None,
-                        help="where the embedded store keeps its files, pgvector's local server and the notebook "
-                             "[env PUFFERGPT_DATA; default: the user data dir]")(f)
-
-
-def dsn_option(f):
-    return click.option("--dsn", envvar="PUFFERGPT_DSN", default=None,
-                        help="PostgreSQL connection string for --backend pgvector; without one, a local server "
-                             "under --data [env PUFFERGPT_DSN]")(f)
+def option(name: str, **override):
+    """The option of the server setting ``name`` (puffergpt.settings), as a decorator;
+    ``override``: what one command sets otherwise (bench's --workers defaults to auto)."""
+    return setting_option(settings.named(name), **override)
 
 
-def backend_option(f):
-    f = dsn_option(f)
-    return click.option("--backend", type=click.Choice(list(BACKENDS)), default="embedded", show_default=True,
-                        help="the vector database that holds the weights")(f)
+def options(*names: str):
+    """The options of these settings, shown in this order."""
+    def add(f):
+        for name in reversed(names):
+            f = option(name)(f)
+        return f
+
+    return add
 
 
-def workers_option(f, default: str = "1"):
-    def check(ctx, param, value):
-        from puffergpt.server.processes.workers import count
+def setting_option(s: Setting, **override):
+    return click.option(s.flag, s.name, **{**option_args(s), **override})
 
+
+def option_args(s: Setting) -> dict:
+    """A setting's click option: its type, default (in the flag's unit), variable and help."""
+    one, repeats = value_type(s.type)
+    args = {"help": s.help, "metavar": s.metavar, "callback": _callback(s)}
+    if one is bool:
+        return args | {"is_flag": True}
+    if repeats:  # its variable's values are separated by commas: read by the callback
+        return args | {"multiple": True}
+    shown = s.default / s.scale if s.scale != 1 else s.default
+    return args | {"type": _click_type(s, one), "default": shown, "show_default": s.default is not None,
+                   "envvar": s.env}
+
+
+def value_type(t) -> tuple[type, bool]:
+    """(the type of one value, whether the setting repeats): float | None -> (float, False),
+    tuple[str, ...] -> (str, True)."""
+    if typing.get_origin(t) is tuple:
+        return typing.get_args(t)[0], True
+    inner = [a for a in typing.get_args(t) if a is not type(None)]
+    return value_type(inner[0]) if inner else (t, False)
+
+
+def _click_type(s: Setting, one: type):
+    if s.choices:
+        return click.Choice(list(s.choices))
+    if s.range:
+        return (click.IntRange if one is int else click.FloatRange)(*s.range)
+    return click.Path(path_type=Path) if one is Path else one
+
+
+def _callback(s: Setting) -> Callable:
+    """Each value checked by the setting's ``check`` (a bad one: the option and its variable
+    named), a repeated option's values from its variable when none is given, the unit scaled."""
+    def call(ctx, param, value):
+        if value_type(s.type)[1] and not value and s.env:
+            value = tuple(v.strip() for v in os.environ.get(s.env, "").split(",") if v.strip())
         try:
-            return count(value)
-        except ValueError as e:
-            raise click.BadParameter(str(e)) from None
+            value = checked(s, value)
+        except (ValueError, StoreError) as e:
+            raise click.BadParameter(str(e), param_hint=" / ".join(filter(None, (s.flag, s.env)))) from None
+        return value * s.scale if s.scale != 1 and value is not None else value
 
-    return click.option("--workers", default=default, show_default=True, callback=check, metavar="N|auto",
-                        help="server processes, each on a core of its own, behind one address; auto: one a core. "
-                             "Many learners at once need many (docs/how-it-works.md#every-core)")(f)
-
-
-def _api_keys(ctx, param, values: tuple[str, ...]) -> tuple[str, ...]:
-    """--api-key's values, else PUFFERGPT_API_KEY's keys (separated by commas), each checked."""
-    from puffergpt.server.guards.auth import check_key
-
-    got = values or tuple(k.strip() for k in os.environ.get("PUFFERGPT_API_KEY", "").split(",") if k.strip())
-    try:
-        return tuple(dict.fromkeys(check_key(k) for k in got))
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--api-key / PUFFERGPT_API_KEY") from None
+    return call
 
 
-def api_key_option(f):
-    """serve --api-key KEY (repeatable), else PUFFERGPT_API_KEY's keys, separated by commas."""
-    return click.option("--api-key", "api_keys", multiple=True, callback=_api_keys, metavar="KEY",
-                        help="require this key (Authorization: Bearer KEY) on /v1 and on every request that changes "
-                             "state or costs work; repeat for more [env PUFFERGPT_API_KEY, keys separated by "
-                             "commas] (docs/deploy.md#keys)")(f)
+def checked(s: Setting, value):
+    if s.check is None or value is None:
+        return value
+    check = resolve(s.check)
+    return tuple(dict.fromkeys(check(v) for v in value)) if isinstance(value, tuple) else check(value)
 
 
 def client_key_option(f):
     """mcp --server URL --api-key KEY: the key to send, else PUFFERGPT_API_KEY's first."""
+    keys = _callback(settings.named("api_keys"))
+
     def first(ctx, param, values: tuple[str, ...]) -> str | None:
-        keys = _api_keys(ctx, param, values)
-        return keys[0] if keys else None
+        got = keys(ctx, param, values)
+        return got[0] if got else None
 
     return click.option("--api-key", "api_key", multiple=True, callback=first, metavar="KEY",
                         help="with --server: the key the server was started with, sent as Authorization: Bearer "
                              "[env PUFFERGPT_API_KEY: its first key]")(f)
 
 
-def output_search_option(f):
-    return click.option("--output-search", type=click.Choice(["exact", "approximate"]), default="exact",
-                        show_default=True,
-                        help="how the next token is found: exact scores every token vector; approximate searches "
-                             "the store's HNSW index (built by `puffergpt load --output-index`), which may miss "
-                             "some of the best (docs/benchmarks.md)")(f)
+# --- the backends' own settings ---------------------------------------------------------------
+
+class BackendCommand(click.Command):
+    """A command that opens a store. Beside its own options it takes the flags the installed
+    backends declare (pgvector's --dsn, a plugin's own: ``Store.settings``), found when it runs
+    or shows its help rather than when the CLI is imported (reading every backend costs ~0.1 s).
+    Their values reach the command as one ``backend_settings`` dict, by setting name (``store_settings``)."""
+
+    store_params: list[Setting] | None = None
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        if self.store_params is None:
+            self.store_params = backend_flags(self)
+            self.params.extend(click.Option([s.flag, s.name], **option_args(s)) for s in self.store_params)
+        return super().get_params(ctx)
+
+    def invoke(self, ctx: click.Context):
+        ctx.params["backend_settings"] = {s.name: ctx.params.pop(s.name) for s in self.store_params or ()}
+        return super().invoke(ctx)
 
 
-def notebook_option(f):
-    return click.option("--notebook", "notebook_path", type=click.Path(path_type=Path), default=None,
-                        help="the insight notebook, a git repository [default: DATA/notebook]")(f)
+def backend_flags(command: click.Command) -> list[Setting]:
+    """The settings with a flag of every installed backend, each flag once. One that can't be
+    read is left out, saying so (choosing it says why); one that takes a command's own option
+    is refused, naming both."""
+    own = {n for p in command.params for n in (p.name, *p.opts)}
+    found: dict[str, Setting] = {}
+    for backend in stores.backends():
+        try:
+            declared = stores.settings_of(backend)
+        except Exception as e:  # a broken plugin must not stop every command
+            click.echo(f"puffergpt: the backend {backend!r} can't be read ({e}): its options are left out", err=True)
+            continue
+        for s in (s for s in declared if s.flag):
+            if s.flag in own or s.name in own:
+                fail(f"the backend {backend!r} declares {s.flag} ({s.name}), which `{command.name}` has already: "
+                     f"give the setting another name")
+            found.setdefault(s.flag, s)
+    return list(found.values())
+
+
+def store_settings(backend: str, given: dict) -> dict:
+    """What the backend is opened with beside its data directory: each setting it declares, from
+    its flag (``given``), else from its environment variable (read here, at the edge)."""
+    return {s.name: given.get(s.name) or (os.environ.get(s.env) if s.env else None)
+            for s in stores.settings_of(backend)}
 
 
 def default_data(data_dir: Path | None) -> Path:
@@ -151,18 +214,9 @@ def serving_hint(e) -> str:
 
 # --- a store, and a model on it -----------------------------------------------------------
 
-def open_store(backend: str, data_dir: Path | None, dsn: str | None = None) -> Store:
-    """The store, with its settings from the options and, for turbopuffer, the environment."""
-    from puffergpt.stores import open_store as _open
-
-    return _open(backend, default_data(data_dir), **store_settings(dsn))
-
-
-def store_settings(dsn: str | None) -> dict:
-    """What a store is opened with beside its data directory: --dsn, and turbopuffer's settings
-    from the environment (read here, at the edge)."""
-    return {"dsn": dsn, "api_key": os.environ.get("TURBOPUFFER_API_KEY"),
-            "region": os.environ.get("TURBOPUFFER_REGION"), "base_url": os.environ.get("TURBOPUFFER_BASE_URL")}
+def open_store(backend: str, data_dir: Path | None, given: dict | None = None) -> Store:
+    """The store, with its settings from its flags (``given``) and the environment."""
+    return stores.open_store(backend, default_data(data_dir), **store_settings(backend, given or {}))
 
 
 def resolve_model(model: str | None) -> tuple[str, str | None]:
@@ -178,11 +232,11 @@ def resolve_model(model: str | None) -> tuple[str, str | None]:
 
 @dataclass
 class Opened:
-    """A model ready to compute, and what holds it. ``products()`` opens the products of one
-    text: numpy's on the checkpoint (then ``engine`` and ``store`` are None) or the engine's
-    searches on the store. Close it (or use it in ``with``) to close the store."""
+    """A model ready to compute, and what holds it. ``open_run()`` opens the run of one text
+    (``model.session.Run``): numpy's on the checkpoint (then ``engine`` and ``store`` are None) or
+    the engine's searches on the store. Close it (or use it in ``with``) to close the store."""
 
-    products: Callable[[], object]
+    open_run: Callable[[], Run]
     config: checkpoints.GPT2Config
     engine: Engine | None = None
     store: Store | None = None
@@ -198,9 +252,9 @@ class Opened:
         self.close()
 
 
-def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn: str | None,
+def open_model(engine: str, model: str, backend: str, data_dir: Path | None, backend_settings: dict | None,
                max_running: int | None = None, text_ttl_s: float | None = None,
-               output_search: str = "exact") -> Opened:
+               output_search: str = settings.default("output_search")) -> Opened:
     """The one way a command opens a model: ``engine`` "reference" is the numpy GPT-2 on the
     checkpoint; "search" the engine on the store, verified, the model loaded on first use, with
     at most ``max_running`` texts generating at once (a server's bound; default the scheduler's)
@@ -209,12 +263,12 @@ def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn
     if engine == "reference":
         if output_search != "exact":
             fail("--output-search approximate searches a store's index: use it with --engine search")
-        from puffergpt.model.reference import NumpyProducts
+        from puffergpt.model.reference import NumpyWeights
 
         ckpt = checkpoints.load(model)
-        return Opened(lambda: NumpyProducts(ckpt), ckpt.config)
+        return Opened(lambda: Run(NumpyWeights(ckpt)), ckpt.config)
     checkpoints.check_model(model)  # a bad name or path says so before the store is opened
-    store = open_store(backend, data_dir, dsn)
+    store = open_store(backend, data_dir, backend_settings)
     try:
         e = search_engine(store, model, max_running, text_ttl_s, output_search)
     except BaseException:
@@ -223,13 +277,14 @@ def open_model(engine: str, model: str, backend: str, data_dir: Path | None, dsn
     return Opened(e.open, e.config, e, store)
 
 
-def open_served(model: str, backend: str, data_dir: Path | None, dsn: str | None, notebook_path: Path | None,
-                max_running: int | None = None, text_ttl_s: float | None = None, output_search: str = "exact"):
+def open_served(model: str, backend: str, data_dir: Path | None, backend_settings: dict | None,
+                notebook_path: Path | None, max_running: int | None = None, text_ttl_s: float | None = None,
+                output_search: str = settings.default("output_search")):
     """(Opened, Notebook): what serve and mcp hold, the model on its store (loaded on first use)
     and the notebook; a notebook that can't be opened closes the store and says which option."""
     from puffergpt import notebook as nb
 
-    opened = open_model("search", model, backend, data_dir, dsn, max_running, text_ttl_s, output_search)
+    opened = open_model("search", model, backend, data_dir, backend_settings, max_running, text_ttl_s, output_search)
     try:
         return opened, nb.Notebook(notebook_dir(notebook_path, data_dir))
     except nb.NotebookError as e:
@@ -238,7 +293,7 @@ def open_served(model: str, backend: str, data_dir: Path | None, dsn: str | None
 
 
 def search_engine(store, model: str, max_running: int | None = None, text_ttl_s: float | None = None,
-                  output_search: str = "exact") -> Engine:
+                  output_search: str = settings.default("output_search")) -> Engine:
     """The model's engine on a store, loading it into the store on first use."""
     from puffergpt.search import load, manifest
     from puffergpt.search.scheduler import Scheduler

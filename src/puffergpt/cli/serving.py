@@ -8,115 +8,106 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from types import SimpleNamespace
 
 import click
 
+from puffergpt import settings
 from puffergpt.cli.options import (
     MODEL_HELP,
     SERVING,
-    api_key_option,
-    backend_option,
+    BackendCommand,
     clear_errors,
-    data_option,
     default_data,
     notebook_dir,
-    notebook_option,
     open_served,
-    output_search_option,
+    options,
     resolve_model,
     store_settings,
-    workers_option,
 )
 from puffergpt.model import checkpoints
 
+SERVE = tuple(s.name for s in settings.SERVER if s.flag)  # serve takes every server setting that has a flag
 
-@click.command()
+
+@click.command(cls=BackendCommand)
 @click.option("--model", default=None,
               help=MODEL_HELP + " [default: gpt2, or the demo model when GPT-2 small can't be downloaded]")
-@backend_option
-@data_option
-@notebook_option
-@output_search_option
-@click.option("--host", default="127.0.0.1", show_default=True, help="the address to listen on")
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
-@click.option("--max-texts", type=click.IntRange(1, 1000), default=32, show_default=True, help="texts open at once")
-@click.option("--max-running", type=click.IntRange(1, 1000), default=16, show_default=True,
-              help="texts generating at once (their searches are merged); the others wait their turn")
-@click.option("--idle-minutes", type=click.FloatRange(0.1, 10080), default=30.0, show_default=True,
-              help="an idle text is closed after this long")
-@click.option("--text-ttl", "text_ttl", type=click.FloatRange(1, 7 * 86400), default=1800.0, show_default=True,
-              metavar="SECONDS", help="the keys of a text nobody used for this long are dropped by any server on "
-                                      "the same store, a killed server's too (docs/deploy.md)")
-@workers_option
-@click.option("--cors-origin", "cors_origins", multiple=True, callback=lambda ctx, param, v: origins(v),
-              metavar="ORIGIN", help="a page elsewhere allowed to drive the API, as scheme://host[:port] (repeat for "
-                                     "more); none by default: only the server's own page and clients that send no "
-                                     "Origin (curl, SDKs). Never the notebook's routes")
-@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="HOST",
-              help="another name clients may reach the server by (the Host header), beside 127.0.0.1 and "
-                   "localhost: host.docker.internal for a container, a reverse proxy's name; repeat for more")
-@api_key_option
-@click.option("--public-read-only", is_flag=True,
-              help="anyone may generate; the notebook's writes need the key (with none set: no one may write)")
-@click.option("--no-auth", is_flag=True,
-              help="on an address other machines reach, without a key: let anyone do anything, notebook included")
-@click.option("--public-url", default=None, callback=lambda ctx, param, v: public_url(v), metavar="URL",
-              help="the address clients reach this server at (https://puffer.example.org, behind a proxy or a "
-                   "tunnel): the OpenAPI document's server, for a GPT action or a generated client. "
-                   "[default: the address each request came to]")
-@click.option("--max-request-seconds", type=click.FloatRange(1, 86400), default=600, show_default=True,
-              help="a generation or completion running longer is ended with an error naming this limit")
-@click.option("--max-request-tokens", type=click.IntRange(1, 10**7), default=8192, show_default=True,
-              help="tokens a /v1 request may compute over its choices (prompt tokens read, scored, new); "
-                   "more is refused up front")
-def serve(model, backend, dsn, data_dir, notebook_path, output_search, host, port, max_texts, max_running,
-          idle_minutes, text_ttl, workers, cors_origins, allowed_hosts, api_keys, public_read_only, no_auth, public_url,
-          max_request_seconds, max_request_tokens) -> None:
+@options(*SERVE)
+def serve(model, backend_settings, **given) -> None:
     """Serve the playground and the HTTP API; load the model first if needed."""
     from puffergpt.server.guards.auth import check_exposure
     from puffergpt.server.guards.hosts import trusted_hosts
-    from puffergpt.server.processes.workers import WorkerSpec, share
-    from puffergpt.server.state import ServerConfig
 
+    s = SimpleNamespace(**given)  # every serve setting, by its name in puffergpt.settings
     try:  # before anything loads: a server open to anyone, a bad name
-        check_exposure(host, api_keys, public_read_only, no_auth)
-        trusted = trusted_hosts(host, allowed_hosts, public_url)  # no DNS rebinding onto a local server
+        check_exposure(s.host, s.api_keys, s.public_read_only, s.no_auth)
+        trusted = trusted_hosts(s.host, s.allowed_hosts, s.public_url)  # no DNS rebinding onto a local server
     except ValueError as e:
         raise click.UsageError(str(e)) from None
-    if no_auth:
-        click.echo(f"puffergpt: --no-auth: anyone who reaches {host} may generate and write the notebook", err=True)
+    if s.no_auth:
+        click.echo(f"puffergpt: --no-auth: anyone who reaches {s.host} may generate and write the notebook", err=True)
     model, fallback = resolve_model(model)
     with clear_errors(held=SHARED):
-        opened, notebook = open_served(model, backend, data_dir, dsn, notebook_path, max_running, text_ttl,
-                                       output_search)
-    config = ServerConfig(max_open_texts=share(max_texts, workers), idle_s=idle_minutes * 60,
-                          trusted_hosts=trusted, fallback=fallback, cors_origins=cors_origins,
-                          max_request_s=max_request_seconds, max_request_tokens=max_request_tokens,
-                          api_keys=api_keys, public_read_only=public_read_only, public_url=public_url)
-    shown = f"[{host}]" if ":" in host else host  # an IPv6 address goes in brackets in a URL
-    url = f"http://{shown}:{port}/"
-    serving = default_data(data_dir) / SERVING if backend == "embedded" else None
+        opened, notebook = open_served(model, s.backend, s.data_dir, backend_settings, s.notebook_path, s.max_running,
+                                       s.text_ttl_s, s.output_search)
+    config = server_config(given, trusted_hosts=trusted, fallback=fallback)
+    shown = f"[{s.host}]" if ":" in s.host else s.host  # an IPv6 address goes in brackets in a URL
+    url = f"http://{shown}:{s.port}/"
+    serving = default_data(s.data_dir) / SERVING if s.backend == "embedded" else None
     with opened, clear_errors(), announced(serving, {"url": url, "pid": os.getpid(), "model": model}):
-        documents = f"{opened.engine.manifest['documents']:,} documents"
-        if workers == 1:
-            click.echo(f"puffergpt: {model} on {backend}, {documents}, one process. Open {url}")
-            serve_here(opened, model, config, notebook, host, port, max_running)
+        room_for_spares(opened.store, s.workers, s.max_running)  # before the address: a full disk is an error
+        where = f"puffergpt: {model} on {s.backend}, {opened.engine.manifest['documents']:,} documents"
+        if s.workers == 1:
+            click.echo(f"{where}, one process. Open {url}")
+            serve_here(opened, model, config, notebook, s.host, s.port, s.max_running)
         else:
-            spec = WorkerSpec(model, backend, str(default_data(data_dir)), {**store_settings(dsn),
-                              **opened.store.worker_options()}, asdict(config), share(max_running, workers), text_ttl,
-                              str(notebook_dir(notebook_path, data_dir)), output_search)
-            serve_with_workers(spec, workers, host, port, f"puffergpt: {model} on {backend}, {documents}, "
-                                                           f"{workers} worker processes. Open {url}")
+            store_options = {**store_settings(s.backend, backend_settings), **opened.store.worker_options()}
+            spec = worker_spec(model, given, store_options, config)
+            serve_with_workers(spec, s.workers, s.host, s.port, f"{where}, {s.workers} worker processes. Open {url}")
+
+
+def room_for_spares(store, workers: int, max_running: int) -> None:
+    """NoSpace (search/space.py) where the disk can't hold every process's spare text namespaces."""
+    from puffergpt.search import space
+    from puffergpt.server.processes.workers import share
+
+    n = workers * min(share(max_running, workers), store.keeps_spares)
+    space.check(store, n * space.NAMESPACE_BYTES, f"the server's {n} spare text namespaces")
+
+
+def server_config(given: dict, **worked_out):
+    """The ServerConfig of serve's options: each setting that goes to "config" as given (a
+    worker's share of --max-texts), and what serve works out (trusted_hosts, fallback)."""
+    from puffergpt.server.processes.workers import share
+    from puffergpt.server.state import ServerConfig
+
+    fields = {s.name: given[s.name] for s in settings.going("config") if s.name in given}
+    fields["max_open_texts"] = share(fields["max_open_texts"], given["workers"])
+    return ServerConfig(**fields, **worked_out)
+
+
+def worker_spec(model: str, given: dict, store_options: dict, config):
+    """What each worker of ``serve --workers`` serves with: the settings that go to "worker" as
+    given (its share of --max-running), the store's options and the config."""
+    from puffergpt.server.processes.workers import WorkerSpec, share
+
+    worker = {s.name: given[s.name] for s in settings.going("worker")}
+    worker["max_running"] = share(worker["max_running"], given["workers"])
+    return WorkerSpec(model=model, data_dir=str(default_data(given["data_dir"])), store_options=store_options,
+                      config=asdict(config), notebook=str(notebook_dir(given["notebook_path"], given["data_dir"])),
+                      **worker)
 
 
 def serve_here(opened, model: str, config, notebook, host: str, port: int, max_running: int) -> None:
     """One process: the app over the engine opened here."""
-    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyWeights
+    from puffergpt.model.session import Run
     from puffergpt.server import create_app
     from puffergpt.server.app import run, server
 
     def reference():  # Compare reads the checkpoint only while it compares
-        return NumpyProducts(checkpoints.load(model))
+        return Run(NumpyWeights(checkpoints.load(model)))
 
     app = create_app(opened.engine, config, reference=reference, notebook=notebook)
     opened.engine.ready_texts(max_running)  # the first learners open their texts at once
@@ -128,31 +119,12 @@ def serve_with_workers(spec, n: int, host: str, port: int, started: str) -> None
     holds the store while they run."""
     from puffergpt.server.app import run
     from puffergpt.server.processes.front import create_front, front_server
-    from puffergpt.server.processes.workers import running
+    from puffergpt.server.processes.workers import running, worker_config
 
     with running(spec, n) as pool:
         click.echo(started)
-        run(front_server(create_front(pool), pool, host, port))
-
-
-def origins(values: tuple[str, ...]) -> tuple[str, ...]:
-    """--cors-origin's values, each checked and normalised (``cross_site.check_origin``)."""
-    from puffergpt.server.guards.cross_site import check_origin
-
-    try:
-        return tuple(check_origin(v) for v in values)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--cors-origin") from None
-
-
-def public_url(value: str | None) -> str | None:
-    """--public-url, checked (``openapi_doc.check_public_url``)."""
-    from puffergpt.server.openapi_doc import check_public_url
-
-    try:
-        return None if value is None else check_public_url(value)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--public-url") from None
+        front = create_front(pool, worker_config(spec.config))
+        run(front_server(front, pool, host, port))
 
 
 SHARED = (". Several servers can't share one data directory: give each `--backend pgvector --dsn postgresql://...` "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from puffergpt.cli.options import MODEL_HELP, backend_option, clear_errors, data_option, fail, open_store
+from puffergpt.cli.options import MODEL_HELP, BackendCommand, clear_errors, fail, open_store, option
 from puffergpt.model import checkpoints
 from puffergpt.search.documents import METRICS
 
@@ -28,23 +28,23 @@ def make_model(out: Path, preset: str, seed: int) -> None:
                f"vocab {c.n_vocab}, seed {seed})")
 
 
-@click.command()
+@click.command(cls=BackendCommand)
 @click.option("--model", default="demo", show_default=True, help=MODEL_HELP)
-@backend_option
-@data_option
+@option("backend")
+@option("data_dir")
 @click.option("--metric", type=click.Choice(METRICS), default=None,
               help="the encoding of rows as documents [default: the store's most precise]")
 @click.option("--repair", is_flag=True, help="read every document back and rewrite what does not match")
 @click.option("--output-index", is_flag=True,
               help="also build the approximate (HNSW) index over the token vectors that --output-search "
                    "approximate searches (minutes at GPT-2's size); with --repair, build it again")
-def load(model, backend, dsn, data_dir, metric, repair, output_index) -> None:
+def load(model, backend, backend_settings, data_dir, metric, repair, output_index) -> None:
     """Write a model's weights into the store, one document a row."""
     from puffergpt.search import costs, load, manifest
 
     with clear_errors():
         ckpt = checkpoints.load(model)
-        store = open_store(backend, data_dir, dsn)
+        store = open_store(backend, data_dir, backend_settings)
         t0 = time.perf_counter()
         try:
             m = load.load(store, ckpt, manifest.model_key(model), metric=metric, repair=repair)
@@ -62,16 +62,16 @@ def load(model, backend, dsn, data_dir, metric, repair, output_index) -> None:
                f"${costs.storage_cost_per_month(nbytes):.2f} a month to keep.")
 
 
-@click.command()
+@click.command(cls=BackendCommand)
 @click.option("--model", default="demo", show_default=True, help=MODEL_HELP)
-@backend_option
-@data_option
-def verify(model, backend, dsn, data_dir) -> None:
+@option("backend")
+@option("data_dir")
+def verify(model, backend, backend_settings, data_dir) -> None:
     """Read every document back and check it against the manifest."""
     from puffergpt.search import manifest, verify
 
     with clear_errors():
-        store = open_store(backend, data_dir, dsn)
+        store = open_store(backend, data_dir, backend_settings)
         try:
             key = manifest.model_key(model)
             m = manifest.read_manifest(store, key, model)

@@ -19,14 +19,14 @@
   neuron's row (4C one-hot queries a layer: the whole of c_proj). The tokens each promotes
   are one top-k search over wte with those rows as queries, for every layer at once.
 
-All of it runs on any ``Products`` (numpy or searches): one code path.
+All of it runs on any ``Weights`` (numpy or searches): one code path.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from puffergpt.model.reference import Products, Trace, layer_norm
+from puffergpt.model.reference import Trace, Weights, layer_norm
 
 NEURONS = 5  # neurons shown a layer each way: each is a query of the promotes search over all of wte
 PROMOTES = 8  # tokens shown a neuron
@@ -44,7 +44,7 @@ def label(part: dict) -> str:
     return {"embed": "embed", "ln_f_bias": "ln_f bias"}.get(kind, str(kind))
 
 
-def without_bias(p: Products, name: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def without_bias(p: Weights, name: str, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``name``'s product of each row of x, minus its bias, and the bias, from one request
     (a zero query's answer is the bias): (n, in) -> (n, out) float64, (out,) float64."""
     q = np.vstack([np.asarray(x, np.float32), np.zeros((1, x.shape[1]), np.float32)])  # (n + 1, in)
@@ -52,7 +52,7 @@ def without_bias(p: Products, name: str, x: np.ndarray) -> tuple[np.ndarray, np.
     return y[:-1] - y[-1], y[-1]
 
 
-def head_writes(p: Products, layer: int, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def head_writes(p: Weights, layer: int, z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """What each head of a layer writes to the residual, and the layer's c_proj bias:
     z (H, hd) -> (H, C), (C,). One search with H masked queries."""
     H, hd = z.shape
@@ -67,7 +67,7 @@ class Reading:
     scale of the actual residual entering it (x, from the trace): what attribution and the
     neurons' pushes share."""
 
-    def __init__(self, p: Products, trace: Trace):
+    def __init__(self, p: Weights, trace: Trace):
         c = p.config
         self.g, self.b = (np.asarray(a, np.float64) for a in p.norm("ln_f"))
         self.x = np.asarray(trace.residual[-1], np.float64)  # (C,) entering ln_f
@@ -82,7 +82,7 @@ class Reading:
         return float(((self.x - self.x.mean()) / self.s * self.g + self.b) @ w)
 
 
-def attribution(p: Products, trace: Trace, token_id: int, versus: int | None = None) -> dict:
+def attribution(p: Weights, trace: Trace, token_id: int, versus: int | None = None) -> dict:
     """Direct logit attribution of ``token_id`` at the traced position: its logit and the
     parts that sum to it, embedding first, ln_f's bias last; with ``versus`` (a token id), the
     same parts of logit(token) - logit(versus). Requests: one fetch (wte[c], and wte[r]) and
@@ -91,7 +91,7 @@ def attribution(p: Products, trace: Trace, token_id: int, versus: int | None = N
     return attribution_of(p, trace, ids, np.asarray(p.token_rows(np.asarray(ids)), np.float64))
 
 
-def attribution_of(p: Products, trace: Trace, ids: list[int], rows: np.ndarray) -> dict:
+def attribution_of(p: Weights, trace: Trace, ids: list[int], rows: np.ndarray) -> dict:
     """``attribution`` with the tokens' wte rows given: ids [c] or [c, r], rows (1 or 2, C)."""
     read = Reading(p, trace)
     names, vectors = [{"kind": "embed"}], [trace.residual[0]]
@@ -113,7 +113,7 @@ def attribution_of(p: Products, trace: Trace, ids: list[int], rows: np.ndarray) 
     return out
 
 
-def neuron_rows(p: Products, layer: int, ids: np.ndarray | None = None) -> np.ndarray:
+def neuron_rows(p: Weights, layer: int, ids: np.ndarray | None = None) -> np.ndarray:
     """What neurons ``ids`` of a layer (default: every one) write: row n of mlp.c_proj, c_proj of
     the one-hot e_n minus its bias. One search, a one-hot query a neuron (and the zero one):
     -> (n, C) float64"""
@@ -121,7 +121,7 @@ def neuron_rows(p: Products, layer: int, ids: np.ndarray | None = None) -> np.nd
     return without_bias(p, f"h.{layer}.mlp.c_proj", eye if ids is None else eye[ids])[0]
 
 
-def neurons(p: Products, trace: Trace, w: np.ndarray, pushing: bool = False, n: int = NEURONS,
+def neurons(p: Weights, trace: Trace, w: np.ndarray, pushing: bool = False, n: int = NEURONS,
             k: int = PROMOTES) -> tuple[list[list[dict]], list[list[dict]] | None]:
     """Each layer's n most active neurons, for the token c whose wte row is w, with each one's
     push (activation x its row read as a part of c's logit) and the k tokens its row promotes
@@ -155,7 +155,7 @@ def neurons(p: Products, trace: Trace, w: np.ndarray, pushing: bool = False, n: 
     return out[0], (out[1] if pushing else None)
 
 
-def runner_up(p: Products, got: dict, token_id: int) -> int:
+def runner_up(p: Weights, got: dict, token_id: int) -> int:
     """The candidate with the highest logit other than ``token_id``: from the inspection's final
     candidates, or (a lens of one token) a top-2 search of its own."""
     final = [int(i) for i in got["lens"][-1]["ids"] if int(i) != int(token_id)]
@@ -167,7 +167,7 @@ def runner_up(p: Products, got: dict, token_id: int) -> int:
     return next(int(i) for i in ids if int(i) != int(token_id))
 
 
-def explain(p: Products, got: dict, token_id: int, versus: int | None = None, pushing: bool = False) -> dict:
+def explain(p: Weights, got: dict, token_id: int, versus: int | None = None, pushing: bool = False) -> dict:
     """Fill an inspection (``inside.inspection``) with the attribution of ``token_id`` against
     ``versus`` (default: the runner-up) and the most active neurons, and with ``pushing`` those
     pushing the token most, unless it has them already. The requests go to whatever

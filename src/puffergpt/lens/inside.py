@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from puffergpt.model.reference import Products, Trace, layer_norm
+from puffergpt.model.reference import Trace, Weights, layer_norm
 
 MAX_VIEW_K = 100  # tokens a lens, analogy or neighbours view may ask for
 
@@ -26,26 +26,26 @@ def check_k(k, what: str = "k") -> int:
     return k
 
 
-def lens(products: Products, trace: Trace, k: int, final: tuple[np.ndarray, np.ndarray] | None = None) -> list[dict]:
+def lens(weights: Weights, trace: Trace, k: int, final: tuple[np.ndarray, np.ndarray] | None = None) -> list[dict]:
     """n_layer + 1 entries: entry l the top-k of ln_f(residual entering block l); entry
     n_layer the final candidates (``final`` when the step has them: no second ln_f)."""
-    c = products.config
-    g, b = products.norm("ln_f")
+    c = weights.config
+    g, b = weights.norm("ln_f")
     n = c.n_layer + (final is None)
     xs = np.stack([layer_norm(r, g, b, c.eps) for r in trace.residual[:n]])  # (n, C)
-    tops = products.top_k_many(xs, k)  # one request
+    tops = weights.top_k_many(xs, k)  # one request
     if final is not None:
         tops.append((np.asarray(final[0][:k]), np.asarray(final[1][:k], np.float64)))
     return [{"layer": l, "ids": np.asarray(ids), "logits": np.asarray(logits)} for l, (ids, logits) in enumerate(tops)]
 
 
-def inspection(products: Products, trace: Trace, k: int, final=None) -> dict:
+def inspection(weights: Weights, trace: Trace, k: int, final=None) -> dict:
     """scores, weights: (L, H, S); lens: n_layer + 1 entries; residual: (L + 1, C); and what
     the attribution and the neurons need of the trace (each head's output, each MLP's, each
     MLP's neurons (L, 4C): small beside the attention)."""
     kept = trace.only("resid", "attn.heads", "attn.c_proj", "mlp.gelu", "mlp.c_proj")
     return {"scores": np.stack(trace.layers("attn.scores")), "weights": np.stack(trace.layers("attn.weights")),
-            "lens": lens(products, trace, k, final), "residual": np.stack(trace.residual), "k": k,
+            "lens": lens(weights, trace, k, final), "residual": np.stack(trace.residual), "k": k,
             "trace": kept}
 
 

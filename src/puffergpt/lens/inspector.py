@@ -9,7 +9,7 @@ searches and counted as extra requests:
   attribution of the token at p and the MLP's most active neurons (``attribution.py``);
 - ``head_writes``: what one head writes from each position it attends to, read as the attribution reads a part;
 - ``generate``: a text's generation with each new token inspected as it is written;
-- ``ablate``: the step at p run again with parts of the model switched off, on products of
+- ``ablate``: the step at p run again with parts of the model switched off, in a run of
   its own, beside the text's own candidates.
 
 What it computes is kept on the text (``Text.keep``) while the tokens before it stay.
@@ -20,8 +20,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from puffergpt.lens import attribution, inside, writes
-from puffergpt.model.reference import Ablation, Averaging, Products, Trace
+from puffergpt.model.reference import Ablation, Averaging, Trace
 from puffergpt.model.sampling import Sampling
+from puffergpt.model.session import Run
 from puffergpt.texts.text import Step, Text, TextBusy, TextError, check_token_ids, opened
 
 
@@ -56,11 +57,11 @@ def inspect(text: Text, p: int, k: int = 10, explain: bool = True, versus: int |
     with text.lock:
         if text.generating:
             raise TextBusy("this text is generating: inspect a token when it ends")
-        with text.products.recording(extra=True) as requests:
+        with text.session.recording(extra=True) as requests:
             got, recomputed = _view(text, p, k)
             if explain:  # the token at p, or the model's own prediction past the end
                 chosen = text.tokens[p] if p < text.length else inside.final_top1(got["lens"])
-                attribution.explain(text.products, got, chosen, versus, pushing)
+                attribution.explain(text.weights, got, chosen, versus, pushing)
         return got, requests, recomputed
 
 
@@ -69,7 +70,7 @@ def _view(text: Text, p: int, k: int) -> tuple[dict, bool]:
     kept = text.kept.get(p)
     if kept is not None and kept["k"] >= k:
         return kept, False
-    got = inside.inspection(text.products, text.trace(p), k)
+    got = inside.inspection(text.weights, text.trace(p), k)
     text.keep(p, got)
     return got, True
 
@@ -94,14 +95,14 @@ def generate(text: Text, n: int, s: Sampling, k: int, explain: bool = False,
 def _observe(text: Text, step: Step, trace: Trace | None, k: int, explain: bool, versus: int | None) -> None:
     """A step just written (the text's lock held): its inspection, from its own trace when it
     read tokens, else kept or recomputed (a replayed step)."""
-    with text.products.recording(extra=True):
+    with text.session.recording(extra=True):
         if trace is not None:
-            got = inside.inspection(text.products, trace, k, (step.ids, step.logits))
+            got = inside.inspection(text.weights, trace, k, (step.ids, step.logits))
             text.keep(step.position, got)
         else:
             got, _ = _view(text, step.position, k)
         if explain:
-            attribution.explain(text.products, got, step.token_id, versus)
+            attribution.explain(text.weights, got, step.token_id, versus)
     step.inspect = got
 
 
@@ -120,11 +121,11 @@ def head_writes(text: Text, p: int, spec: str, k: int = 10) -> tuple[dict, list]
         if isinstance(p, bool) or not isinstance(p, int) or not 1 <= p <= text.read_upto:
             raise TextError(f"writes: position {p!r} is outside 1..{text.read_upto} "
                             f"(the positions whose previous token the model has read)")
-        with text.products.recording(extra=True) as requests:
+        with text.session.recording(extra=True) as requests:
             got, _ = _view(text, p, check_k(k))
             chosen = text.tokens[p] if p < text.length else inside.final_top1(got["lens"])
             values = text.cache.values[layer][head, :p]  # (p, hd): positions 0..p-1, read (p <= read_upto)
-            out = writes.writes(text.products, got["trace"], got["weights"][layer, head, :p], values, layer, head,
+            out = writes.writes(text.weights, got["trace"], got["weights"][layer, head, :p], values, layer, head,
                                 chosen)
         return out | {"position": p - 1}, requests
 
@@ -132,11 +133,11 @@ def head_writes(text: Text, p: int, spec: str, k: int = 10) -> tuple[dict, list]
 ABLATION_MODES = ("zero", "mean")
 
 
-def ablate(text: Text, p: int, parts: list[str], open_products: Callable[[], Products], k: int = 10,
+def ablate(text: Text, p: int, parts: list[str], open_run: Callable[[], Run], k: int = 10,
            mode: str = "zero") -> dict:
     """The step at p run again with ``parts`` switched off (``reference.Ablation``: "attn L.H",
-    "mlp L") at every position: tokens[:p] read in one prefill on products of its own, opened
-    from ``open_products`` and closed after, so the text, its cache and its keys stay as they
+    "mlp L") at every position: tokens[:p] read in one prefill in a run of its own, opened
+    from ``open_run`` and closed after, so the text, its cache and its keys stay as they
     are; beside it the text's own k best candidates at p (the step's, or one top-k search).
     ``mode`` "zero" zeroes each part's output; "mean" puts its mean over positions 0..p-1 of an
     unablated pass (one more prefill, first). Every request is marked extra.
@@ -158,16 +159,16 @@ def ablate(text: Text, p: int, parts: list[str], open_products: Callable[[], Pro
             raise TextError(f"ablate: position {p!r} is outside 1..{text.read_upto} "
                             f"(the positions whose previous token the model has read)")
         ids, chosen = list(text.tokens[:p]), (text.tokens[p] if p < text.length else None)
-        with text.products.recording(extra=True) as requests:
+        with text.session.recording(extra=True) as requests:
             before = text.candidates(p, k)
     if mode == "mean":  # the parts' means over the same tokens, every part on
         averaging = Averaging(ablation)
-        with opened(open_products, ids, averaging) as clean, clean.products.recording(extra=True) as first:
-            with clean.products.slot():
+        with opened(open_run, ids, averaging) as clean, clean.session.recording(extra=True) as first:
+            with clean.session.slot():
                 clean.read()
         requests, ablation = requests + first, averaging.ablation()
-    with opened(open_products, ids, ablation) as other, other.products.recording(extra=True) as rerun:
-        with other.products.slot():  # a turn among the texts generating, as a generation takes
+    with opened(open_run, ids, ablation) as other, other.session.recording(extra=True) as rerun:
+        with other.session.slot():  # a turn among the texts generating, as a generation takes
             after = other.candidates(p, k)
     return {"position": p, "parts": ablation.parts, "mode": mode, "chosen": chosen, "before": before, "after": after,
             "requests": requests + rerun}

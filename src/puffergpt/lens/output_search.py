@@ -3,8 +3,8 @@
 Loretz and Hochreiter ("Accelerating LLM Inference via Vector Index Based Output Embeddings")
 replace a model's output layer with a nearest-neighbour search over the token vectors through an
 approximate index (HNSW). puffergpt's output search is exact by default: every wte row scored
-(``SearchProducts.top_k``). ``--output-search approximate`` asks the store's HNSW index instead
-(``SearchProducts.top_k_approximate``: which rows come back is approximate, each one's logit is
+(``SearchWeights.top_k``). ``--output-search approximate`` asks the store's HNSW index instead
+(``SearchWeights.top_k_approximate``: which rows come back is approximate, each one's logit is
 exact). Here both are run on the same hidden states, side by side:
 
 - ``compare``: one position, both searches, what the index missed (the view and the bench);
@@ -20,21 +20,21 @@ import time
 import numpy as np
 
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import Cache, NumpyProducts, forward
+from puffergpt.model.reference import Cache, NumpyWeights, forward
 from puffergpt.stores.base import NoIndex
 from puffergpt.texts.text import Text, TextBusy, TextError
 
 K = 40  # the top k compared: sampling's default top-k
 
 
-def compare(products, x: np.ndarray, k: int = K, ef: int | None = None) -> dict:
+def compare(weights, x: np.ndarray, k: int = K, ef: int | None = None) -> dict:
     """Both output searches for one hidden state x (C,): each one's ids and logits (best first)
     and ms, the exact top k the index missed, recall@k, whether the greedy token is the same."""
     t = time.perf_counter()
-    e_ids, e_logits = products.top_k_many(np.asarray(x)[None], k, kind="wte.top_k")[0]
+    e_ids, e_logits = weights.top_k_many(np.asarray(x)[None], k, kind="wte.top_k")[0]
     exact_ms = (time.perf_counter() - t) * 1e3
     t = time.perf_counter()
-    a_ids, a_logits = products.top_k_approximate(np.asarray(x), k, ef)
+    a_ids, a_logits = weights.top_k_approximate(np.asarray(x), k, ef)
     approx_ms = (time.perf_counter() - t) * 1e3
     found = set(a_ids.tolist())
     return {
@@ -57,21 +57,21 @@ def at(text: Text, p: int, k: int = K, ef: int | None = None) -> tuple[dict, lis
         if not 1 <= p <= text.length:
             raise TextError(f"position {p}: the searches predict a token at 1 to {text.length}")
         try:
-            index = text.products.engine.output_index()
+            index = text.weights.engine.output_index()
         except NoIndex as e:
             return {"available": False, "why": str(e), "position": p, "k": k}, []
-        with text.products.recording(extra=True) as requests:
-            got = compare(text.products, text.hidden_at(p - 1), k, ef)
+        with text.session.recording(extra=True) as requests:
+            got = compare(text.weights, text.hidden_at(p - 1), k, ef)
     rank = {t: i for i, t in enumerate(got["exact"]["ids"])}
     for side in ("exact", "approximate"):
         got[side]["tokens"] = [tokenizer.token_dict(t) for t in got[side]["ids"]]
-    got["exact"]["rows"] = text.products.config.n_vocab  # every row scored
+    got["exact"]["rows"] = text.weights.config.n_vocab  # every row scored
     got["approximate"]["rows"] = None  # the store does not say how many rows its graph search scored
     got["missed"] = [{"rank": rank[t], "token": tokenizer.token_dict(t), "logit": got["exact"]["logits"][rank[t]]}
                      for t in got["missed"]]
     index = {key: index[key] for key in ("kind", "database", "m", "ef_construction", "ef", "rows", "distinct")
              if key in index} | {"ef_used": ef or index["ef"]}
-    return {"available": True, "position": p, "k": k, "n_vocab": text.products.config.n_vocab,
+    return {"available": True, "position": p, "k": k, "n_vocab": text.weights.config.n_vocab,
             "token": tokenizer.token_dict(text.tokens[p]) if p < text.length else None, "index": index,
             **got}, requests
 
@@ -84,10 +84,10 @@ def choose(text: Text, how: str) -> None:
             raise TextBusy("this text is generating: change the output search when it ends")
         if how == "approximate":
             try:
-                text.products.engine.output_index()
+                text.weights.engine.output_index()
             except NoIndex as e:
                 raise TextError(f"output_search: {e}") from None
-        text.products.output_search = how
+        text.weights.output_search = how
 
 
 def recall(found: np.ndarray, exact: np.ndarray) -> float:
@@ -98,16 +98,16 @@ def recall(found: np.ndarray, exact: np.ndarray) -> float:
 def hidden_states(ckpt, ids: list[int]) -> np.ndarray:
     """The final hidden states (after ln_f) at every position of ids, by numpy, in windows of the
     model's context: the same inputs for both searches. (T,) -> (T, C)"""
-    p, n_ctx, out = NumpyProducts(ckpt), ckpt.config.n_ctx, []
+    p, n_ctx, out = NumpyWeights(ckpt), ckpt.config.n_ctx, []
     for s in range(0, len(ids), n_ctx):
         out.append(forward(p, np.asarray(ids[s:s + n_ctx]), 0, Cache()))
     return np.concatenate(out)
 
 
-def measure(products, xs: np.ndarray, k: int = K, ef: int | None = None) -> dict:
+def measure(weights, xs: np.ndarray, k: int = K, ef: int | None = None) -> dict:
     """Both output searches at every hidden state of xs (T, C), taking turns (exact, then
     approximate, position by position) so that a noisy machine hurts both alike."""
-    got = [compare(products, x, k, ef) for x in xs]
+    got = [compare(weights, x, k, ef) for x in xs]
     exact = [g["exact"]["ms"] for g in got]
     approx = [g["approximate"]["ms"] for g in got]
     changes = sum(not g["same_greedy"] for g in got)

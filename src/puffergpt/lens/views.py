@@ -15,7 +15,7 @@ import numpy as np
 
 from puffergpt.lens import inside
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import Products, layer_norm
+from puffergpt.model.reference import Weights, layer_norm
 from puffergpt.model.token_counts import RARE_BELOW, UNKNOWN, TokenCounts, frequency_axis
 from puffergpt.model.tokenizer import token_dict
 from puffergpt.texts.text import Text, TextBusy, TextError
@@ -67,9 +67,9 @@ UNKNOWN_UNTRAINED = ("this store was loaded by an older puffergpt, which did not
                      "record them")
 
 
-def _untrained(products: Products) -> frozenset[int] | None:
+def _untrained(weights: Weights) -> frozenset[int] | None:
     """The ids of token vectors never trained (``untrained.py``); None when not recorded."""
-    return products.untrained
+    return weights.untrained
 
 
 def _best(sims: np.ndarray, k: int, exclude: set[int],
@@ -133,49 +133,49 @@ def _rarity(words: dict[str, int], results: list[dict], counts: TokenCounts | No
             "rare_note": "; ".join(notes) or None}
 
 
-def analogy(products, a: str, b: str, c: str, k: int = 10, counts: TokenCounts | None = None) -> dict:
+def analogy(weights, a: str, b: str, c: str, k: int = 10, counts: TokenCounts | None = None) -> dict:
     """"a is to b as c is to ?": the k tokens most similar by cosine to wte[b] - wte[a] + wte[c]
     (a, b and c excluded, and rows never trained skipped; with the model's ``counts``, rows seen
     rarely marked: ``_rarity``). A fetch of three token vectors, then one search over all of them."""
     k = _check_k(k)
     ids = [one_token(w) for w in (a, b, c)]
-    wa, wb, wc = products.token_rows(ids).astype(np.float64)
-    sims = products.cosine_all((wb - wa + wc).astype(np.float32))
-    results, skipped = _best(sims, k, set(ids), _untrained(products))
+    wa, wb, wc = weights.token_rows(ids).astype(np.float64)
+    sims = weights.cosine_all((wb - wa + wc).astype(np.float32))
+    results, skipped = _best(sims, k, set(ids), _untrained(weights))
     words = dict(zip((a, b, c), ids, strict=True))
     return {"tokens": {n: {"text": tokenizer.token_text(i), "token_id": i} for n, i in zip("abc", ids, strict=True)},
-            "results": results, **_honesty(words, _untrained(products), skipped), **_rarity(words, results, counts)}
+            "results": results, **_honesty(words, _untrained(weights), skipped), **_rarity(words, results, counts)}
 
 
-def neighbours(products, word: str, k: int = 10, counts: TokenCounts | None = None) -> dict:
+def neighbours(weights, word: str, k: int = 10, counts: TokenCounts | None = None) -> dict:
     """The k token vectors nearest by cosine to a word's (rows never trained skipped, rows seen
     rarely marked): a fetch, then one search."""
     k = _check_k(k)
     i = one_token(word)
-    sims = products.cosine_all(products.token_rows([i])[0])
-    results, skipped = _best(sims, k, {i}, _untrained(products))
+    sims = weights.cosine_all(weights.token_rows([i])[0])
+    results, skipped = _best(sims, k, {i}, _untrained(weights))
     return {"token": {"text": tokenizer.token_text(i), "token_id": i}, "results": results,
-            **_honesty({word: i}, _untrained(products), skipped), **_rarity({word: i}, results, counts)}
+            **_honesty({word: i}, _untrained(weights), skipped), **_rarity({word: i}, results, counts)}
 
 
-def card_analogies(products, counts: TokenCounts | None = None) -> dict:
+def card_analogies(weights, counts: TokenCounts | None = None) -> dict:
     """How many of the demo model card's analogies (``CARD_ANALOGIES``) the model gets right
     with the search ``analogy`` does (the page's): the top answer is the wanted word. An entry
     whose words are not single trained tokens is not tried (as the card counts). One fetch and
     one search an entry tried."""
-    bad = _untrained(products) or frozenset()
+    bad = _untrained(weights) or frozenset()
     out = []
     for a, b, c, want in CARD_ANALOGIES:
         ids = [tokenizer.encode(w) for w in (a, b, c, want)]
         if any(len(x) != 1 or x[0] in bad for x in ids):
             continue
-        got = analogy(products, a, b, c, 3, counts)["results"]
+        got = analogy(weights, a, b, c, 3, counts)["results"]
         out.append({"a": a, "b": b, "c": c, "want": want, "answers": [r["text"] for r in got],
                     "ok": got[0]["token_id"] == ids[3][0]})
     return {"right": sum(x["ok"] for x in out), "tried": len(out), "listed": len(CARD_ANALOGIES), "results": out}
 
 
-def embedding_map(products, words: list[str], residual: np.ndarray | None = None,
+def embedding_map(weights, words: list[str], residual: np.ndarray | None = None,
                   counts: TokenCounts | None = None) -> dict:
     """A 2D map of some token vectors: the plane of their two principal components (signs
     fixed, so the same words give the same map), and the path of a residual stream
@@ -186,14 +186,14 @@ def embedding_map(products, words: list[str], residual: np.ndarray | None = None
     if not isinstance(words, list) or not 2 <= len(words) <= MAX_MAP_WORDS:
         raise TextError(f"give 2 to {MAX_MAP_WORDS} words to map")
     ids = [one_token(w) for w in words]
-    rows = products.token_rows(ids).astype(np.float64)  # (n, C)
+    rows = weights.token_rows(ids).astype(np.float64)  # (n, C)
     mean = rows.mean(axis=0)
     _, sv, vt = np.linalg.svd(rows - mean, full_matrices=False)
     basis = vt[:2] * np.sign(vt[:2][np.arange(2), np.abs(vt[:2]).argmax(axis=1)])[:, None]  # (2, C)
     xy = (rows - mean) @ basis.T
     var = sv ** 2
     explained = [float(v) for v in (var[:2] / var.sum() if var.sum() > 0 else np.zeros(2))]
-    bad = _untrained(products)
+    bad = _untrained(weights)
     out = {"points": [{"label": tokenizer.token_text(i), "token_id": i, "x": float(x), "y": float(y),
                        "untrained": None if bad is None else i in bad,
                        "count": None if counts is None else counts.of(i),
@@ -201,8 +201,8 @@ def embedding_map(products, words: list[str], residual: np.ndarray | None = None
            "explained": explained, "path": [], **_degenerate(ids, xy, explained, bad),
            **_axis_note(counts, ids, xy[:, 0])}
     if residual is not None:
-        c = products.config
-        g, b = products.norm("ln_f")
+        c = weights.config
+        g, b = weights.norm("ln_f")
         scale = np.linalg.norm(rows, axis=1).mean()
         for l, r in enumerate(residual):
             v = layer_norm(r, g, b, c.eps).astype(np.float64)
@@ -258,8 +258,8 @@ def kv(text: Text) -> dict:
     with text.lock:
         if text.generating:
             raise TextBusy("this text is generating: look at its keys when it ends")
-        counts = text.products.key_counts()
-        return {"namespace": text.products.keys_ns, "layers": c.n_layer, "heads": c.n_head,
+        counts = text.session.key_counts()
+        return {"namespace": text.session.keys_ns, "layers": c.n_layer, "heads": c.n_head,
                 "length": text.length, "read_upto": text.read_upto, "known": len(text.tokens),
                 "documents": None if counts is None else int(sum(counts)), "per_layer": counts,
                 "positions": [{"position": i, "token_id": tok, "text": tokenizer.token_text(tok),

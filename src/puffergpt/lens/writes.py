@@ -23,7 +23,7 @@ import re
 import numpy as np
 
 from puffergpt.lens.attribution import Reading, without_bias
-from puffergpt.model.reference import Products, Trace
+from puffergpt.model.reference import Trace, Weights
 
 TOP = 5  # tokens shown a piece
 
@@ -40,7 +40,7 @@ def head_of(spec: str, n_layer: int, n_head: int) -> tuple[int, int]:
     return layer, head
 
 
-def pieces(p: Products, layer: int, head: int, weights: np.ndarray, values: np.ndarray) -> np.ndarray:
+def pieces(p: Weights, layer: int, head: int, weights: np.ndarray, values: np.ndarray) -> np.ndarray:
     """x_j = a_j v_j W_O^h for every source j, from one search of c_proj with a masked query a source:
     weights (S,), values (S, hd) -> (S, C) float64"""
     c = p.config
@@ -50,7 +50,7 @@ def pieces(p: Products, layer: int, head: int, weights: np.ndarray, values: np.n
     return without_bias(p, f"h.{layer}.attn.c_proj", masked)[0]
 
 
-def writes(p: Products, trace: Trace, weights: np.ndarray, values: np.ndarray, layer: int, head: int,
+def writes(p: Weights, trace: Trace, weights: np.ndarray, values: np.ndarray, layer: int, head: int,
            token_id: int, k: int = TOP) -> dict:
     """What head ``head`` of ``layer`` writes at the traced position, a piece a source position, read against
     token ``token_id`` (one fetch of its wte row). ``weights`` (S,) and ``values`` (S, hd): that head's attention

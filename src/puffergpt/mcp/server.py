@@ -1,6 +1,7 @@
 """The Model Context Protocol server: an assistant (Claude Desktop, Cursor, any MCP client)
-generates with the model, looks inside a generated token, and saves what clicked as an
-insight in the notebook, a git commit.
+generates with the model, looks inside a generated token, runs a lesson on the learner's prompt
+(each claim computed from the model, with its verdict), and saves what clicked as an insight in
+the notebook, a git commit.
 
 A thin edge, like the CLI and the HTTP server: the tools parse (their bounds are every
 edge's, ``app/protocol.py``'s), call the application layer, and render the protocol's JSON
@@ -35,7 +36,7 @@ from puffergpt import __version__
 from puffergpt import notebook as nb
 from puffergpt.app.completion import choice_text
 from puffergpt.app.protocol import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, inspect_json, step_json
-from puffergpt.lens import inspector
+from puffergpt.lens import inspector, lessons
 from puffergpt.lens.inside import MAX_VIEW_K
 from puffergpt.mcp.stdio import shown
 from puffergpt.model import tokenizer
@@ -88,6 +89,13 @@ def inspection_json(d: dict) -> dict:
     return out
 
 
+def lesson_json(got: dict) -> dict:
+    """A lesson's run as a tool returns it: each step's title, the view it opens, the claim and
+    whether it holds, and its evidence (what an assistant walks a learner through)."""
+    return {"id": got["id"], "title": got["title"], "prompt": got["prompt"],
+            "steps": [{k: s[k] for k in ("title", "view", "claim", "holds", "evidence")} for s in got["steps"]]}
+
+
 # --- the two backends -----------------------------------------------------------------------
 
 class Backend(Protocol):
@@ -96,17 +104,20 @@ class Backend(Protocol):
     def save_insight(self, title: str, body: str, tags: list[str], evidence: dict | None) -> dict: ...
     def list_insights(self, query: str | None, tag: str | None) -> list[dict]: ...
     def replay_insight(self, insight_id: str) -> dict: ...
+    def list_lessons(self) -> list[dict]: ...
+    def run_lesson(self, lesson_id: str, prompt: str | None) -> dict: ...
     def close(self) -> None: ...
 
 
 class Local:
     """The model opened here (``opened``: a ``cli.options.Opened`` on the search engine) and
-    a notebook (None: the insight tools say how to give one)."""
+    a notebook (None: the insight tools say how to give one); ``lessons_dir``: a teacher's own
+    lessons beside the shipped ones (``mcp --lessons DIR``)."""
 
-    def __init__(self, opened, notebook: nb.Notebook | None):
-        self.opened, self.notebook = opened, notebook
+    def __init__(self, opened, notebook: nb.Notebook | None, lessons_dir=None):
+        self.opened, self.notebook, self.lessons_dir = opened, notebook, lessons_dir
         self.model = opened.engine.model if opened.engine is not None else None
-        self.texts = Texts(opened.products, max_open=OPEN_TEXTS + 1)
+        self.texts = Texts(opened.open_run, max_open=OPEN_TEXTS + 1)
         self.order: OrderedDict[str, None] = OrderedDict()  # open texts, oldest first
 
     def generate(self, prompt: str, max_tokens: int, s: Sampling, k: int) -> dict:
@@ -142,13 +153,20 @@ class Local:
     def replay_insight(self, insight_id: str) -> dict:
         ins = self.book().get(insight_id)
         try:
-            r = nb.replay(ins, nb.candidates_from_products(self.opened.products), model=self.model,
-                          data_at=nb.data_from_products(self.opened.products))
+            r = nb.replay(ins, nb.candidates_from_runs(self.opened.open_run), model=self.model,
+                          data_at=nb.data_from_runs(self.opened.open_run))
         except nb.InvalidInsight:
             raise
         except ValueError as e:  # the engine refused the prompt (context, vocabulary)
             raise nb.InvalidInsight(f"the model could not replay this insight: {e}") from None
         return {"id": ins.id, "model": ins.model, "position": ins.evidence["position"] if ins.evidence else None, **r}
+
+    def list_lessons(self) -> list[dict]:
+        return [x.brief() for x in lessons.load(self.lessons_dir).values()]
+
+    def run_lesson(self, lesson_id: str, prompt: str | None) -> dict:
+        got = lessons.run(lessons.get(lesson_id, self.lessons_dir), self.opened.open_run, self.opened.config, prompt)
+        return lesson_json(got)
 
     def close(self) -> None:
         self.texts.close_all()
@@ -225,6 +243,13 @@ class Remote:
     def replay_insight(self, insight_id: str) -> dict:
         return self.call("POST", f"/api/insights/{segment(nb.check_id(insight_id))}/replay")
 
+    def list_lessons(self) -> list[dict]:
+        return self.call("GET", "/api/lessons")
+
+    def run_lesson(self, lesson_id: str, prompt: str | None) -> dict:
+        body = {} if prompt is None else {"prompt": prompt}
+        return lesson_json(self.call("POST", f"/api/lessons/{segment(lesson_id)}/run", json=body))
+
     def close(self) -> None:
         self.http.close()
 
@@ -250,7 +275,7 @@ def tool_errors() -> Iterator[None]:
 
     try:
         yield
-    except (nb.NotebookError, TextError, RemoteError, ValueError) as e:
+    except (nb.NotebookError, TextError, RemoteError, lessons.LessonError, ValueError) as e:
         raise ToolError(str(e)) from None
     except KeyError as e:  # a text closed or never opened
         raise ToolError(str(e.args[0]) if e.args else "not found") from None
@@ -301,7 +326,7 @@ def refused(tool: str, e: ValidationError, takes: list[str]) -> str:
 
 
 def make_server(backend: Backend, name: str = "puffergpt"):
-    """An ``MCPServer`` with the five tools over ``backend``."""
+    """An ``MCPServer`` with the seven tools over ``backend``."""
     from mcp.server.mcpserver import MCPServer
     from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 
@@ -353,10 +378,26 @@ def make_server(backend: Backend, name: str = "puffergpt"):
         with tool_errors():
             return backend.replay_insight(insight_id)
 
+    def list_lessons() -> dict[str, Any]:
+        """The lessons: guided experiments, each step a claim tested on the model (id, title, steps)."""
+        with tool_errors():
+            return {"lessons": backend.list_lessons()}
+
+    def run_lesson(lesson_id: Annotated[str, Field(min_length=1, max_length=60, description="a lesson's id")],
+                   prompt: Annotated[str | None, Field(min_length=1, max_length=lessons.MAX_LESSON_PROMPT,
+                                                       description="the learner's prompt; default the starter")]
+                   = None) -> dict[str, Any]:
+        """Run a lesson on the learner's prompt: each step's claim, computed from the model, whether it
+        holds (and why not, when it does not), and its evidence. Walk the learner through the steps."""
+        with tool_errors():
+            return backend.run_lesson(lesson_id, prompt)
+
     tools = [strict_tool(generate, True), strict_tool(inspect, True), strict_tool(save_insight, False),
-             strict_tool(list_insights, True), strict_tool(replay_insight, True)]
+             strict_tool(list_insights, True), strict_tool(replay_insight, True), strict_tool(list_lessons, True),
+             strict_tool(run_lesson, True)]
     return Server(name, version=__version__, tools=tools, instructions=(
         "puffergpt runs GPT-2 with every weight row stored in a vector database; every matrix multiply is "
         "one vector search. generate continues a prompt and shows each step's candidates; inspect shows "
-        "attention per head, the logit lens and the attribution at a generated token; save_insight writes "
-        "what the learner understood to their notebook (a git repository), one commit each."))
+        "attention per head, the logit lens and the attribution at a generated token; run_lesson tests a "
+        "lesson's claims on the learner's prompt; save_insight writes what the learner understood to their "
+        "notebook (a git repository), one commit each."))

@@ -1,7 +1,8 @@
 """The model described for a newcomer: its name as the server shows it, what it is
 (``about``), prompts to start from (``starters``), the embedding panel's first words
 (``embedding_words``), per model (GPT-2 small's for any other), and the contexts view's
-starters (``context_starters``), one word in sentences where it means different things."""
+starters (``context_starters``), one word in sentences where it means different things, and a
+control sentence where it means what it does in the first."""
 
 from __future__ import annotations
 
@@ -40,18 +41,32 @@ def starters(model: str) -> list[dict]:
     return STARTERS.get(model, STARTERS["gpt2"])
 
 
-# The contexts view: one word, two or three meanings. GPT-2 reads left to right, so only the
-# words before it can change its vector ("One mole" has seen only "One").
-CONTEXT_STARTERS = [
-    {"kind": "mole", "word": " mole",
-     "prompts": ["American shrew mole", "One mole of carbon dioxide", "Take a biopsy of the mole"]},
-    {"kind": "bank", "word": " bank",
-     "prompts": ["They sat by the river on the grassy bank", "She put the money she earned in the bank"]},
-]
+# The contexts view: one word, two or three meanings, and a control: the word in the sense it
+# has in the first sentence, so that a pair of different senses is read against a pair of the
+# same. GPT-2 reads left to right, so only the words before it can change its vector ("One mole"
+# has seen only "One"). The demo's words are ones its training text holds often (token_counts:
+# " plant" 1,389 times, " light" 1,326; " mole" only 48, too rare to have moved), each at the
+# same position in every sentence, so that every line starts at 1 and only the blocks move it.
+CONTEXT_STARTERS = {
+    "gpt2": [
+        {"kind": "mole", "word": " mole",
+         "prompts": ["American shrew mole", "One mole of carbon dioxide", "Take a biopsy of the mole"],
+         "control": "The eastern mole"},
+        {"kind": "bank", "word": " bank",
+         "prompts": ["They sat by the river on the grassy bank", "She put the money she earned in the bank"],
+         "control": "The boat drifted toward the muddy bank"},
+    ],
+    "demo": [
+        {"kind": "plant", "word": " plant", "prompts": ["a living green plant", "an industrial power plant"],
+         "control": "a wild garden plant"},
+        {"kind": "light", "word": " light", "prompts": ["the sun gives light", "the bag is light"],
+         "control": "the lamp gives light"},
+    ],
+}
 
 
-def context_starters() -> list[dict]:
-    return [dict(s, prompts=list(s["prompts"])) for s in CONTEXT_STARTERS]
+def context_starters(model: str) -> list[dict]:
+    return [dict(s, prompts=list(s["prompts"])) for s in CONTEXT_STARTERS.get(model, CONTEXT_STARTERS["gpt2"])]
 
 
 # The embedding panel's first words: ones the model trained (an untrained row ties with

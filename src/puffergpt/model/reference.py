@@ -1,18 +1,18 @@
 """GPT-2's forward pass in plain numpy float32, in the style of picoGPT.
 
-The forward pass is written once, here. It asks a ``Products`` object for the
-things that touch weights: embeddings, layer-norm parameters, every matrix
-product, attention scores and the next-token scores. ``NumpyProducts`` does them
-with numpy from a checkpoint in memory; the search engine (``engine.py``) does
-them as vector searches. Layer norm, GELU, softmax, attention mixing and the
-residual additions are the same code for both.
+The forward pass is written once, here. It asks a ``Weights`` object for the
+things that touch weights, and for nothing else: embeddings, layer-norm parameters,
+every matrix product, attention scores and the next-token scores. ``NumpyWeights``
+does them with numpy from a checkpoint in memory; the search engine
+(``search/weights.py``) does them as vector searches. Layer norm, GELU, softmax,
+attention mixing and the residual additions are the same code for both. What a
+text's run needs besides (requests recorded, a turn among texts, its namespace of
+keys) is its session, beside the weights (``session.py``).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -41,9 +41,11 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 # --- the seam ---------------------------------------------------------------------------
 
 class Weights(Protocol):
-    """What the forward pass and the learning views need from the weights. Names are GPT-2's."""
+    """What the forward pass and the learning views need from the weights: their products, and
+    nothing of how they are run (``session.Session``). Names are GPT-2's."""
 
     config: GPT2Config
+    untrained: frozenset[int] | None  # token rows no training touched (``untrained.py``); None: unknown
 
     def embed(self, ids: np.ndarray, pos: np.ndarray) -> np.ndarray:
         """wte[ids] + wpe[pos]: (T,), (T,) -> (T, C)"""
@@ -55,9 +57,10 @@ class Weights(Protocol):
         """x @ W + b for ``h.{i}.attn.c_attn`` etc.: (T, in) -> (T, out)"""
 
     def attention_scores(self, layer: int, q: np.ndarray, k: np.ndarray, pos: np.ndarray) -> np.ndarray:
-        """Store the new keys k at positions pos, then score q against every key at or
-        before each query's position: (H, T, hd), (H, T, hd), (T,) -> (H, T, S) where
-        S = pos[-1] + 1, with -inf where a key comes after the query."""
+        """Store the new keys k at positions pos (the text's own: a text's weights are opened for
+        it), then score q against every key at or before each query's position:
+        (H, T, hd), (H, T, hd), (T,) -> (H, T, S) where S = pos[-1] + 1, with -inf where a key
+        comes after the query."""
 
     def top_k(self, x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k tokens whose wte rows score highest against x: (C,) -> ids (k,), logits (k,), best first"""
@@ -81,43 +84,6 @@ class Weights(Protocol):
 
     def cosine_all(self, v: np.ndarray) -> np.ndarray:
         """Cosine similarity of v to every token vector: (C,) -> (V,)"""
-
-
-class Extras(Protocol):
-    """What searches add to the math: the requests they cost, a turn among many texts, the
-    text's namespace of keys. ``NumpyProducts`` has them all, doing nothing."""
-
-    untrained: frozenset[int] | None  # token rows no training touched (``untrained.py``); None: unknown
-    keys_ns: str | None  # the namespace of this text's keys; None: none (numpy, the embedding views)
-
-    def recording(self, extra: bool = False) -> AbstractContextManager[list]:
-        """The requests made inside the block, in order, in the list it yields (filled as the
-        block ends); ``extra``: marked as asked by a learning view, not needed for the token.
-        Blocks nest: an inner block's requests are the outer's too."""
-
-    def slot(self, should_stop: Callable[[], bool] | None = None) -> AbstractContextManager[bool]:
-        """A generation's turn among texts (``scheduler.Scheduler``): yields False if
-        ``should_stop`` said so while it waited."""
-
-    def stepping(self) -> AbstractContextManager[None]:
-        """A step computed inside the block, in lockstep with other texts' (``scheduler.Batcher``)."""
-
-    def wrote_token(self) -> None:
-        """A generation wrote a token: counted where the server reports it (``/metrics``)."""
-
-    def key_counts(self) -> list[int] | None:
-        """Keys stored per layer (the KV cache view); None where there is no store to count."""
-
-    def touch(self) -> bool:
-        """The text is in use: its keys kept from other servers' sweeps (``sweeper.py``). False
-        when they may be gone already (unused past their TTL): the text must be reopened."""
-
-    def close(self) -> None:
-        """Let go of what the products hold (a text's namespace of keys)."""
-
-
-class Products(Weights, Extras, Protocol):
-    """What a text and the views hold: the math and the extras, one object."""
 
 
 class Trace:
@@ -168,7 +134,9 @@ class Ablation:
     reads: ``"attn L.H"`` zeroes head H's mixed values (its slice of ``h.{L}.attn.heads``, before
     c_proj), ``"mlp L"`` the MLP's neurons and its output, c_proj's bias included
     (``h.{L}.mlp.gelu``, ``h.{L}.mlp.c_proj``). The forward pass hands each of those values to
-    ``apply`` as it makes it; the empty ablation (``NO_ABLATION``) hands every value back."""
+    ``apply`` as it makes it, and the residual entering each block and ln_f (``h.{l}.resid``,
+    ``ln_f.resid``: (T, C)) too, which an activation patch replaces (``lens/patching.py``); the
+    empty ablation (``NO_ABLATION``) hands every value back."""
 
     def __init__(self, heads: dict[int, tuple[int, ...]] | None = None, mlps: tuple[int, ...] = (),
                  means: dict[str, np.ndarray] | None = None):
@@ -260,7 +228,7 @@ NO_ABLATION = Ablation()
 @dataclass
 class Cache:
     """The attention values of one text, per layer: (H, S, hd). Values stay in the
-    server; keys live wherever ``Products`` keeps them."""
+    server; keys live wherever ``Weights`` keeps them."""
 
     values: list[np.ndarray] = field(default_factory=list)
 
@@ -270,7 +238,7 @@ class Cache:
 
 # --- the forward pass -------------------------------------------------------------------
 
-def attention(p: Products, layer: int, x: np.ndarray, pos: np.ndarray, cache: Cache, trace: Trace = NO_TRACE,
+def attention(p: Weights, layer: int, x: np.ndarray, pos: np.ndarray, cache: Cache, trace: Trace = NO_TRACE,
               ablation: Ablation = NO_ABLATION) -> np.ndarray:
     c = p.config
     T, H, hd = x.shape[0], c.n_head, c.head_dim
@@ -292,7 +260,7 @@ def attention(p: Products, layer: int, x: np.ndarray, pos: np.ndarray, cache: Ca
     return y
 
 
-def mlp(p: Products, layer: int, x: np.ndarray, trace: Trace = NO_TRACE, ablation: Ablation = NO_ABLATION
+def mlp(p: Weights, layer: int, x: np.ndarray, trace: Trace = NO_TRACE, ablation: Ablation = NO_ABLATION
         ) -> np.ndarray:
     # Switched off, no neuron fires and nothing is written, c_proj's bias included.
     h = ablation.apply(f"h.{layer}.mlp.gelu", gelu(p.linear(f"h.{layer}.mlp.c_fc", x)))  # (T, C) -> (T, 4C)
@@ -302,7 +270,7 @@ def mlp(p: Products, layer: int, x: np.ndarray, trace: Trace = NO_TRACE, ablatio
     return y
 
 
-def forward(p: Products, ids: np.ndarray, start: int, cache: Cache, trace: Trace | None = None,
+def forward(p: Weights, ids: np.ndarray, start: int, cache: Cache, trace: Trace | None = None,
             ablation: Ablation = NO_ABLATION) -> np.ndarray:
     """Read tokens ``ids`` at positions start.. (earlier positions are in ``cache``) and
     return the final hidden states after ``ln_f``: (T,) -> (T, C). A ``trace`` records
@@ -322,23 +290,25 @@ def forward(p: Products, ids: np.ndarray, start: int, cache: Cache, trace: Trace
         cache.values = [np.zeros((c.n_head, 0, c.head_dim), np.float32) for _ in range(c.n_layer)]
     x = p.embed(ids, pos)  # (T, C)
     for i in range(c.n_layer):
+        x = ablation.apply(f"h.{i}.resid", x)  # the residual entering block i: (T, C) (a patch puts a clean run's)
         trace.record(f"h.{i}.resid", x[-1])  # entering block i
         x = x + attention(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_1"), c.eps), pos, cache, trace, ablation)
         x = x + mlp(p, i, layer_norm(x, *p.norm(f"h.{i}.ln_2"), c.eps), trace, ablation)
-    trace.record("ln_f.resid", x[-1])  # after the last block, before ln_f
+    x = ablation.apply("ln_f.resid", x)  # after the last block, before ln_f
+    trace.record("ln_f.resid", x[-1])
     return layer_norm(x, *p.norm("ln_f"), c.eps)
 
 
-# --- numpy products ---------------------------------------------------------------------
+# --- numpy's weights ---------------------------------------------------------------------
 
-class NumpyProducts:
-    """The ordinary way: every product is numpy against weights held in memory."""
+class NumpyWeights:
+    """The ordinary way: every product is numpy against weights held in memory, and the
+    text's keys in memory too (one NumpyWeights a text)."""
 
     def __init__(self, ckpt: Checkpoint):
         self.config = ckpt.config
         self.params = ckpt.params
         self.untrained = None  # numpy can't say which rows were never trained: the views say so
-        self.keys_ns = None
         self.keys: list[np.ndarray] = [
             np.zeros((self.config.n_head, 0, self.config.head_dim), np.float32)
         ] * self.config.n_layer
@@ -385,51 +355,28 @@ class NumpyProducts:
         v = np.asarray(v, np.float64)
         return (w @ v) / np.maximum(np.linalg.norm(w, axis=1) * np.linalg.norm(v), 1e-30)
 
-    # --- the extras: numpy makes no requests, takes no turn, keeps no keys in a store ---
-    @contextmanager
-    def recording(self, extra: bool = False) -> Iterator[list]:
-        yield []
-
-    def slot(self, should_stop=None):
-        return nullcontext(True)
-
-    def stepping(self):
-        return nullcontext()
-
-    def wrote_token(self) -> None:
-        pass
-
-    def key_counts(self):
-        return None
-
-    def touch(self) -> bool:
-        return True
-
-    def close(self) -> None:
-        pass
-
 
 class Reference:
     """The numpy GPT-2: ``logits(ids)`` for a whole prompt, or incremental decode."""
 
     def __init__(self, ckpt: Checkpoint):
         self.ckpt = ckpt
-        self.products = NumpyProducts(ckpt)
+        self.weights = NumpyWeights(ckpt)
         self.cache = Cache()
 
     def logits(self, ids) -> np.ndarray:
         """Full logits for every position of a fresh prompt: (T,) -> (T, V)."""
-        self.products = NumpyProducts(self.ckpt)
+        self.weights = NumpyWeights(self.ckpt)
         self.cache = Cache()
-        return self.products.logits(forward(self.products, np.asarray(ids), 0, self.cache))
+        return self.weights.logits(forward(self.weights, np.asarray(ids), 0, self.cache))
 
     def step(self, ids, start: int) -> np.ndarray:
         """Read ids at positions start.. with the KV cache; logits of the last one: (V,)."""
-        h = forward(self.products, np.asarray(ids), start, self.cache)
-        return self.products.logits(h[-1])
+        h = forward(self.weights, np.asarray(ids), start, self.cache)
+        return self.weights.logits(h[-1])
 
     def greedy(self, ids, n: int) -> list[int]:
-        self.products, self.cache = NumpyProducts(self.ckpt), Cache()
+        self.weights, self.cache = NumpyWeights(self.ckpt), Cache()
         ids = list(ids)
         logits, out = self.step(ids, 0), []
         for _ in range(n):

@@ -157,12 +157,34 @@ def _lookup(ids: np.ndarray, keys: np.ndarray, values: np.ndarray) -> np.ndarray
     return np.where(keys[at] == ids, values[at], 0)
 
 
+@dataclass(frozen=True)
+class Controls:
+    """What the controls did to some candidates (whose logits are after them): each one's logit ``before``
+    them, the controls that ``moved`` it (a bit mask over CONTROLS), and the ``sampling`` whose controls
+    they were (to apply them again to the whole vocabulary: ``texts/probabilities.py``)."""
+
+    sampling: Sampling
+    before: np.ndarray
+    moved: np.ndarray
+
+    def at(self, which) -> Controls:
+        """Those of some candidates (an index or a slice)."""
+        return Controls(self.sampling, self.before[which], self.moved[which])
+
+    def of(self, r: int) -> dict:
+        """Candidate r's, as JSON: its logit before the controls and the controls that moved it, by name."""
+        return {"logit_before": float(self.before[r]), "moved": moved_names(self.moved[r])}
+
+
 def exact_top_k(s: Sampling, k: int, n_vocab: int, seen, generated, top_k: Callable, token_logits: Callable,
-                every: Callable) -> tuple[np.ndarray, ...]:
+                every: Callable) -> tuple[np.ndarray, np.ndarray, Controls | None]:
     """The k best tokens after the controls, over the whole vocabulary (the module's docstring says
     why it is exact), from ``top_k(n)`` -> (ids, logits) the n best before them, ``token_logits(ids)``
     -> their logits, and ``every()`` -> all V logits (where k + |touched| is most of the vocabulary).
-    -> (ids (k,), logits after (k,), logits before (k,), moved (k,))"""
+    Without a control, just ``top_k(k)``. -> (ids (k,), logits after (k,), Controls or None)"""
+    if not s.controlled:
+        ids, scores = top_k(k)
+        return ids, scores, None
     touched, raisable = s.touched(seen, generated)
     n = search_size(k, touched)
     if n >= n_vocab:
@@ -175,23 +197,23 @@ def exact_top_k(s: Sampling, k: int, n_vocab: int, seen, generated, top_k: Calla
     return best_after(s, ids, scores, k, seen, generated)
 
 
-def controlled(s: Sampling, scores, seen, generated) -> tuple[np.ndarray, tuple | None]:
-    """The whole vocabulary's scores (V,) after the controls, and (before, moved) by token id, or
-    None where no control is set. -> ((V,) float64, ((V,), (V,)) | None)"""
+def controlled(s: Sampling, scores, seen, generated) -> tuple[np.ndarray, Controls | None]:
+    """The whole vocabulary's scores (V,) after the controls, and what they did by token id (None where no
+    control is set). -> ((V,) float64, Controls | None)"""
     if not s.controlled:
         return scores, None
     scores = np.asarray(scores, np.float64)
     after, moved = controls(s, np.arange(len(scores)), scores, seen, generated)
-    return after, (scores, moved)
+    return after, Controls(s, scores, moved)
 
 
-def best_after(s: Sampling, ids, logits, k: int, seen, generated) -> tuple[np.ndarray, ...]:
+def best_after(s: Sampling, ids, logits, k: int, seen, generated) -> tuple[np.ndarray, np.ndarray, Controls]:
     """The k best of the candidates ``ids`` after the controls (ties: the order given, best first
-    before them). -> (ids (k,), logits after (k,), logits before (k,), moved (k,))"""
+    before them). -> (ids (k,), logits after (k,), Controls of them)"""
     ids, before = np.asarray(ids, np.int64), np.asarray(logits, np.float64)
     after, moved = controls(s, ids, before, seen, generated)
     order = np.argsort(-after, kind="stable")[:k]
-    return ids[order], after[order], before[order], moved[order]
+    return ids[order], after[order], Controls(s, before[order], moved[order])
 
 
 def moved_names(mask: int) -> list[str]:

@@ -50,7 +50,7 @@ The package, one module a part, each importing only those above it:
     fileformat.py  an Insight as Markdown (``render``) and back (``parse``)
     files.py       the insight files read and written as untrusted, never through a link
     repository.py  the git-backed ``Notebook``: save, get, list, push
-    evidence.py    the kind's data recomputed (``data_from_products``) and compared
+    evidence.py    the kind's data recomputed (``data_from_runs``) and compared
     replaying.py   ``replay``: the stored candidates (and the data) recomputed and compared
 
 Callers import from ``puffergpt.notebook``; the names below are the package's surface.
@@ -69,7 +69,7 @@ from puffergpt.notebook.checks import (
     check_title,
     slug,
 )
-from puffergpt.notebook.evidence import WEIGHT_TOLERANCE, DataAt, data_from_products
+from puffergpt.notebook.evidence import WEIGHT_TOLERANCE, DataAt, data_from_runs
 from puffergpt.notebook.fileformat import JSON_HEADING, _shown, evidence_json, parse, render, render_evidence
 from puffergpt.notebook.insight import (
     DEFAULT_EMAIL,
@@ -106,7 +106,7 @@ from puffergpt.notebook.insight import (
     NotebookError,
     NotebookUnavailable,
 )
-from puffergpt.notebook.replaying import candidates_from_products, replay
+from puffergpt.notebook.replaying import candidates_from_runs, replay
 from puffergpt.notebook.repository import Notebook
 
 __all__ = [
@@ -115,8 +115,8 @@ __all__ = [
     "MAX_EVIDENCE_BYTES", "MAX_FILE_BYTES", "MAX_MODEL_CHARS", "MAX_QUERY_CHARS", "MAX_TAGS", "MAX_TAG_CHARS",
     "MAX_TITLE_CHARS", "NOTHING_TO_REPLAY", "NO_EVIDENCE", "OPTIONAL_KEYS", "PUSH_TIMEOUT_S", "SLUG_CHARS",
     "TAG_RE", "TOLERANCE", "WEIGHT_TOLERANCE", "CandidatesAt", "DataAt", "GitError", "Insight", "InsightNotFound",
-    "InvalidInsight", "Notebook", "NotebookError", "NotebookUnavailable", "_shown", "candidates_from_products",
-    "data_from_products", "check_body",
+    "InvalidInsight", "Notebook", "NotebookError", "NotebookUnavailable", "_shown", "candidates_from_runs",
+    "data_from_runs", "check_body",
     "check_evidence", "check_id", "check_tags", "check_title", "evidence_json", "parse", "render",
     "render_evidence", "replay", "slug",
 ]

@@ -1,16 +1,20 @@
 """Replay's second half: what an insight shows beyond its candidates (an attention head's
 weights, a lens layer, an analogy, the attribution and its versus, a rerun with parts
-switched off), recomputed with a model (``data_from_products``) and compared item by item
+switched off), recomputed with a model (``data_from_runs``) and compared item by item
 (``compare_data``): each item that differs is named, with the stored value, the value now
 and by how much."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from puffergpt.notebook.insight import TOLERANCE
+
+if TYPE_CHECKING:
+    from puffergpt.model.session import Run
 
 WEIGHT_TOLERANCE = 1e-4  # an attention weight is a share in 0..1, stored to 6 decimals
 SHOWN_DIFFERENCES = 5  # items that differ listed in a replay's answer (all are counted)
@@ -30,8 +34,8 @@ def checkable(ev: dict) -> bool:
     return bool(need) and set(need) <= set(ev.get("data") or {})
 
 
-def data_from_products(open_products: Callable[[], object]) -> DataAt:
-    """A data_at over any Products (the engine's ``open``, or numpy's), through the inspector
+def data_from_runs(open_run: Callable[[], Run]) -> DataAt:
+    """A data_at over any run (the engine's ``open``, or numpy's), through the inspector
     the playground uses: the text read again on a text of its own, then the view's searches."""
     from puffergpt.lens import attribution, inspector, views
     from puffergpt.texts.text import opened
@@ -39,13 +43,13 @@ def data_from_products(open_products: Callable[[], object]) -> DataAt:
     def data_at(ev: dict) -> dict:
         kind, d, p = ev["kind"], ev["data"], ev["position"]
         if kind == "analogy":
-            with opened(open_products) as t:
-                r = views.analogy(t.products, *d["terms"], k=len(d["ids"]))
+            with opened(open_run) as t:
+                r = views.analogy(t.weights, *d["terms"], k=len(d["ids"]))
             return {"ids": [x["token_id"] for x in r["results"]], "scores": [x["score"] for x in r["results"]]}
-        with opened(open_products, [*ev["prompt_ids"][:p], ev["token_id"]]) as t:
+        with opened(open_run, [*ev["prompt_ids"][:p], ev["token_id"]]) as t:
             t.candidates(p, 1)  # tokens[:p] read, as the page's text had them
             if kind == "ablation":
-                got = inspector.ablate(t, p, d["parts"], open_products, len(d["after"]), d.get("mode", "zero"))
+                got = inspector.ablate(t, p, d["parts"], open_run, len(d["after"]), d.get("mode", "zero"))
                 return {"after": [{"token_id": int(i), "logit": float(v)} for i, v in zip(*got["after"], strict=True)]}
             c = t.config
             top = c.n_layer if kind == "lens" else c.n_layer - 1  # the lens has a row past the last block
@@ -61,7 +65,7 @@ def data_from_products(open_products: Callable[[], object]) -> DataAt:
                 return {"ids": [int(i) for i in e["ids"]], "logits": [float(v) for v in e["logits"]]}
             versus = (d.get("versus") or {}).get("token_id")
             with t.lock:
-                return attribution.attribution(t.products, got["trace"], d["token_id"], versus)
+                return attribution.attribution(t.weights, got["trace"], d["token_id"], versus)
 
     return data_at
 

@@ -13,7 +13,7 @@ from puffergpt.notebook.evidence import DataAt, checkable, compare_data
 from puffergpt.notebook.insight import NOTHING_TO_REPLAY, TOLERANCE, CandidatesAt, Insight, InvalidInsight
 
 if TYPE_CHECKING:
-    from puffergpt.model.reference import Products
+    from puffergpt.model.session import Run
 
 
 def replay(
@@ -63,15 +63,15 @@ def replay(
     }
 
 
-def candidates_from_products(open_products: Callable[[], Products]) -> CandidatesAt:
-    """A candidates_at over any Products (the engine's ``open``, or numpy's), through the
+def candidates_from_runs(open_run: Callable[[], Run]) -> CandidatesAt:
+    """A candidates_at over any run (the engine's ``open``, or numpy's), through the
     application layer's one generation path, as the playground reads a text:
     prompt_ids[:position] in one prefill, then the top-k for the token at position."""
     from puffergpt.app.completion import complete
     from puffergpt.model.sampling import Sampling
 
     def candidates_at(prompt_ids: Sequence[int], position: int, k: int):
-        (step,) = list(complete(open_products, list(prompt_ids[:position]), 1, Sampling(1.0, k)))  # driven to its end
+        (step,) = list(complete(open_run, list(prompt_ids[:position]), 1, Sampling(1.0, k)))  # driven to its end
         return [int(i) for i in step.ids], [float(v) for v in step.logits]
 
     return candidates_at

@@ -19,6 +19,7 @@ import numpy as np
 
 from puffergpt.model import untrained
 from puffergpt.model.checkpoints import Checkpoint, GPT2Config
+from puffergpt.search import space
 from puffergpt.search.documents import (
     ENCODING_VERSION,
     PARTITION,
@@ -128,11 +129,13 @@ def load(store: Store, ckpt: Checkpoint, key: str, metric: str | None = None, pr
             store.drop_namespace(ns)
         state = {"ident": ident, "done": {}}
         store.put_meta(progress_key, state)
+    items = list(plan(ckpt, enc, key))
+    space.check(store, space.load_bytes([(len(i), enc.dim(n_in_of(ns))) for ns, name, _, i in items
+                                         if name not in state["done"]]), f"loading {key}")
     store.put_meta(f"manifest:{key}", {"complete": False, **ident})  # the engine refuses it until the end
     for n_in in sorted({n for _, n in matrices(c)}):  # every search of the weights names its matrix
         store.create_namespace(namespace(key, n_in), enc.dim(n_in), SCHEMA, metric, partition=PARTITION)
 
-    items = list(plan(ckpt, enc, key))
     total = sum(len(i) for _, _, _, i in items)
     done_rows = sum(len(i) for _, name, _, i in items if name in state["done"])
     mats = {}

@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from puffergpt import settings
 from puffergpt.stores.base import Hits, Query, Store
 
 MERGE_QUERIES = 2048  # at most this many queries in one merged request (a text's own may be more)
 GATHER_S = 0.005  # a lane of the weights waits at least this long for texts still in their step,
 MAX_GATHER_S = 0.1  # and, sized from the store's speed, at most this (Batcher._wait_s)
-MAX_RUNNING = 16  # texts generating at once by default; a server sets its own (serve --max-running)
+MAX_RUNNING = settings.default("max_running")  # texts generating at once by default (serve --max-running)
 WAIT_POLL_S = 0.05  # how often a queued generation checks whether it was stopped
 
 

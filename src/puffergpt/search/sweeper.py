@@ -1,7 +1,7 @@
 """Texts' key namespaces that outlive their server: each says until when it is in use, and any
 server drops those past it. Written once, over the Store seam, for every backend.
 
-A text's keys live in a namespace of the store, ``text-<16 hex>`` (``engine.SearchProducts``),
+A text's keys live in a namespace of the store, ``text-<16 hex>`` (``session.SearchSession``),
 which every server on a shared database (pgvector, turbopuffer) can see. When the server that
 holds a text goes away without closing it (a kill -9, a crash, a machine lost), nothing else
 would ever drop that namespace. So:
@@ -34,13 +34,14 @@ from collections.abc import Callable
 
 import numpy as np
 
+from puffergpt import settings
 from puffergpt.stores.base import Query, Store, StoreError
 
 log = logging.getLogger("puffergpt")
 
-DEFAULT_TTL_S = 1800.0  # serve --text-ttl's default: 30 minutes, as the idle timeout
+DEFAULT_TTL_S = settings.default("text_ttl_s")  # serve --text-ttl's default: 30 minutes, as the idle timeout
 PREFIX = "text-"
-TEXT_NS = re.compile(r"text-[0-9a-f]{16}")  # what engine.SearchProducts names a text's namespace
+TEXT_NS = re.compile(r"text-[0-9a-f]{16}")  # what session.SearchSession names a text's namespace
 EXPIRY_ID = "expiry"
 EXPIRY_LAYER = -1  # no key has it: attention searches one layer >= 0 at a time
 RENEW = 0.25  # the expiry moves on when a use comes this share of the TTL after it was written

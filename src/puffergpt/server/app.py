@@ -4,6 +4,7 @@ router per resource. Thin: each route parses, calls the application layer, and r
 
 - ``texts_routes.py``: the playground's texts (open, edit, generate, stop, inspect, kv);
 - ``views_routes.py``: the embedding views (analogy, neighbours, map) and contexts;
+- ``playground/patching.py``: activation patching (server-sent events) and the lessons;
 - ``model_routes.py``: the model's description (/api/info) and Compare;
 - ``openai.py``: the OpenAI-compatible /v1 routes (bodies in ``openai_bodies.py``);
 - ``tokenize_routes.py``: /tokenize, /detokenize and /tokenizer_info, as vLLM has them;
@@ -32,7 +33,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from puffergpt import __version__
 from puffergpt.model import tokenizer
-from puffergpt.model.reference import Products
+from puffergpt.model.session import Run
 from puffergpt.search import sweeper
 from puffergpt.search.engine import Engine
 from puffergpt.server import errors, openapi_doc
@@ -44,6 +45,7 @@ from puffergpt.server.openai import routes as openai
 from puffergpt.server.openai import tokenize as tokenize_routes
 from puffergpt.server.openapi_doc import add_document
 from puffergpt.server.playground import model as model_routes
+from puffergpt.server.playground import patching as patching_routes
 from puffergpt.server.playground import static as static_routes
 from puffergpt.server.playground import texts as texts_routes
 from puffergpt.server.playground import views as views_routes
@@ -83,9 +85,9 @@ async def lifespan(app: FastAPI):
     served.texts.close_all()
 
 
-def create_app(engine: Engine, config: ServerConfig | None = None, reference: Callable[[], Products] | None = None,
+def create_app(engine: Engine, config: ServerConfig | None = None, reference: Callable[[], Run] | None = None,
                notebook=None) -> FastAPI:
-    """The app over one loaded model. ``reference`` returns a numpy Products for Compare;
+    """The app over one loaded model. ``reference`` returns a numpy Run for Compare;
     ``notebook`` (a ``notebook.Notebook``) adds the insight routes."""
     config = config or ServerConfig()
     tokenizer.get_encoding()  # its tables built now (~0.5 s), not in the first learner's request
@@ -101,13 +103,13 @@ def create_app(engine: Engine, config: ServerConfig | None = None, reference: Ca
     add_middleware(app, config)
     errors.add_handlers(app)
     routers = [static_routes.router, probes.router, model_routes.router, texts_routes.router,
-               views_routes.router, tokenize_routes.router, openai.router]
+               views_routes.router, patching_routes.router, tokenize_routes.router, openai.router]
     if notebook is not None:
         from puffergpt import notebook as nb
         from puffergpt.server.playground.notebook import notebook_router
 
-        routers.append(notebook_router(notebook, nb.candidates_from_products(engine.open), model=engine.model,
-                                       data_at=nb.data_from_products(engine.open)))
+        routers.append(notebook_router(notebook, nb.candidates_from_runs(engine.open), model=engine.model,
+                                       data_at=nb.data_from_runs(engine.open)))
     for router in routers:
         app.include_router(router)
     app.state.routes = [r for router in routers for r in router.routes]  # what a refusal is counted under
@@ -120,7 +122,7 @@ def add_middleware(app: FastAPI, config: ServerConfig) -> None:
     only (a refusal below still carries its headers, so a page there reads why), no request
     forged by another site and no body but JSON (``cross_site.py``), the API key
     (``auth.py``), then the body's bound."""
-    app.add_middleware(BoundedBody, read_timeout_s=config.read_timeout_s)
+    app.add_middleware(BoundedBody, read_timeout_s=config.read_timeout_s, total_s=config.body_timeout_s)
     app.add_middleware(Auth, keys=config.api_keys, read_only=config.public_read_only)
     app.add_middleware(CrossSite, allowed=config.cors_origins)
     if config.cors_origins:  # none: every preflight unanswered, a page elsewhere sends only what CrossSite refuses
@@ -141,12 +143,16 @@ def server(app: FastAPI, host: str, port: int):
     A response still open after GRACE_S (a client that stopped reading) is cancelled."""
     import uvicorn
 
+    from puffergpt.server.guards.connections import uvicorn_config
+
     class Server(uvicorn.Server):
         async def shutdown(self, sockets=None):
             app.state.generations.end_all(SHUTDOWN)
             await super().shutdown(sockets)
 
-    return Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACE_S))
+    config = app.state.served.config
+    return Server(uvicorn_config(app, host, port, config.header_timeout_s, config.max_connections,
+                                 timeout_graceful_shutdown=GRACE_S))
 
 
 class ServerDidNotStart(RuntimeError):

@@ -257,16 +257,19 @@ class OutputSearchBody(Strict):
 
 
 class ContextsBody(Strict):
-    """One word in 2 or 3 prompts (``contexts.py``): the count and each prompt are checked there,
-    with a message naming the prompt; here only their size."""
+    """One word in 2 or 3 prompts, and an optional control prompt where it means what it does in
+    the first (``contexts.py``): the count and each prompt are checked there, with a message
+    naming the prompt; here only their size."""
     word: str = Field(..., min_length=1, max_length=MAX_WORD_CHARS)
     prompts: list[str] = Field(..., min_length=1, max_length=MAX_CONTEXTS)
+    control: str | None = None
     k: int = Field(5, ge=1, le=MAX_VIEW_K)
 
     @model_validator(mode="after")
     def bounded(self):
-        for i, prompt in enumerate(self.prompts, 1):
+        named = [(f"prompt {i}", prompt) for i, prompt in enumerate(self.prompts, 1)]
+        for name, prompt in named + ([("the control prompt", self.control)] if self.control is not None else []):
             if len(prompt) > MAX_CONTEXT_CHARS:
-                raise ValueError(f"prompt {i} has {len(prompt)} characters, over {MAX_CONTEXT_CHARS}: "
+                raise ValueError(f"{name} has {len(prompt)} characters, over {MAX_CONTEXT_CHARS}: "
                                  "a context is a sentence or two")
         return self

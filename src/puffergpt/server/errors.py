@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException
 from puffergpt.model.checkpoints import CheckpointError
 from puffergpt.server.openai.protocol import OpenAIError
 from puffergpt.server.streaming import Ended
-from puffergpt.stores.base import StoreError
+from puffergpt.stores.base import NoSpace, StoreError
 from puffergpt.texts.text import TextBusy, TextError, TextNotFound
 
 OPENAI_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info")  # vLLM's, beside /v1: a bad field is a 400 there too
@@ -68,6 +68,8 @@ async def text_not_found(_, e: TextNotFound) -> JSONResponse:
 
 
 async def store_error(request: Request, e: StoreError) -> JSONResponse:
+    if isinstance(e, NoSpace):  # 507: the learner's texts are as they were; a retry after room is made works
+        return refusal(request, 507, str(e), kind="server_error", code="insufficient_storage")
     return refusal(request, 503, f"the store failed: {e}", kind="server_error")
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 
+from puffergpt import settings
 from puffergpt.app.protocol import MAX_NEW_TOKENS
-from puffergpt.model.reference import Products
+from puffergpt.model.session import Run
 from puffergpt.search.engine import Engine
 from puffergpt.server.guards.auth import check_key
 from puffergpt.server.guards.cross_site import check_origin
@@ -20,39 +21,27 @@ from puffergpt.server.streaming import Generations
 from puffergpt.texts.registry import Texts
 from puffergpt.texts.text import Text
 
-MAX_REQUEST_S = 600.0  # a generation's seconds (serve --max-request-seconds): 512 GPT-2 tokens take ~1.5 min embedded
-# Tokens a /v1 request computes (serve --max-request-tokens), summed over its choices: each prompt token
-# read, each scored over the whole vocabulary (echo with logprobs), each new one. 8,192: 8 chat choices
-# of a full context, or lm-eval's --batch_size 4 of whole-context log-likelihoods.
-MAX_REQUEST_TOKENS = 8192
+
+def _checked(self) -> None:
+    """ServerConfig's own checks, whoever builds it: keys, origins and the public URL normalised,
+    the bounds kept (a test or a worker builds one beside the CLI's checks)."""
+    object.__setattr__(self, "cors_origins", tuple(check_origin(o) for o in self.cors_origins))
+    object.__setattr__(self, "api_keys", tuple(check_key(k) for k in self.api_keys))
+    if self.public_url is not None:
+        object.__setattr__(self, "public_url", check_public_url(self.public_url))
+    if self.max_request_s is not None and not self.max_request_s > 0:
+        raise ValueError(f"max_request_s must be above 0 (or None), got {self.max_request_s}")
+    if not 1 <= self.max_request_tokens <= 10**7:
+        raise ValueError(f"max_request_tokens must be in 1..{10**7}, got {self.max_request_tokens}")
+    if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
+        raise ValueError(f"max_new_tokens must be in 1..{MAX_NEW_TOKENS}, got {self.max_new_tokens}")
 
 
-@dataclass(frozen=True)
-class ServerConfig:
-    max_open_texts: int = 32
-    idle_s: float = 1800.0
-    max_new_tokens: int = MAX_NEW_TOKENS  # a request's new tokens (the bodies' bound is the most it can be)
-    trusted_hosts: tuple[str, ...] | None = None  # Host headers accepted; None accepts any
-    fallback: str | None = None  # why the model is the demo one, when GPT-2 small could not be had
-    read_timeout_s: float = 10.0  # a request body must keep arriving: each piece within this
-    cors_origins: tuple[str, ...] = ()  # pages elsewhere allowed to drive the API (serve --cors-origin)
-    max_request_s: float | None = MAX_REQUEST_S  # a generation's wall-clock bound; None: none
-    max_request_tokens: int = MAX_REQUEST_TOKENS  # tokens a /v1 request computes, over its choices
-    api_keys: tuple[str, ...] = field(default=(), repr=False)  # serve --api-key: who may write and use /v1 (auth.py)
-    public_read_only: bool = False  # serve --public-read-only: anyone generates, no one writes the notebook
-    public_url: str | None = None  # the URL clients reach (serve --public-url): the OpenAPI document's server
-
-    def __post_init__(self):
-        object.__setattr__(self, "cors_origins", tuple(check_origin(o) for o in self.cors_origins))
-        object.__setattr__(self, "api_keys", tuple(check_key(k) for k in self.api_keys))
-        if self.public_url is not None:
-            object.__setattr__(self, "public_url", check_public_url(self.public_url))
-        if self.max_request_s is not None and not self.max_request_s > 0:
-            raise ValueError(f"max_request_s must be above 0 (or None), got {self.max_request_s}")
-        if not 1 <= self.max_request_tokens <= 10**7:
-            raise ValueError(f"max_request_tokens must be in 1..{10**7}, got {self.max_request_tokens}")
-        if not 1 <= self.max_new_tokens <= MAX_NEW_TOKENS:
-            raise ValueError(f"max_new_tokens must be in 1..{MAX_NEW_TOKENS}, got {self.max_new_tokens}")
+# A server's configuration: its fields are the settings that go to "config" in puffergpt.settings
+# (each named, typed, defaulted and explained there once), so a new one is one entry there.
+ServerConfig = make_dataclass("ServerConfig", settings.fields("config"), frozen=True,
+                              namespace={"__post_init__": _checked, "__module__": __name__,
+                                         "__doc__": "A server's configuration (puffergpt.settings, to 'config')."})
 
 
 @dataclass
@@ -63,7 +52,7 @@ class Served:
     config: ServerConfig
     texts: Texts
     generations: Generations  # each in a worker thread of its own (streaming.py)
-    reference: Callable[[], Products] | None = None  # numpy Products for Compare
+    reference: Callable[[], Run] | None = None  # numpy runs for Compare
     # Each comparison reads the checkpoint: one at a time.
     comparing: threading.Lock = field(default_factory=threading.Lock)
 

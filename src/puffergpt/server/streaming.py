@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -50,6 +51,11 @@ class Ending:
 SHUTDOWN = Ending(503, "the server is shutting down: this request was stopped; send it again when the server is back",
                   "server_error", "server_shutting_down")
 GONE = Ending(499, "the client went away")  # no one reads it
+
+
+def sse(event: str, data: dict) -> str:
+    """One server-sent event: its name and its JSON."""
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
 
 
 def over_limit(limit_s: float) -> Ending:

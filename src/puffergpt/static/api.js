@@ -74,9 +74,10 @@ function flush(block, onEvent) {
   if (data.length) onEvent(event, JSON.parse(data.join("\n")));
 }
 
-// POST that answers with server-sent events; onEvent(name, data) for each block.
-export async function stream(path, body, onEvent) {
-  const res = await send(path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+// POST that answers with server-sent events; onEvent(name, data) for each block. `signal` (an
+// AbortController's) closes the stream: the server stops the work within a step.
+export async function stream(path, body, onEvent, signal = undefined) {
+  const res = await send(path, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body), signal });
   if (!res.ok) {
     let data = null;
     try { data = await res.json(); } catch (_) { data = null; }

@@ -43,7 +43,14 @@ function cell(view, l, hd, open) {
   return h("button", {
     type: "button", class: "attn-cell", dataset: { layer: String(l), head: String(hd), top: String(j) },
     title: says, "aria-label": `open ${says}`, onclick: () => open(l, hd, true),
-  }, strip(w), h("span", { class: "attn-word" }, visibleToken(tok.text, tok.bytes_hex)), h("span", { class: "attn-pct", text: pct(w[j]) }));
+  }, strip(w), h("span", { class: "attn-word" }, visibleToken(tok.text, tok.bytes_hex)), weightShown(w[j]));
+}
+
+// The weight under a strip: as pct() writes it, and in whole percent for a phone's narrow
+// cells (style.css shows one or the other; the title keeps the exact share).
+export function weightShown(w) {
+  return h("span", { class: "attn-pct" }, h("span", { class: "pct-full", text: pct(w) }),
+    h("span", { class: "pct-short", text: w > 0 && w < 0.005 ? "<1%" : `${Math.round(w * 100)}%` }));
 }
 
 // The colour scale, once for the grid and the opened head.

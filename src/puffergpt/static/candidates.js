@@ -141,7 +141,7 @@ async function askOverAll(p, step) {
     failAt("candidates|" + key, e);
   } finally {
     asking.delete(key);
-    render("candidates", "waterfall");
+    render("candidates", "waterfall", "tokens"); // the text's shade becomes the model's own probability
   }
 }
 

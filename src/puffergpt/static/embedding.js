@@ -28,7 +28,7 @@ function searched(requests) {
 const untrainedMark = () => h("span", { class: "untrained-mark", title: "this token's row was never trained: it is (nearly) the same vector as many others", text: "untrained" });
 
 // A row seen rarely in training: marked with its count (views._rarity decides, the page shows).
-const rareMark = (r, below) => h("span", { class: "rare-mark", title: `seen ${int(r.count)} times in training (fewer than ${below}): its vector barely moved from where it started`, text: "rare" });
+export const rareMark = (r, below) => h("span", { class: "rare-mark", title: `seen ${int(r.count)} times in training (fewer than ${below}): its vector barely moved from where it started`, text: "rare" });
 
 function resultsTable(results, below) {
   return labelled(h("table", { class: "emb-table" },
@@ -126,10 +126,10 @@ function scaler(all) {
 
 // Labels placed so that none covers another: each tries the right, the left, above and
 // below its point, and one that fits nowhere is left off (counted, its point keeps a
-// tooltip). Boxes are estimated from the monospace font (.map-point text: 12px).
+// tooltip). Boxes are estimated from the monospace font (.map-point and .map-step text: 12px);
+// ``taken`` holds the boxes already placed (the path's step numbers go first).
 const CHAR_W = 7.4, LINE_H = 15; // a 12px monospace glyph's advance, a line with its descent
-function placeLabels(points, at) {
-  const taken = []; // [x0, y0, x1, y1]
+function placeLabels(points, at, taken = []) {
   const hit = (b) => b[0] < 0 || b[2] > W || b[1] < 0 || b[3] > H || taken.some((t) => b[0] < t[2] && b[2] > t[0] && b[1] < t[3] && b[3] > t[1]);
   return points.map((p) => {
     const [x, y] = at(p);
@@ -145,21 +145,37 @@ function placeLabels(points, at) {
   });
 }
 
+// The path's steps grouped where their points crowd (within a label's height of the group's
+// first): one number a group ("2–4" for steps 2 to 4), so the numbers never clump.
+function stepGroups(path, at) {
+  const groups = [];
+  path.forEach((p, i) => {
+    const [x, y] = at(p), g = groups[groups.length - 1];
+    if (g && Math.hypot(x - g.x, y - g.y) < LINE_H) g.last = i;
+    else groups.push({ first: i, last: i, x, y });
+  });
+  return groups.map((g) => ({ ...g, label: g.first === g.last ? String(path[g.first].layer) : `${path[g.first].layer}–${path[g.last].layer}` }));
+}
+
+function pathSvg(path, at, taken) {
+  const groups = stepGroups(path, at);
+  const places = placeLabels(groups.map((g) => ({ ...path[g.first], label: g.label })), at, taken);
+  const labelOf = new Map(groups.map((g, k) => [g.first, [g, places[k]]]));
+  const pts = path.map((p) => at(p).map((v) => v.toFixed(1)).join(",")).join(" ");
+  return [svg("polyline", { class: "map-path", points: pts }), ...path.map((p, i) => {
+    const [x, y] = at(p), [g, place] = labelOf.get(i) || [null, null];
+    return svg("g", { class: "map-step", dataset: { layer: String(p.layer), labelled: g ? String(!!place) : "grouped" } },
+      svg("circle", { cx: x.toFixed(1), cy: y.toFixed(1), r: i === path.length - 1 ? 5 : 3.5 }),
+      place ? svg("text", { x: place.x.toFixed(1), y: place.y.toFixed(1), "text-anchor": place.anchor, text: g.label }) : null,
+      svg("title", { text: `the residual stream entering block ${p.layer}` + (p.layer === 0 ? " (the embedding)" : "") }));
+  })];
+}
+
 function mapSvg(r) {
   const at = scaler([...r.points, ...r.path]);
-  const kids = [];
-  if (r.path.length) {
-    const pts = r.path.map((p) => at(p).map((v) => v.toFixed(1)).join(",")).join(" ");
-    kids.push(svg("polyline", { class: "map-path", points: pts }));
-    r.path.forEach((p, i) => {
-      const [x, y] = at(p);
-      kids.push(svg("g", { class: "map-step", dataset: { layer: String(p.layer) } },
-        svg("circle", { cx: x.toFixed(1), cy: y.toFixed(1), r: i === r.path.length - 1 ? 5 : 3.5 }),
-        svg("text", { x: (x + 6).toFixed(1), y: (y - 4).toFixed(1), text: String(p.layer) }),
-        svg("title", { text: `the residual stream entering block ${p.layer}` + (p.layer === 0 ? " (the embedding)" : "") })));
-    });
-  }
-  const places = placeLabels(r.points, at);
+  const taken = [];
+  const kids = r.path.length ? pathSvg(r.path, at, taken) : [];
+  const places = placeLabels(r.points, at, taken);
   r.points.forEach((p, i) => {
     const [x, y] = at(p);
     const place = places[i];
@@ -196,7 +212,7 @@ async function drawMap() {
       r.axis_note ? h("p", { class: "note map-axis" + (r.axis_frequency && r.axis_frequency.is_frequency ? " emb-warning" : ""),
         dataset: { pearson: r.axis_frequency ? String(r.axis_frequency.pearson) : "" }, text: `Axis 1: ${r.axis_note}.` }) : "",
       h("p", { class: "note", text: `A projection onto the two main directions of the tokens shown (PCA${ev ? `, ${ev} of their spread` : ""}). ` +
-        (r.path.length ? `The line is the vector of position ${position - 1} entering each block, numbered by layer: the path the model moved it along as it read, toward predicting the token at position ${position} (that token is not drawn: the map shows only the words listed).`
+        (r.path.length ? `The line is the vector of position ${position - 1} entering each block, numbered by layer (steps that lie on top of each other share one number, 2–4): the path the model moved it along as it read, toward predicting the token at position ${position} (that token is not drawn: the map shows only the words listed).`
           : "Select a generated token and tick the box to see its path through the layers.") }),
       searched(r.requests));
   } catch (e) { failed(box, e); }

@@ -73,7 +73,7 @@ export function probsAt(logits, T) {
   return p;
 }
 
-// A log's round trips as the server counts them (engine.Request.round_trips): a request
+// A log's round trips as the server counts them (session.Request.round_trips): a request
 // split over several store calls is that many; a concurrent one (a decode step's key
 // write, run beside the searches) none. For views whose JSON carries no count of its own.
 export const roundTrips = (log) => (log || []).reduce((n, r) => n + (r.concurrent ? 0 : (r.parts || 1)), 0);

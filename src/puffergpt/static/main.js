@@ -12,8 +12,10 @@ import { renderInfo, renderStarters } from "./info.js";
 import { initInside } from "./inside.js";
 import { initInsightForm } from "./insight.js";
 import { initKv } from "./kvcache.js";
+import { initLessons } from "./lessons.js";
 import { initNotebook } from "./notebook.js";
 import { initOutputSearch } from "./outputsearch.js";
+import { initPatching } from "./patching.js";
 import { initPhases } from "./phases.js";
 import { S, renderAll, view } from "./state.js";
 import { initTokens } from "./tokens.js";
@@ -67,8 +69,10 @@ function initPlayground() {
   initOutputSearch();
   initEmbedding();
   initContexts();
+  initPatching();
   initInsightForm();
   initNotebook();
+  initLessons();
   renderStarters(null);
   api("GET", "/api/info").then((info) => {
     S.info = info;

@@ -24,6 +24,7 @@ database and nothing else. docs/backends.md walks through writing one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import importlib
 import json
@@ -39,6 +40,8 @@ from typing import Any
 
 import numpy as np
 
+from puffergpt.settings import Setting
+
 Filter = tuple[tuple[str, str, Any], ...]
 OPS = ("=", "<", "<=", ">", ">=", "in")
 ATTR_TYPES = ("int", "float", "str")
@@ -48,6 +51,25 @@ _NP_TYPES = {"int": np.int64, "float": np.float64, "str": object}
 
 class StoreError(Exception):
     """The store can't do what was asked; the message says why and what to do."""
+
+
+class NoSpace(StoreError):
+    """The disk holding the store has no room for a write (the server answers 507)."""
+
+
+@contextlib.contextmanager
+def disk_space(path) -> Iterator[None]:
+    """A write that finds the disk full (ENOSPC, or a database's "No space left") raised as
+    NoSpace naming the disk, not as whatever the database raised."""
+    try:
+        yield
+    except NoSpace:
+        raise
+    except Exception as e:
+        if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "no space left" in str(e).lower():
+            raise NoSpace(f"the disk holding {path} is full ({e}): free some space there; what was stored "
+                          "before is as it was") from e
+        raise
 
 
 class StoreHeld(StoreError):
@@ -233,6 +255,8 @@ class Store(ABC):
     # when it is created (metric=None: metrics[0]); False: by any of those it was created for
     thread_safe: bool = False  # False: the base lets one call at a time reach the backend (the
     # engine writes a text's keys in a background thread while it searches); True: it locks itself
+    settings: tuple[Setting, ...] = ()  # what it is opened with beside data_dir (a DSN, a key): each an
+    # argument of its factory, set by a flag or an environment variable that the CLI reads
 
     def __new__(cls, *args, **kwargs):
         try:
@@ -501,6 +525,11 @@ class Store(ABC):
     # --- optional capabilities: these defaults are right for a database on a server ---
     def disk_bytes(self) -> int | None:
         """Bytes of the store's files on this machine, None where it can't say (a server's)."""
+        return None
+
+    def free_bytes(self) -> int | None:
+        """Bytes free on the disk holding the store's files (``path``), None where they are not
+        on this machine (a server's): what a load or a text is checked against (search/space.py)."""
         return None
 
     def stamp(self, namespaces: Sequence[str]) -> dict | None:

@@ -31,11 +31,12 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+import shutil
 from pathlib import Path
 
 from puffergpt.stores import datadir, qdrant_edge
 from puffergpt.stores import zvec as zv
-from puffergpt.stores.base import NoIndex, Store, StoreError
+from puffergpt.stores.base import NoIndex, Store, StoreError, disk_space
 
 log = logging.getLogger("puffergpt")
 FORMAT = 2  # 1: an earlier release's (weights on Qdrant Edge under edge/, no format.json)
@@ -94,13 +95,15 @@ class EmbeddedStore(Store):
     def _create_namespace(self, ns, layout, ephemeral):
         if (old := self._layout(ns)) is not None:
             return old
-        return (self.texts if ephemeral else self.weights)._create_namespace(ns, layout, ephemeral)
+        with disk_space(self.root):
+            return (self.texts if ephemeral else self.weights)._create_namespace(ns, layout, ephemeral)
 
     def _drop_namespace(self, ns):
         self._of(ns)._drop_namespace(ns)
 
     def _upsert(self, ns, layout, ids, vectors, attrs):
-        self._of(ns)._upsert(ns, layout, ids, vectors, attrs)
+        with disk_space(self.root):
+            self._of(ns)._upsert(ns, layout, ids, vectors, attrs)
 
     def _search(self, ns, layout, queries, metric, include):
         return self._of(ns)._search(ns, layout, queries, metric, include)
@@ -131,7 +134,8 @@ class EmbeddedStore(Store):
         return self.weights
 
     def _put_meta(self, key, value):
-        self.weights._put_meta(key, value)  # the weights written out first
+        with disk_space(self.root):
+            self.weights._put_meta(key, value)  # the weights written out first
 
     def _get_meta(self, key):
         return self.home.get_meta(key)
@@ -151,6 +155,9 @@ class EmbeddedStore(Store):
         self.release(namespaces)
         yield from datadir.read_in_child(self.root, target, payload, "puffergpt.stores.embedded:_child",
                                          "the embedded store's reader")
+
+    def free_bytes(self) -> int:
+        return shutil.disk_usage(self.root).free
 
     def disk_bytes(self) -> int:
         """Bytes of this store's files (weights, keys, metadata), not those of others sharing

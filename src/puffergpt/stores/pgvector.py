@@ -56,6 +56,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 
+from puffergpt.settings import Setting
 from puffergpt.stores import pglocal
 from puffergpt.stores.base import Filter, Hits, Layout, NoIndex, Query, Store, StoreError, check_name
 
@@ -67,9 +68,11 @@ try:
     from psycopg.conninfo import conninfo_to_dict, make_conninfo
     from psycopg.types.json import Json
 except ImportError as e:  # pragma: no cover - the package's optional dependencies
-    raise StoreError(
-        f"the pgvector backend needs psycopg 3 and pgvector ({e}): pip install 'psycopg[binary]' pgvector"
-    ) from None
+    # Said when a store is opened, not here: the CLI reads this module's settings (--dsn) without them.
+    MISSING: str | None = (f"the pgvector backend needs psycopg 3 and pgvector ({e}): "
+                           f"pip install 'psycopg[binary]' pgvector")
+else:
+    MISSING = None
 
 PAD_SLACK = 1.5  # M over the longest vector: see zvec.PAD_SLACK
 _SQL_TYPES = {"int": "bigint", "float": "double precision", "str": "text"}
@@ -185,6 +188,8 @@ class PgvectorStore(Store):
     thread_safe = True  # it holds its own locks
 
     def __init__(self, dsn: str, connect_timeout: int = CONNECT_TIMEOUT_S, local: pglocal.LocalServer | None = None):
+        if MISSING:
+            raise StoreError(MISSING)
         if not dsn or not isinstance(dsn, str):
             raise StoreError("the pgvector backend needs a PostgreSQL DSN: give --dsn or set PUFFERGPT_DSN")
         try:
@@ -686,6 +691,8 @@ def open_pgvector(
 ) -> PgvectorStore:
     """The pgvector backend's factory: the server at ``dsn``, or without one a local server
     under the data directory (pglocal), released when the store is closed."""
+    if MISSING:
+        raise StoreError(MISSING)
     if dsn:
         return PgvectorStore(dsn, connect_timeout)
     if data_dir is None:
@@ -697,3 +704,9 @@ def open_pgvector(
     except BaseException:
         local.release()
         raise
+
+
+open_pgvector.settings = (  # what the CLI reads for it (Store.settings): --dsn, else PUFFERGPT_DSN
+    Setting("dsn", "PostgreSQL connection string for --backend pgvector; without one, a local server under --data "
+                   "[env PUFFERGPT_DSN]", flag="--dsn", env="PUFFERGPT_DSN", secret=True),
+)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import sys
 import threading
 import time
@@ -47,6 +46,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from puffergpt.settings import Setting
 from puffergpt.stores.base import Filter, Hits, Layout, Store, StoreError, check_name
 
 MULTI_QUERY = 16  # sub-queries a multi_query request may carry
@@ -139,6 +139,13 @@ class TurbopufferStore(Store):
     # fewer than a query returns, so that a full answer means the filter matched too many.
     max_top_k = MAX_TOP_K - 1
     metric_per_namespace = True  # fixed at its first write
+    settings = (  # from the environment only, the client's own variables (docs/turbopuffer.md)
+        Setting("api_key", "turbopuffer's API key", env="TURBOPUFFER_API_KEY", secret=True),
+        Setting("region", "the region of its namespaces (gcp-us-central1, aws-us-east-1, ...)",
+                env="TURBOPUFFER_REGION"),
+        Setting("base_url", "another address than the region's (a server of one's own, the tests' emulator)",
+                env="TURBOPUFFER_BASE_URL"),
+    )
 
     def __init__(self, api_key: str | None = None, region: str | None = None, base_url: str | None = None,
                  prefix: str = "puffergpt-", timeout: float = 60.0, max_retries: int = 5,
@@ -147,7 +154,6 @@ class TurbopufferStore(Store):
 
         if not api_key:
             raise StoreError("the turbopuffer backend needs an API key: set TURBOPUFFER_API_KEY")
-        base_url = base_url or os.environ.get("TURBOPUFFER_BASE_URL")  # the client's own variable
         if not region and not base_url:
             raise StoreError("the turbopuffer backend needs a region: set TURBOPUFFER_REGION "
                              "(e.g. gcp-us-central1 or aws-us-east-1, see https://turbopuffer.com/docs/regions)")

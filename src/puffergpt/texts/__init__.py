@@ -1,4 +1,4 @@
-"""Texts: what a learner works on, read through any ``Products`` (numpy or searches).
+"""Texts: what a learner works on, read through any ``Run`` (numpy's or the searches').
 
 - ``text.py``: a ``Text`` (type, generate, step back, branch, cut: only unread tokens cost),
   its ``Step`` s, and ``opened`` (a text of its own, closed on any exit);

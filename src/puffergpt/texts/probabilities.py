@@ -40,11 +40,11 @@ def normalise(text: Text, p: int) -> list:
             raise TextError(f"probabilities: position {p} has no candidates (the model did not generate it)")
         if p > text.read_upto:
             raise TextError(f"probabilities: position {p}'s hidden state is not read yet: generate first")
-        with text.products.recording(extra=True) as requests:
+        with text.session.recording(extra=True) as requests:
             if step.normalisers is None:  # over the logits the step chose from: after its controls, if any
-                scores = text.products.logits(text.hidden[p - 1])
-                keep(step, scores if step.sampling is None else
-                     sampling.controlled(step.sampling, scores, *text.history(p))[0])
+                scores = text.weights.logits(text.hidden[p - 1])
+                keep(step, scores if step.controls is None else
+                     sampling.controlled(step.controls.sampling, scores, *text.history(p))[0])
         return requests
 
 

@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from puffergpt.model.reference import Products
+from puffergpt.model.session import Run
 from puffergpt.texts.text import Text, TextError, TextNotFound, log
 
 
@@ -20,8 +20,8 @@ def not_found(text_id: str) -> str:
 class Texts:
     """The open texts of one engine: a bound on how many, and expiry when idle."""
 
-    def __init__(self, open_products: Callable[[], Products], max_open: int = 32, idle_s: float = 1800):
-        self.open_products = open_products
+    def __init__(self, open_run: Callable[[], Run], max_open: int = 32, idle_s: float = 1800):
+        self.open_run = open_run
         self.max_open = max_open
         self.idle_s = idle_s
         self._texts: dict[str, Text | None] = {}
@@ -46,7 +46,7 @@ class Texts:
                 raise TextError(f"{self.max_open} texts are open already: close one first")
             self._texts[placeholder := f"opening-{uuid.uuid4().hex}"] = None  # holds the place while it opens
         try:
-            text = Text(self.open_products())  # store I/O: outside the registry's lock
+            text = Text(self.open_run())  # store I/O: outside the registry's lock
         finally:
             with self._lock:
                 self._texts.pop(placeholder, None)

@@ -1,7 +1,8 @@
 """A text: what a user works on. Type, generate, look at the candidates, step back, take another candidate, cut.
 
-A text drives any ``Products`` (numpy or searches) through the one forward pass in ``reference.py``. It remembers
-what the model has read, so that only positions the model has not read cost requests:
+A text drives any ``Run`` (numpy's or the searches': weights and a session, ``model/session.py``) through the one
+forward pass in ``reference.py``. It remembers what the model has read, so that only positions the model has not
+read cost requests:
 
 - ``tokens[:length]`` is the text; tokens after ``length`` are kept after a step back (stepping back deletes
   nothing) and are dropped only when a new token replaces them;
@@ -38,8 +39,9 @@ import numpy as np
 
 from puffergpt.model import sampling, tokenizer
 from puffergpt.model.checkpoints import GPT2Config
-from puffergpt.model.reference import NO_ABLATION, Ablation, Cache, Products, Trace, forward
+from puffergpt.model.reference import NO_ABLATION, Ablation, Cache, Trace, forward
 from puffergpt.model.sampling import Sampling, distribution, log_softmax, pick, probabilities
+from puffergpt.model.session import Run
 
 log = logging.getLogger("puffergpt")
 KEEP_CANDIDATES = 100  # a step keeps this many candidates, whatever top_k was (the page shows 40)
@@ -118,11 +120,7 @@ class Step:
     logz: float | None = None
     logprob: float | None = None
     normalisers: dict[float, float] | None = None  # {T: n_T} over all n_vocab (``probabilities.py``): p_all
-    # With the sampling's controls (penalties, logit_bias: ``sampling.py``): ``logits`` are after them, and
-    # ``before`` holds each candidate's logit before them, ``moved`` which controls moved it (a bit mask)
-    before: np.ndarray | None = None
-    moved: np.ndarray | None = None
-    sampling: Sampling | None = None  # the controls, to apply them to the whole vocabulary (``probabilities.py``)
+    controls: sampling.Controls | None = None  # penalties, logit_bias: ``logits`` are after them, these before
 
     def logprobs(self, k: int) -> list[tuple[int, float]]:
         """The k best tokens and their exact log-probabilities (needs ``logz``)."""
@@ -138,18 +136,17 @@ class Step:
         return [{"token_id": int(i), "text": tokenizer.token_text(int(i)), "logit": float(l), "prob": float(p)}
                 | ({} if n is None else {"p_all": sampling.probability_over_all(l, n, 1.0)}
                    | ({"p_all_t": sampling.probability_over_all(l, n, t)} if float(t) in n else {}))
-                | ({} if self.before is None else {"logit_before": float(self.before[r]),  # the controls' doing
-                                                    "moved": sampling.moved_names(self.moved[r])})
+                | ({} if self.controls is None else self.controls.of(r))
                 for r, (i, l, p) in enumerate(zip(self.ids, self.logits, probs, strict=True))]
 
 
 class Text:
-    def __init__(self, products: Products, text_id: str | None = None, ablation: Ablation = NO_ABLATION):
-        """``ablation``: parts of the model switched off for everything this text reads (``Ablation``)."""
+    def __init__(self, run: Run, text_id: str | None = None, ablation: Ablation = NO_ABLATION):
+        """``run``: the text's own weights and session; ``ablation``: parts switched off for all it reads."""
         self.id = text_id or uuid.uuid4().hex[:12]  # what TEXT_ID matches
-        self.products = products
+        self.weights, self.session = run.weights, run.session
         self.ablation = ablation
-        self.config = products.config
+        self.config = run.weights.config
         self.tokens: list[int] = []
         self.length = 0
         self.read_upto = 0
@@ -268,7 +265,7 @@ class Text:
             if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
                 raise TextError(f"reopen: the temperature at position {p} must be a number >= 0, got {temperature!r}")
         self._replace_from(0, list(map(int, ids)))
-        with self.products.recording() as requests:
+        with self.session.recording() as requests:
             self._read()
             self._recompute(generated)
         self.length = int(length)
@@ -281,16 +278,16 @@ class Text:
         if not ps:
             return
         x = np.stack([self.hidden[p - 1] for p in ps])  # (n, C): the hidden state that predicts each
-        got = self.products.top_k_many(x, KEEP_CANDIDATES, kind="wte.top_k")
+        got = self.weights.top_k_many(x, KEEP_CANDIDATES, kind="wte.top_k")
         for p, (ids, logits) in zip(ps, got, strict=True):
             self.steps[p] = Step(p, self.tokens[p], np.asarray(ids), np.asarray(logits, np.float64),
                                  float(generated[p]), phase="reopened")
 
     def used(self) -> bool:
         """The text is in use now: its idle clock starts again and its keys are kept from other
-        servers' sweeps. False when they may be gone already (``Products.touch``)."""
+        servers' sweeps. False when they may be gone already (``Session.touch``)."""
         self.last_used = time.monotonic()
-        return self.products.touch()
+        return self.session.touch()
 
     def begin(self) -> threading.Event:
         """Claim the text for one generation (the server does, before it streams); no edit
@@ -321,8 +318,8 @@ class Text:
         n = self.length - self.read_upto
         if n > 0:
             start = self.read_upto
-            with self.products.recording() as requests:
-                h = forward(self.products, np.asarray(self.tokens[start: self.length]), start, self.cache, trace,
+            with self.session.recording() as requests:
+                h = forward(self.weights, np.asarray(self.tokens[start: self.length]), start, self.cache, trace,
                             self.ablation)
             self.hidden[start:] = list(h)
             self.read_upto = self.length
@@ -343,57 +340,42 @@ class Text:
             self._read()
         return self.hidden[q]
 
-    def _candidates(self, k: int, trace: Trace | None = None) -> tuple[np.ndarray, np.ndarray, int]:
-        """Top-k at the end of the text: replayed from an earlier step when it can be."""
-        p = self.length
+    def _candidates(self, k: int, trace: Trace | None = None, p: int | None = None) -> tuple[np.ndarray, ...]:
+        """Top-k at p (default: the end of the text), replayed from an earlier step when it can be (one the
+        controls did not reorder). -> (ids, logits, tokens read)"""
+        p = self.length if p is None else p
         old = self.steps.get(p)
-        if old is not None and old.before is None and len(old.ids) >= k:  # the search's own order and logits
+        if old is not None and old.controls is None and len(old.ids) >= k:
             return old.ids[:k], old.logits[:k], 0
         read = 0
         if self.read_upto < p:
             read = self._read(trace)
-        ids, logits = self.products.top_k(self.hidden[p - 1], k)
+        ids, logits = self.weights.top_k(self.hidden[p - 1], k)
         return np.asarray(ids), np.asarray(logits, np.float64), read
 
     def history(self, p: int) -> tuple[list[int], list[int]]:
         """The controls' look back from p: every token before it, and those the model generated."""
         return self.tokens[:p], [self.tokens[q] for q in range(p) if q in self.steps]
 
-    def _controlled(self, p: int, s: Sampling, k: int, trace: Trace | None) -> tuple:
-        """The k best candidates at the end of the text after the sampling's controls, exact over the
-        whole vocabulary (``sampling.exact_top_k``). -> (ids, logits after, before, moved, tokens read)"""
-        read = self._read(trace) if self.read_upto < p else 0
-        x = self.hidden[p - 1]
-        return (*sampling.exact_top_k(s, k, self.config.n_vocab, *self.history(p), lambda n: self._candidates(n)[:2],
-                                      lambda ids: self.products.token_logits(x, ids),
-                                      lambda: self.products.logits(x)), read)
-
     def candidates(self, p: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The k best candidates for position p (1..length): the step's own where it kept k, else
         one top-k search from the hidden state at p - 1 (the text read up to it first).
         -> (ids (k,), logits (k,)), best first"""
         with self.lock:
-            p = self._position(p, 1, self.length, "candidates")
-            old = self.steps.get(p)
-            if old is not None and len(old.ids) >= k:
-                return old.ids[:k], old.logits[:k]
-            if self.read_upto < p:
-                self._read()
-            ids, logits = self.products.top_k(self.hidden[p - 1], k)
-            return np.asarray(ids), np.asarray(logits, np.float64)
+            return self._candidates(k, p=self._position(p, 1, self.length, "candidates"))[:2]
 
     def _all_logits(self, q: int, trace: Trace | None = None) -> tuple[np.ndarray, int]:
         """Every token's score at position q (from the hidden state at q - 1): one search
         over all of wte, reading the text first if needed. -> ((V,) float64, tokens read)"""
         read = self._read(trace) if self.read_upto < q else 0
-        return np.asarray(self.products.logits(self.hidden[q - 1]), np.float64), read
+        return np.asarray(self.weights.logits(self.hidden[q - 1]), np.float64), read
 
     def score_prompt(self) -> Iterator[Step]:
         """The text's own tokens scored as the model predicts them (OpenAI's ``echo``):
         a read, then one all-vocabulary search a position from 1 on; position 0 has no
         prediction (logprob None). Keeps KEEP_CANDIDATES a position, never all V scores."""
         for q in range(self.length):
-            with self.lock, self.products.recording() as requests:
+            with self.lock, self.session.recording() as requests:
                 t0, tok = time.perf_counter(), self.tokens[q]
                 if q == 0:
                     read = self._read() if self.read_upto < 1 else 0
@@ -430,7 +412,7 @@ class Text:
                             f"(the positions whose previous token the model has read)")
         trace = Trace()
         cache = Cache([v[:, : p - 1].copy() for v in self.cache.values])
-        forward(self.products, np.asarray([self.tokens[p - 1]]), p - 1, cache, trace, self.ablation)
+        forward(self.weights, np.asarray([self.tokens[p - 1]]), p - 1, cache, trace, self.ablation)
         return trace
 
     def generate(self, n: int, s: Sampling, should_stop: Callable[[], bool] | None = None, full: bool = False,
@@ -447,14 +429,14 @@ class Text:
         if self.length == 0:
             raise TextError("the text is empty: give at least one token")
         rng = np.random.default_rng(s.seed)
-        with self.products.slot(should_stop) as turn:  # other texts may be generating: wait for a turn
+        with self.session.slot(should_stop) as turn:  # other texts may be generating: wait for a turn
             for _ in range(n if turn else 0):
                 if should_stop is not None and should_stop():
                     return
-                with self.lock, self.products.stepping():
+                with self.lock, self.session.stepping():
                     step = self._next(s, rng, full, observe)
                     tok = step.token_id
-                self.products.wrote_token()
+                self.session.wrote_token()
                 yield step
                 if tok == tokenizer.EOT:
                     return
@@ -467,15 +449,14 @@ class Text:
             raise TextError(f"the text has reached the model's context of {self.config.n_ctx} tokens")
         t0, first, p = time.perf_counter(), self.read_upto, self.length
         trace = Trace() if observe is not None else None
-        with self.products.recording() as requests:
-            ids, logits, read, tok, whole, moves = self._choose(p, s, rng, full, trace)
+        with self.session.recording() as requests:
+            ids, logits, read, tok, whole, controls = self._choose(p, s, rng, full, trace)
             users = read and any(q not in self.steps for q in range(first, first + read))  # not the model's own
             step = Step(p, tok, ids[:KEEP_CANDIDATES], logits[:KEEP_CANDIDATES], s.temperature, requests, 0.0, read,
                         "prefill" if users else "decode")
             if whole is not None:
                 step.logz, step.logprob = whole.logz, whole.logprob
-            if moves is not None:
-                step.before, step.moved, step.sampling = moves[0][:KEEP_CANDIDATES], moves[1][:KEEP_CANDIDATES], s
+            step.controls = controls and controls.at(slice(0, KEEP_CANDIDATES))
             self._set(p, tok)
             self.steps[p] = step
             if observe is not None:
@@ -486,35 +467,31 @@ class Text:
 
     def _choose(self, p: int, s: Sampling, rng: np.random.Generator, full: bool, trace: Trace | None,
                 keep: int = KEEP_CANDIDATES) -> tuple:
-        """The candidates at p, the tokens read to get them, and the token picked: from the
-        whole vocabulary (``full``: the exact distribution; the step it returns holds the
-        normaliser, and the (V,) scores are dropped here) or from a top-k search of the
-        candidates the sampling needs (greedy: the ``keep`` a step holds, whatever top_k),
-        after the sampling's controls. -> (candidate ids, their logits, tokens read, token, the whole
-        vocabulary's step, (logits before, moved) or None)"""
+        """The candidates at p after the sampling's controls, the tokens read to get them, and the token picked: from
+        the whole vocabulary (``full``: the exact distribution; the step it returns holds the normaliser; the (V,)
+        scores are dropped here) or the top k the sampling needs (greedy: the ``keep`` a step holds, whatever top_k;
+        ``sampling.exact_top_k``). -> (ids, logits, tokens read, token, the whole vocabulary's step, Controls|None)"""
         if full:
             scores, read = self._all_logits(p, trace)
-            scores, moves = sampling.controlled(s, scores, *self.history(p))  # moves: (before, moved) or None
+            scores, controls = sampling.controlled(s, scores, *self.history(p))
             tok = pick(distribution(scores, s), rng)
             whole = self._full_step(p, tok, scores, s.temperature, read, "decode")
-            return whole.ids, whole.logits, read, tok, whole, moves and (moves[0][whole.ids], moves[1][whole.ids])
-        if s.controlled:
-            ids, logits, before, moved, read = self._controlled(p, s, s.search_k(keep), trace)
-        else:
-            (ids, logits, read), before, moved = self._candidates(s.search_k(keep), trace), None, None
-        moves = None if before is None else (before, moved)
-        return ids, logits, read, int(ids[pick(distribution(logits, s), rng)]), None, moves
+            return whole.ids, whole.logits, read, tok, whole, controls and controls.at(whole.ids)
+        read, w = self._read(trace) if self.read_upto < p else 0, self.weights
+        ids, logits, controls = sampling.exact_top_k(s, s.search_k(keep), self.config.n_vocab, *self.history(p),
+                                                     lambda n: self._candidates(n)[:2], lambda t: w.token_logits(
+                                                         self.hidden[p - 1], t), lambda: w.logits(self.hidden[p - 1]))
+        return ids, logits, read, int(ids[pick(distribution(logits, s), rng)]), None, controls
 
     def close(self) -> None:
-        self.products.close()
+        self.session.close()
 
 
 @contextlib.contextmanager
-def opened(open_products: Callable[[], Products], ids: list[int] = (), ablation: Ablation = NO_ABLATION
-           ) -> Iterator[Text]:
+def opened(open_run: Callable[[], Run], ids: list[int] = (), ablation: Ablation = NO_ABLATION) -> Iterator[Text]:
     """A text of its own, closed (and its namespace of keys dropped) however the block ends; with an
     ``ablation``, read with those parts of the model switched off."""
-    text = Text(open_products(), ablation=ablation)
+    text = Text(open_run(), ablation=ablation)
     try:
         if ids:
             text.append(list(ids))

@@ -1,10 +1,13 @@
 """The bound on a request body, before any route: at most MAX_BODY bytes, arriving
-without long pauses, and JSON Python holds as sent (``bodies.parse_json``)."""
+without long pauses and within a total deadline, and JSON Python holds as sent
+(``bodies.parse_json``)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 
+from puffergpt import settings
 from puffergpt.server.bodies import BodyError, parse_json
 from puffergpt.server.errors import refuse
 
@@ -19,9 +22,10 @@ class BoundedBody:
     False: bounded only, handed on as it came (the front of ``serve --workers``, whose workers
     judge it)."""
 
-    def __init__(self, app, read_timeout_s: float = 10.0, parse: bool = True):
+    def __init__(self, app, read_timeout_s: float = settings.default("read_timeout_s"),
+                 total_s: float = settings.default("body_timeout_s"), parse: bool = True):
         self.app = app
-        self.read_timeout_s = read_timeout_s
+        self.read_timeout_s, self.total_s = read_timeout_s, total_s
         self.parse = parse
 
     async def __call__(self, scope, receive, send):
@@ -31,13 +35,12 @@ class BoundedBody:
         if n is not None and (not n.isdigit() or int(n) > MAX_BODY):
             return await refuse(scope, send, 413, f"request body over {MAX_BODY} bytes")
         body, more = b"", True
+        deadline = time.monotonic() + self.total_s
         while more:
-            try:  # a client that declares more than it sends must not hold the connection
-                message = await asyncio.wait_for(receive(), self.read_timeout_s)
+            try:  # a client that declares more than it sends, or sends it a byte at a time, must not hold on
+                message = await asyncio.wait_for(receive(), min(self.read_timeout_s, deadline - time.monotonic()))
             except TimeoutError:
-                return await refuse(scope, send, 408,
-                                          f"the request body stopped arriving for {self.read_timeout_s:g} s",
-                                          headers={"Connection": "close"})
+                return await refuse(scope, send, 408, self.too_slow(deadline), headers={"Connection": "close"})
             if message["type"] != "http.request":  # the client went away
                 return
             body += message.get("body", b"")
@@ -59,3 +62,8 @@ class BoundedBody:
             return await receive()  # after the body: disconnects, for streaming responses
 
         await self.app(scope, replay, send)
+
+    def too_slow(self, deadline: float) -> str:
+        if time.monotonic() >= deadline:
+            return f"the request body did not arrive within {self.total_s:g} s"
+        return f"the request body stopped arriving for {self.read_timeout_s:g} s"

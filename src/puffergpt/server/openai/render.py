@@ -30,7 +30,7 @@ from puffergpt.texts.text import Step, TextError
 class Choices:
     """How each choice of one request is written (``completion.choice_pieces``'s arguments)."""
 
-    open_products: Callable
+    open_run: Callable
     n_vocab: int
     body: CommonBody
     max_tokens: int
@@ -43,7 +43,7 @@ class Choices:
     def pieces(self, ids: list[int], j: int, should_stop: Callable[[], bool]) -> Iterator[Piece]:
         """Choice j (its seed offset) of the prompt ``ids``, until ``should_stop()`` (checked
         before each piece: each echoed token is one)."""
-        pieces = choice_pieces(self.open_products, ids, self.max_tokens, self.body.sampling(self.n_vocab, j),
+        pieces = choice_pieces(self.open_run, ids, self.max_tokens, self.body.sampling(self.n_vocab, j),
                                self.stops, self.full, self.echo, self.k, should_stop,
                                None if self.clock is None else self.clock())
         with contextlib.closing(pieces):  # closed here, in the thread that drove it

@@ -130,7 +130,7 @@ def clocked(request: Request, prompt_tokens: int) -> Callable[[], Callable]:
     return lambda: metrics.clock(route).step
 
 
-def output_products(engine: Engine, body: CommonBody):
+def opener(engine: Engine, body: CommonBody):
     """How each choice opens its text: with the request's ``output_search`` (the server's default
     when it names none). Approximate finds a top-k, so it needs one: top_k, or temperature 0."""
     if body.output_search is None:
@@ -204,9 +204,9 @@ async def completions(body: Annotated[CompletionBody, Depends(body_of(Completion
                                f"fewer prompts a request (lm-eval: --batch_size {MAX_CHOICES} or less)", "prompt")
     for ids in prompts:
         check_prompt(engine, config, ids, body, body.new_tokens())
+    open_run = opener(engine, body)
     check_work(config, list(map(len, prompts)), best_of, body.new_tokens(), body.echo and body.logprobs is not None)
-    products = output_products(engine, body)
-    how = Choices(products, engine.config.n_vocab, body, body.new_tokens(), body.stop,
+    how = Choices(open_run, engine.config.n_vocab, body, body.new_tokens(), body.stop,
                   body.needs_full() or best_of > n, body.echo, body.logprobs, clocked(request, sum(map(len, prompts))))
     reply = Reply(f"cmpl-{uuid.uuid4().hex[:24]}", "text_completion", model_name(engine.model))
     if body.stream:
@@ -225,7 +225,7 @@ async def chat(body: Annotated[ChatBody, Depends(body_of(ChatBody))], engine: En
     ids = tokenizer.encode(chat_prompt(body.messages))
     check_prompt(engine, config, ids, body, body.new_tokens())
     check_work(config, [len(ids)], body.n or 1, body.new_tokens(), False)
-    how = Choices(output_products(engine, body), engine.config.n_vocab, body, body.new_tokens(), body.stop + TURN_STOPS,
+    how = Choices(opener(engine, body), engine.config.n_vocab, body, body.new_tokens(), body.stop + TURN_STOPS,
                   body.needs_full(), False, body.top_logprobs_k(), clocked(request, len(ids)))
     reply = Reply(f"chatcmpl-{uuid.uuid4().hex[:24]}", "chat.completion.chunk", model_name(engine.model))
     if body.stream:

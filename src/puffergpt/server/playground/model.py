@@ -35,7 +35,7 @@ def info(served: ServedDep) -> dict:
             "max_new_tokens": config.max_new_tokens, "max_open_texts": config.max_open_texts,
             "about": model_info.about(name, c), "starters": model_info.starters(engine.model),
             "embedding_words": model_info.embedding_words(engine.model),
-            "context_starters": model_info.context_starters(),
+            "context_starters": model_info.context_starters(engine.model),
             "fallback": config.fallback,
             "auth": {"api_key": bool(config.api_keys), "public_read_only": config.public_read_only}}
 

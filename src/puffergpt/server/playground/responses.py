@@ -245,14 +245,21 @@ class Map(Response):
 
 class Contexts(Response):
     """One word in 2 or 3 prompts, layer by layer (``contexts.py``): ``layers`` [{layer, cosine,
-    lens, top}], each context's tokens and ``attention`` from the word (L x H x its position + 1)."""
+    lens, top (each token's training count and rare mark), control (with a control)}], each
+    context's tokens and ``attention`` from the word (L x H x its position + 1), the ``control``
+    prompt (None: none), the word's ``rarity``, the lines in words (``reading``) and why the lens
+    rows say little where they do (``lens_note``)."""
 
     word_id: int
     word: dict[str, Any]
     positions: list[int]
     layers: list[dict[str, Any]]
     contexts: list[dict[str, Any]]
+    control: dict[str, Any] | None
     attention: list[list[list[list[float]]]]
+    rarity: dict[str, Any]
+    reading: list[str]
+    lens_note: str | None
     k: int
     requests: list[dict[str, Any]]
 

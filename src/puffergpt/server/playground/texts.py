@@ -5,7 +5,6 @@ generates, token ids, the context), and renders (``app/protocol.py``'s JSON)."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Iterator
@@ -38,7 +37,7 @@ from puffergpt.server.playground import responses
 from puffergpt.server.playground.responses import BODY, errors
 from puffergpt.server.processes import probes
 from puffergpt.server.state import ConfigDep, GenerationsDep, TextDep, TextsDep
-from puffergpt.server.streaming import stream
+from puffergpt.server.streaming import sse, stream
 from puffergpt.stores.base import StoreError
 from puffergpt.texts import probabilities
 from puffergpt.texts.text import Text, TextError, check_generation
@@ -137,10 +136,6 @@ def stop(text_id: str, t: TextDep) -> dict:
     return {"stopping": text_id}
 
 
-def sse(event: str, data: dict) -> str:
-    return f"event: {event}\ndata: {json.dumps(data)}\n\n"
-
-
 def generation_events(t: Text, n: int, s: Sampling, inspect: int, stop: threading.Event,
                       clock: probes.Clock) -> Iterator[str]:
     """A generation's events, in its worker thread: ``token`` each, then ``done`` or ``error``;
@@ -201,9 +196,9 @@ def inspect(position: int, t: TextDep, lens_k: int = 10, versus: int | None = No
              summary="Run a step again with parts of the model switched off", responses=errors(400, 404, 409, 422, 503))
 def ablate(position: int, body: AblateBody, t: TextDep, texts: TextsDep) -> dict:
     """The step at ``position`` run again with ``parts`` switched off at every position (a
-    prefill of the tokens before it, on products of its own: the text is left as it was): the
+    prefill of the tokens before it, in a run of its own: the text is left as it was): the
     k best candidates before and after, and whether the model's top choice changed."""
-    return ablation_json(inspector.ablate(t, position, body.parts, texts.open_products, body.k, body.mode))
+    return ablation_json(inspector.ablate(t, position, body.parts, texts.open_run, body.k, body.mode))
 
 
 @router.post("/{text_id}/steps/{position}/probabilities", response_model=responses.Probabilities,
@@ -232,6 +227,6 @@ def head_writes(position: int, body: WritesBody, t: TextDep) -> dict:
             responses=errors(404, 503))
 def kv(t: TextDep) -> dict:
     """The text's key namespace: which positions hold keys, and which read wrote them."""
-    with t.lock, t.products.recording() as requests:
+    with t.lock, t.session.recording() as requests:
         d = views.kv(t)
     return view_json(d, requests)

@@ -1,9 +1,9 @@
 """The embedding views: an analogy, a word's neighbours, a map of token vectors (with
 the path of a text's token through the layers). Each is a fetch and a search or two on
-products of its own, counted in the response's ``requests``. The next token of a text's
+weights of its own, counted in the response's ``requests``. The next token of a text's
 position found exactly and through the approximate index, side by side (``output_search.py``).
-And a word in two or three contexts, layer by layer (``contexts.py``): a prefill and a lens search a prompt, each on
-products of its own."""
+And a word in two or three contexts and a control, layer by layer (``contexts.py``): a prefill and a lens search a
+prompt, each in a run of its own."""
 
 from __future__ import annotations
 
@@ -24,15 +24,15 @@ router = APIRouter(prefix="/api", tags=["views"])
 VIEW = errors(*BODY, 503)
 
 
-def view(engine: Engine, run: Callable[[object], dict]) -> dict:
-    """A view on its own products (a fetch and a search or two), closed after."""
-    products = engine.views()  # no text: no namespace of keys to make and drop
+def view(engine: Engine, compute: Callable[[object], dict]) -> dict:
+    """A view on weights of its own (a fetch and a search or two), closed after."""
+    run = engine.views()  # no text: no namespace of keys to make and drop
     try:
-        with products.recording(extra=True) as requests:
-            d = run(products)
+        with run.session.recording(extra=True) as requests:
+            d = compute(run.weights)
         return view_json(d, requests)
     finally:
-        products.close()
+        run.session.close()
 
 
 @router.post("/analogy", response_model=responses.Analogy, operation_id="findAnalogy",
@@ -83,7 +83,10 @@ def output_search_view(body: OutputSearchBody, texts: TextsDep) -> dict:
 @router.post("/contexts", response_model=responses.Contexts, operation_id="compareContexts",
              summary="One word in 2 or 3 contexts, layer by layer", responses=VIEW)
 def contexts_view(body: ContextsBody, engine: EngineDep) -> dict:
-    """One word in 2 or 3 prompts: per layer the cosine between its vectors, each context's
-    lens, and its attention; what ``puffergpt contexts`` computes, with the page's extras."""
-    got = contexts.contexts(engine.open, engine.config, body.word, list(body.prompts), body.k)
+    """One word in 2 or 3 prompts, and a control prompt where it means what it does in the first:
+    per layer the cosine between its vectors (the control pair's beside them), each context's
+    lens, and its attention; the word's training count, and the lines read in words; what
+    ``puffergpt contexts`` computes, with the page's extras."""
+    got = contexts.contexts(engine.open, engine.config, body.word, list(body.prompts), body.k, body.control,
+                            engine.token_counts)
     return view_json(got, got["requests"])

@@ -28,9 +28,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, make_dataclass
 from pathlib import Path
 
+from puffergpt import settings
 from puffergpt.texts.text import log
 
 MAX_WORKERS = 64
@@ -60,19 +61,16 @@ def share(total: int, n: int) -> int:
     return max(1, -(-total // n))
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
-    """What a worker needs to serve: sent on its stdin as one JSON line."""
-
-    model: str
-    backend: str
-    data_dir: str | None
-    store_options: dict  # what open_store takes beside data_dir (Store.worker_options, a DSN, a key)
-    config: dict  # ServerConfig's fields
-    max_running: int
-    text_ttl_s: float
-    notebook: str | None = None
-    output_search: str = "exact"  # serve --output-search: how a text's next token is found by default
+# What a worker needs to serve, sent on its stdin as one JSON line: what the server serves, where,
+# and the settings that go to "worker" (puffergpt.settings: named, typed and defaulted there).
+WorkerSpec = make_dataclass("WorkerSpec", [
+    ("model", str),
+    ("data_dir", str | None),
+    ("store_options", dict),  # what open_store takes beside data_dir (the backend's settings, Store.worker_options)
+    ("config", dict),  # ServerConfig's fields
+    ("notebook", str | None),
+    *settings.fields("worker"),
+], frozen=True, namespace={"__module__": __name__})
 
 
 class Worker:
@@ -160,6 +158,13 @@ class Pool:
         if not w.wait_listening(self.start_s) and not self._stopping.is_set():
             log.warning("worker %d did not start again; it is tried again in %.1f s", i, WATCH_S)
 
+    def kill(self, i: int) -> None:
+        """End worker i at once (SIGKILL: a stopped process too); ``_watch`` starts it again."""
+        w = self.workers[i]
+        if w is not None and w.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.kill()
+
     def terminate(self) -> None:
         """Ask every worker to end (SIGTERM: each ends its open requests with their final word)."""
         self._stopping.set()
@@ -167,6 +172,7 @@ class Pool:
             if w is not None and w.proc.poll() is None:
                 with contextlib.suppress(ProcessLookupError):
                     w.proc.send_signal(signal.SIGTERM)
+                    w.proc.send_signal(signal.SIGCONT)  # a stopped one, to hear it
 
     def stop(self, wait_s: float = 15.0) -> None:
         """End every worker: SIGTERM, then SIGKILL after ``wait_s``."""
@@ -210,15 +216,15 @@ def worker_config(fields: dict):
     where the config holds tuples): the parent's, keys and hosts included."""
     from puffergpt.server.state import ServerConfig
 
-    tuples = {k: tuple(fields.get(k) or ()) for k in ("cors_origins", "api_keys")}
-    return ServerConfig(**{**fields, **tuples, "trusted_hosts": tuple(fields.get("trusted_hosts") or ()) or None})
+    return ServerConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in fields.items()})
 
 
 def worker_main() -> None:
     """A worker: its WorkerSpec on stdin; the store opened beside the parent's, the app served
     on a free loopback port, written as {"port": P} on stdout; until SIGTERM or the parent goes."""
     from puffergpt.model import checkpoints
-    from puffergpt.model.reference import NumpyProducts
+    from puffergpt.model.reference import NumpyWeights
+    from puffergpt.model.session import Run
     from puffergpt.search import manifest
     from puffergpt.search.scheduler import Scheduler
     from puffergpt.server.app import create_app, run, server
@@ -236,7 +242,7 @@ def worker_main() -> None:
             from puffergpt import notebook as nb
 
             notebook = nb.Notebook(Path(spec.notebook))
-        app = create_app(engine, config, reference=lambda: NumpyProducts(checkpoints.load(spec.model)),
+        app = create_app(engine, config, reference=lambda: Run(NumpyWeights(checkpoints.load(spec.model))),
                          notebook=notebook)
         engine.ready_texts(spec.max_running)
         sock = socket.socket()
