@@ -83,10 +83,9 @@ def output_search_view(body: OutputSearchBody, texts: TextsDep) -> dict:
 @router.post("/contexts", response_model=responses.Contexts, operation_id="compareContexts",
              summary="One word in 2 or 3 contexts, layer by layer", responses=VIEW)
 def contexts_view(body: ContextsBody, engine: EngineDep) -> dict:
-    """One word in 2 or 3 prompts, and a control prompt where it means what it does in the first:
-    per layer the cosine between its vectors (the control pair's beside them), each context's
-    lens, and its attention; the word's training count, and the lines read in words; what
-    ``puffergpt contexts`` computes, with the page's extras."""
+    """One word in 2 or 3 prompts and an optional control (the first's sense): per layer the
+    cosine of its vectors beside the control pair's, each context's lens and attention, the
+    word's training count, and the lines read in words."""
     got = contexts.contexts(engine.open, engine.config, body.word, list(body.prompts), body.k, body.control,
                             engine.token_counts)
     return view_json(got, got["requests"])
