@@ -36,10 +36,11 @@ def engine(loaded, demo):
     return open_engine(store, demo.name, key)
 
 
-def page_state(t: Text) -> tuple[list[int], int, dict[int, float]]:
+def page_state(t: Text) -> tuple[list[int], int, dict[int, Sampling]]:
     """What the page keeps of a text: every known token id, the text's length, and the
-    generated positions with their temperatures."""
-    return list(t.tokens), t.length, {p: s.temperature for p, s in t.steps.items() if p < len(t.tokens)}
+    generated positions with their temperatures and controls (a step's JSON "controls")."""
+    return list(t.tokens), t.length, {p: s.controls.sampling if s.controls else Sampling(s.temperature)
+                                      for p, s in t.steps.items() if p < len(t.tokens)}
 
 
 def test_a_reopened_text_continues_as_the_original_and_as_numpy(engine, demo):
@@ -75,6 +76,47 @@ def test_a_reopened_text_continues_as_the_original_and_as_numpy(engine, demo):
         b.close_all()
 
 
+LOOP = "Perl was created by Larry Wall in"  # the demo loops here: the penalties move many candidates
+CONTROLLED = Sampling(0, 40, presence_penalty=0.4, frequency_penalty=0.8, repetition_penalty=1.3,
+                      logit_bias={13: 2.0, 262: -3.0})
+
+
+def test_a_reopened_text_shows_the_candidates_its_controls_gave(engine, demo):
+    """Each step's candidates after a reopen equal those before: the top 40 after the controls its
+    generation had (penalties over the tokens read and generated, the bias), each one's logit before them
+    and which controls moved it; and where the reopen is not given the controls, they would not."""
+    a, b = Texts(engine.open), Texts(engine.open)
+    t = a.create(tokenizer.encode(LOOP))
+    n0 = t.length
+    list(t.generate(4, GREEDY))
+    list(t.generate(6, CONTROLLED))  # two generations: the penalties count the first's tokens too
+    ids, length, generated = page_state(t)
+    assert [p for p, s in generated.items() if s.controlled] == list(range(n0 + 4, n0 + 10))
+    r, requests = b.reopen(ids, length, generated)
+    bare, _ = b.reopen(ids, length, {p: Sampling(s.temperature) for p, s in generated.items()})
+    try:
+        assert [q.kind for q in requests].count("wte.top_k") == 1  # still one top-k search for them all
+        moved = 0
+        for p, old in t.steps.items():
+            new = r.steps[p]
+            assert new.phase == "reopened" and new.token_id == old.token_id
+            assert list(new.ids[:40]) == list(old.ids[:40]), f"position {p}"
+            assert_close(f"candidates at {p}", new.logits[:40], old.logits[:40], LOGIT_BOUNDS["inner_product"])
+            assert (new.controls is None) == (old.controls is None)
+            if old.controls is not None:
+                assert list(new.controls.moved[:40]) == list(old.controls.moved[:40])
+                assert_close(f"before the controls at {p}", new.controls.before[:40], old.controls.before[:40],
+                             LOGIT_BOUNDS["inner_product"])
+                moved += int(np.count_nonzero(old.controls.moved[:40]))
+                assert list(bare.steps[p].ids[:40]) != list(old.ids[:40]), f"the controls change nothing at {p}"
+        assert moved > 0  # the controls moved some of the candidates shown
+        # The reopened text continues as the original does under the same controls.
+        assert [s.token_id for s in r.generate(3, CONTROLLED)] == [s.token_id for s in t.generate(3, CONTROLLED)]
+    finally:
+        a.close_all()
+        b.close_all()
+
+
 def test_branching_stepping_and_inspecting_a_reopened_text(engine):
     a, b = Texts(engine.open), Texts(engine.open)
     t = a.create(tokenizer.encode(PROMPT))
@@ -103,9 +145,11 @@ def test_branching_stepping_and_inspecting_a_reopened_text(engine):
 @pytest.mark.parametrize("ids, length, generated, match", [
     ([464, 2068], 0, {}, "length 0 is outside 1..2"),
     ([464, 2068], 3, {}, "length 3 is outside 1..2"),
-    ([464, 2068], 2, {2: 0.0}, "generated position 2 is outside 1..1"),
-    ([464, 2068], 2, {0: 0.0}, "generated position 0 is outside 1..1"),
-    ([464, 2068], 2, {1: -1.0}, "temperature at position 1"),
+    ([464, 2068], 2, {2: Sampling(0.0)}, "generated position 2 is outside 1..1"),
+    ([464, 2068], 2, {0: Sampling(0.0)}, "generated position 0 is outside 1..1"),
+    ([464, 2068], 2, {1: Sampling(-1.0)}, "temperature at position 1"),
+    ([464, 2068], 2, {1: Sampling(0.0, frequency_penalty=3.0)}, "frequency_penalty must be a number in"),
+    ([464, 2068], 2, {1: Sampling(0.0, logit_bias={99999: 1.0})}, "token id 99999 is outside the vocabulary"),
     ([464, 99999], 2, {}, "token id 99999 is outside the vocabulary"),
 ])
 def test_a_bad_reopen_is_refused_and_leaves_no_text(engine, ids, length, generated, match):
@@ -181,6 +225,37 @@ def test_a_text_reopened_over_http_continues_as_the_original(clients, demo):
         ev = b.post(f"/api/texts/{got['id']}/generate", json={"max_tokens": 3, "temperature": 0})
         more = [d["token_id"] for e, d in events(ev.text) if e == "token"]
         assert ids[n0:] + more == Reference(demo).greedy(tokenizer.encode(PROMPT), 7)
+    finally:
+        a.delete(f"/api/texts/{t['id']}")
+        b.delete(f"/api/texts/{got['id']}")
+
+
+def test_a_text_reopened_over_http_keeps_its_controls_candidates(clients):
+    """The page's path: each step's JSON says the controls it was generated with ("controls"), the page
+    sends them back with the reopen, and the reopened steps show the same candidates, before and after."""
+    a, b = clients
+    t = a.post("/api/texts", json={"prompt": LOOP}).json()
+    body = {"max_tokens": 6, "temperature": 0, "frequency_penalty": 0.8, "logit_bias": {"13": 2.0, "262": -3.0}}
+    a.post(f"/api/texts/{t['id']}/generate", json=body)
+    t = a.get(f"/api/texts/{t['id']}").json()
+    assert all(s["controls"] == {"frequency_penalty": 0.8, "logit_bias": {"13": 2.0, "262": -3.0}}
+               for s in t["steps"].values())
+    ids = [x["token_id"] for x in t["tokens"]]
+    generated = [{"position": int(p), "temperature": s["temperature"], "controls": s["controls"]}
+                 for p, s in t["steps"].items()]
+    got = b.post("/api/texts", json={"prompt_ids": ids, "reopen": {"length": t["length"], "generated": generated}})
+    assert got.status_code == 201, got.text
+    got = got.json()
+    try:
+        shown = lambda step: [(c["token_id"], c["moved"]) for c in step["candidates"]][:40]  # noqa: E731
+        for p, s in got["steps"].items():
+            assert s["phase"] == "reopened" and s["controls"] == t["steps"][p]["controls"]
+            assert shown(s) == shown(t["steps"][p]), f"position {p}"
+            for c, old in zip(s["candidates"][:40], t["steps"][p]["candidates"], strict=False):
+                assert abs(c["logit"] - old["logit"]) < 1e-3 and abs(c["logit_before"] - old["logit_before"]) < 1e-3
+        bad = b.post("/api/texts", json={"prompt_ids": ids, "reopen": {"length": t["length"], "generated": [
+            {"position": len(ids) - 1, "temperature": 0, "controls": {"frequency_penalty": 5}}]}})
+        assert bad.status_code == 422 and "frequency_penalty" in bad.text
     finally:
         a.delete(f"/api/texts/{t['id']}")
         b.delete(f"/api/texts/{got['id']}")

@@ -24,7 +24,7 @@ import numpy as np
 
 from puffergpt import settings
 from puffergpt.lens import attribution, inside
-from puffergpt.model import tokenizer
+from puffergpt.model import sampling, tokenizer
 from puffergpt.texts.text import Step, Text
 
 MAX_PROMPT_CHARS = 16 * 1024
@@ -168,6 +168,8 @@ def step_json(step: Step, full: bool = True) -> dict:
         d["candidates"] = [{"rank": i, **c} for i, c in enumerate(step.candidates())]
         d["probs_t1"] = [c["prob"] for c in step.candidates(1.0)]
         d["request_log"] = [request_json(r) for r in step.requests]
+    if step.controls is not None:  # what its candidates are after (a reopen computes them again with these)
+        d["controls"] = sampling.controls_json(step.controls.sampling)
     if step.inspect is not None:
         d |= step_inspect_json(step)
     return d

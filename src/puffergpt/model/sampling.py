@@ -118,6 +118,17 @@ def bias_from_json(raw: dict) -> dict[int, float]:
     return out
 
 
+def controls_json(s: Sampling) -> dict:
+    """The controls a sampling sets (those at their default left out), as /v1 takes them: logit_bias's keys
+    are token ids as strings. What a step says it was generated with, and an insight records."""
+    d = {"min_p": s.min_p, "presence_penalty": s.presence_penalty, "frequency_penalty": s.frequency_penalty,
+         "repetition_penalty": s.repetition_penalty}
+    d = {k: float(v) for k, v in d.items() if v != (1 if k == "repetition_penalty" else 0)}
+    if any(s.logit_bias.values()):
+        d["logit_bias"] = {str(t): float(b) for t, b in sorted(s.logit_bias.items()) if b}
+    return d
+
+
 def search_size(k: int, touched: np.ndarray) -> int:
     """How many of the best candidates before the controls hold the k best after them, with the
     raisable tokens scored apart: k + |touched| (this module's docstring says why)."""

@@ -133,13 +133,8 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
 
-class SamplingBody(Strict):
-    max_tokens: int = Field(32, ge=0, le=MAX_NEW_TOKENS)
-    temperature: float = Field(1.0, ge=0, le=100)
-    top_k: int = Field(40, ge=1, le=tokenizer.VOCAB_SIZE)
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    output_search: Literal["exact", "approximate"] | None = None  # None: as the text has it (the server's default)
-    # the sampling's controls (``sampling.py``), as /v1 takes them
+class ControlsBody(Strict):
+    """The sampling's controls (``sampling.py``), as /v1 takes them."""
     min_p: float = Field(0.0, ge=0, le=1)
     presence_penalty: float = Field(0.0, ge=-PENALTY_RANGE, le=PENALTY_RANGE)
     frequency_penalty: float = Field(0.0, ge=-PENALTY_RANGE, le=PENALTY_RANGE)
@@ -151,20 +146,35 @@ class SamplingBody(Strict):
     def _bias(cls, v):
         return bias_from_json(v)
 
+    def with_controls(self, temperature: float, top_k: int = 40, seed: int | None = None) -> Sampling:
+        return Sampling(temperature, top_k, seed, 1.0, self.min_p, self.presence_penalty, self.frequency_penalty,
+                        self.repetition_penalty, self.logit_bias)
+
+
+class SamplingBody(ControlsBody):
+    max_tokens: int = Field(32, ge=0, le=MAX_NEW_TOKENS)
+    temperature: float = Field(1.0, ge=0, le=100)
+    top_k: int = Field(40, ge=1, le=tokenizer.VOCAB_SIZE)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    output_search: Literal["exact", "approximate"] | None = None  # None: as the text has it (the server's default)
+
     def sampling(self) -> Sampling:
-        return Sampling(self.temperature, self.top_k, self.seed, 1.0, self.min_p, self.presence_penalty,
-                        self.frequency_penalty, self.repetition_penalty, self.logit_bias)
+        return self.with_controls(self.temperature, self.top_k, self.seed)
 
 
 class GeneratedAt(Strict):
     position: int
     temperature: float = Field(..., ge=0, le=100)
+    controls: ControlsBody | None = None  # the controls it was generated with (its step's "controls")
+
+    def sampling(self) -> Sampling:
+        return (self.controls or ControlsBody()).with_controls(self.temperature)
 
 
 class ReopenBody(Strict):
     """What rebuilds a text another server held: of the token ids, the first ``length`` are the
     text (the rest stepped back from), and the positions the model generated, with the
-    temperature each was sampled at (their candidates are recomputed)."""
+    temperature and the controls each was sampled with (their candidates are recomputed after them)."""
     length: int
     generated: list[GeneratedAt] = Field(default_factory=list, max_length=MAX_PROMPT_IDS)
 

@@ -74,12 +74,16 @@ export function applyText(t) {
 
 // What rebuilds the text on any server (POST /api/texts with `reopen`): every known token id,
 // how many of them are the text (the rest stepped back from), and each position the model
-// generated with its temperature (the server recomputes their candidates in one search).
+// generated with its temperature and the controls it was generated with (the server recomputes
+// their candidates after those controls, so they are the ones shown before).
 export function rebuildBody() {
   const generated = [];
   for (let p = 1; p < S.tokens.length; p++) {
     const step = stepAt(p);
-    if (step) generated.push({ position: p, temperature: Number(step.temperature ?? 1) });
+    if (!step) continue;
+    const at = { position: p, temperature: Number(step.temperature ?? 1) };
+    if (step.controls) at.controls = step.controls;
+    generated.push(at);
   }
   return { prompt_ids: S.tokens.map((t) => t.id), reopen: { length: S.length, generated } };
 }

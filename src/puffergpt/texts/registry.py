@@ -8,7 +8,9 @@ import time
 import uuid
 from collections.abc import Callable
 
+from puffergpt.model.sampling import Sampling
 from puffergpt.model.session import Run
+from puffergpt.texts import recompute
 from puffergpt.texts.text import Text, TextError, TextNotFound, log
 
 
@@ -32,11 +34,12 @@ class Texts:
         self._fill(text, lambda: text.append(ids))
         return text
 
-    def reopen(self, ids: list[int], length: int, generated: dict[int, float]) -> tuple[Text, list]:
-        """A text another server held, opened here from what the page kept (``Text.restore``):
+    def reopen(self, ids: list[int], length: int, generated: dict[int, Sampling]) -> tuple[Text, list]:
+        """A text another server held, opened here from what the page kept (``recompute.restore``): its
+        token ids, and each generated position's sampling (its temperature and controls).
         -> (the text, the requests reopening it cost)"""
         text = self._open()
-        return text, self._fill(text, lambda: text.restore(ids, length, generated))
+        return text, self._fill(text, lambda: recompute.restore(text, ids, length, generated))
 
     def _open(self) -> Text:
         """A new, empty text, counted among the open ones (at most ``max_open``)."""

@@ -18,8 +18,8 @@ Reading is batched: all unread tokens go through each matrix in one request (pre
 
 Texts are opened two ways: ``Texts``, the open texts of one engine (the server's: a bound on how many, expiry when
 idle, closing drops their keys), and ``opened``, a text of its own closed on any exit (a completion's, a test's).
-A text another server held (one that went away) is reopened from what the page kept, its token ids
-(``Text.restore``): one prefill.
+A text another server held (one that went away) is reopened from what the page kept, its token ids and the
+sampling of each generated position (``recompute.restore``): one prefill.
 """
 
 from __future__ import annotations
@@ -245,43 +245,6 @@ class Text:
             token_id = int(ids[rank])
         self.check_tokens([token_id], at=p)
         self._set(p, int(token_id))
-
-    @edit
-    def restore(self, ids: list[int], length: int, generated: dict[int, float]) -> list:
-        """Make this new, empty text the one another server held, from what the page kept of it:
-        its known tokens ``ids`` (the first ``length`` are the text, the rest stepped back from),
-        all read in one prefill, and the candidates of each generated position (``generated``:
-        position -> the temperature it was sampled at) recomputed in one top-k search from the
-        hidden states the prefill leaves. -> the requests it cost"""
-        if self.tokens:
-            raise TextError("reopen: only a new, empty text can be reopened")
-        self.check_tokens(ids)
-        n = len(ids)
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or not 1 <= length <= n:
-            raise TextError(f"reopen: length {length!r} is outside 1..{n} (the token ids given)")
-        for p, temperature in generated.items():
-            if isinstance(p, bool) or not isinstance(p, (int, np.integer)) or not 1 <= p < n:
-                raise TextError(f"reopen: generated position {p!r} is outside 1..{n - 1}")
-            if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
-                raise TextError(f"reopen: the temperature at position {p} must be a number >= 0, got {temperature!r}")
-        self._replace_from(0, list(map(int, ids)))
-        with self.session.recording() as requests:
-            self._read()
-            self._recompute(generated)
-        self.length = int(length)
-        return requests
-
-    def _recompute(self, generated: dict[int, float]) -> None:
-        """Steps for positions another server generated: their candidates from one top-k search,
-        a query a position (the lock held, the tokens read)."""
-        ps = sorted(generated)
-        if not ps:
-            return
-        x = np.stack([self.hidden[p - 1] for p in ps])  # (n, C): the hidden state that predicts each
-        got = self.weights.top_k_many(x, KEEP_CANDIDATES, kind="wte.top_k")
-        for p, (ids, logits) in zip(ps, got, strict=True):
-            self.steps[p] = Step(p, self.tokens[p], np.asarray(ids), np.asarray(logits, np.float64),
-                                 float(generated[p]), phase="reopened")
 
     def used(self) -> bool:
         """The text is in use now: its idle clock starts again and its keys are kept from other

@@ -55,7 +55,7 @@ def create(body: CreateBody, texts: TextsDep) -> dict:
     if body.reopen is None:
         return text_json(texts.create(ids))
     t0 = time.perf_counter()
-    generated = {g.position: g.temperature for g in body.reopen.generated}
+    generated = {g.position: g.sampling() for g in body.reopen.generated}
     text, requests = texts.reopen(ids, body.reopen.length, generated)
     with text.lock:
         return text_json(text) | {"reopened": {
