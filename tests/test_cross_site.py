@@ -24,6 +24,7 @@ from puffergpt import notebook as nb
 from puffergpt.cli import main
 from puffergpt.model import tokenizer
 from puffergpt.model.reference import NumpyWeights
+from puffergpt.model.sampling import Sampling
 from puffergpt.model.session import Run
 from puffergpt.search.engine import Engine
 from puffergpt.search.manifest import open_engine
@@ -121,7 +122,7 @@ class Served:
 def evidence(engine: Engine, name: str) -> dict:
     """An insight's evidence: the model's top 5 after "hello there"."""
     ids = tokenizer.encode("hello there")
-    top, logits = nb.candidates_from_runs(engine.open)(ids, len(ids), 5)
+    top, logits = nb.candidates_from_runs(engine.open)(ids, len(ids), 5, Sampling(), [])
     return {"kind": "token", "model": name, "prompt_ids": ids, "position": len(ids), "token_id": top[0],
             "sampling": {"temperature": 1.0, "top_k": 5, "seed": None},
             "candidates": [{"token_id": i, "logit": v} for i, v in zip(top, logits, strict=True)]}

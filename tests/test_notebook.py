@@ -89,12 +89,28 @@ def evidence(tiny) -> dict:
     return step_evidence(Run(NumpyWeights(tiny)), tiny.name, n=1, s=Sampling(1.0, 5, 3))
 
 
+def after_controls(logits: np.ndarray, s: Sampling, seen: list[int], generated: list[int]) -> np.ndarray:
+    """The controls as their definitions say, written out apart from sampling.py: transformers'
+    RepetitionPenaltyLogitsProcessor over every token read, then OpenAI's penalties over the
+    generated tokens, then the bias. (V,) -> (V,)"""
+    x = np.asarray(logits, np.float64).copy()
+    if s.repetition_penalty != 1:
+        seen = np.unique(seen)
+        x[seen] = np.where(x[seen] < 0, x[seen] * s.repetition_penalty, x[seen] / s.repetition_penalty)
+    count = np.bincount(np.asarray(generated, np.int64), minlength=len(x))
+    x -= count * s.frequency_penalty + (count > 0) * s.presence_penalty
+    for t, b in s.logit_bias.items():
+        x[t] += b
+    return x
+
+
 def numpy_candidates_at(ckpt):
-    """The independent check: a full numpy forward over prompt_ids[:position]."""
+    """The independent check: a full numpy forward over prompt_ids[:position], the controls applied."""
     ref = Reference(ckpt)
 
-    def at(ids, position, k):
-        logits = ref.logits(list(ids[:position]))[-1]  # (V,)
+    def at(ids, position, k, s, generated):
+        seen = list(ids[:position])
+        logits = after_controls(ref.logits(seen)[-1], s, seen, [ids[q] for q in generated])  # (V,)
         top = np.argsort(-logits, kind="stable")[:k]
         return top.tolist(), logits[top].tolist()
 
@@ -710,8 +726,9 @@ def test_an_unknown_format_is_refused_with_a_reason(tmp_path):
     book = Notebook(tmp_path / "nb")
     ins = book.save("t", "b", [])
     path = book.path / ins.path
-    path.write_text(path.read_text().replace("version: 2", "version: 4"))
-    with pytest.raises(NotebookError, match="format 4; this puffergpt reads formats 1, 2, 3: upgrade"):
+    path.write_text(path.read_text().replace("version: 2", "version: 5"))
+    with pytest.raises(NotebookError, match=r"format 5; this puffergpt reads formats 1, 2, 3, 4: upgrade puffergpt "
+                                            r"\(pip install -U puffergpt\)"):
         book.get(ins.id)
 
 

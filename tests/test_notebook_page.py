@@ -22,6 +22,7 @@ from playwright.sync_api import expect
 
 from puffergpt import notebook as nb
 from puffergpt.model.reference import NumpyWeights
+from puffergpt.model.sampling import Sampling
 from puffergpt.model.session import Run
 from puffergpt.notebook import Notebook
 from puffergpt.search.manifest import open_engine
@@ -79,7 +80,7 @@ def save_from_token(p, title, body="", tags=""):
 
 def numpy_top(demo, ids, position, k):
     """The reference: numpy GPT-2's top-k for the token at position, through the same application path."""
-    return nb.candidates_from_runs(lambda: Run(NumpyWeights(demo)))(ids, position, k)
+    return nb.candidates_from_runs(lambda: Run(NumpyWeights(demo)))(ids, position, k, Sampling(), [])
 
 
 def test_save_a_hostile_title_from_a_token_find_it_in_git_list_and_replay(page, served):

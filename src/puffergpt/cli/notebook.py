@@ -93,10 +93,13 @@ def replay(insight_id, model, engine, backend, backend_settings, as_json, notebo
         click.echo(f"{ins.id} at position {ins.evidence['position']} with {model or ins.model} ({engine}): "
                    f"{verdict}: same ids in the same order: {same}, "
                    f"max |logit diff| {diff} (tolerance {r['tolerance']:g}) over {len(r['now'])} candidates")
+        if r["controls"]:
+            click.echo(f"  replayed after the controls it records: {json.dumps(r['controls'])}")
         for d in r["first_differences"]:
             dd = "missing now" if d["diff"] is None else f"diff {d['diff']:.3g}"
+            by = f", moved by {', '.join(d['moved'])}" if d["moved"] else ""
             click.echo(f"  rank {d['rank']}: stored {d['stored']['token_id']} ({d['stored']['logit']:.6f}), "
-                       f"now {d['now']['token_id']} ({d['now']['logit']:.6f}), {dd}")
+                       f"now {d['now']['token_id']} ({d['now']['logit']:.6f}), {dd}{by}")
         if d := r["data"]:
             diff = "n/a" if d["max_abs_diff"] is None else f"{d['max_abs_diff']:.3g}"
             tol = d["weight_tolerance"] or d["tolerance"]

@@ -363,7 +363,8 @@ def make_server(backend: Backend, name: str = "puffergpt"):
                      evidence: dict[str, Any] | None = None) -> dict[str, Any]:
         """Save what the learner understood as an insight in their notebook: one Markdown file,
         one git commit. evidence is optional (an insight from this conversation has none; the
-        playground's "Save as insight" attaches a token's candidates). Returns the file and commit."""
+        playground's "Save as insight" attaches a token's candidates, and the sampling's controls
+        they are after, checked as /v1 bounds them). Returns the file and commit."""
         with tool_errors():
             return backend.save_insight(title, body, list(tags or []), evidence)
 

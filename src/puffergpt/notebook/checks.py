@@ -11,7 +11,9 @@ from collections.abc import Sequence
 
 from puffergpt.lens.inside import MAX_VIEW_K
 from puffergpt.model import tokenizer
+from puffergpt.model.sampling import Sampling, bias_from_json, controls_json
 from puffergpt.notebook.insight import (
+    CONTROL_KEYS,
     EVIDENCE_KEYS,
     ID_RE,
     KINDS,
@@ -122,12 +124,7 @@ def check_evidence(ev, n_vocab: int = tokenizer.VOCAB_SIZE) -> dict:
     token = _int(ev["token_id"], "token_id", 0, n_vocab)
     if p < len(ids) and ids[p] != token:
         raise InvalidInsight(f"evidence token_id {token} is not the token at position {p} of prompt_ids ({ids[p]})")
-    s = _keys(ev["sampling"], "sampling", ("temperature", "top_k", "seed"))
-    sampling = {"temperature": _number(s["temperature"], "sampling.temperature"),
-                "top_k": _int(s["top_k"], "sampling.top_k", 1, n_vocab + 1),
-                "seed": None if s["seed"] is None else _int(s["seed"], "sampling.seed", 0, 2**63)}
-    if sampling["temperature"] < 0:
-        raise InvalidInsight(f"evidence sampling.temperature must be >= 0, got {sampling['temperature']}")
+    sampling = _sampling(ev["sampling"], n_vocab)
     cands = ev["candidates"]
     if not isinstance(cands, list) or not 1 <= len(cands) <= MAX_CANDIDATES:
         raise InvalidInsight(f"evidence candidates must be a list of 1 to {MAX_CANDIDATES} {{token_id, logit}}")
@@ -138,6 +135,8 @@ def check_evidence(ev, n_vocab: int = tokenizer.VOCAB_SIZE) -> dict:
         raise InvalidInsight("evidence candidates repeat a token_id: each candidate is a different token")
     out = {"kind": ev["kind"], "model": model.strip(), "prompt_ids": ids, "position": p, "token_id": token,
            "sampling": sampling, "candidates": cands}
+    if "generated" in ev or _counts_generated(sampling):
+        out["generated"] = _generated(ev.get("generated"), p)
     if "requests" in ev:
         out["requests"] = _requests(ev["requests"])
     if "data" in ev:
@@ -146,6 +145,51 @@ def check_evidence(ev, n_vocab: int = tokenizer.VOCAB_SIZE) -> dict:
     if size > MAX_EVIDENCE_BYTES:
         raise InvalidInsight(f"the evidence is {size:,} bytes as JSON, at most {MAX_EVIDENCE_BYTES:,}: "
                              "attach fewer candidates or less kind-specific data")
+    return out
+
+
+def _sampling(s, n_vocab: int) -> dict:
+    """{"temperature", "top_k", "seed"} and the controls set (format 4), bounded as /v1 bounds them, each
+    refused naming its field; -> the controls at their defaults left out, logit_bias's keys as strings."""
+    s = _keys(s, "sampling", ("temperature", "top_k", "seed"), CONTROL_KEYS)
+    out = {"temperature": _number(s["temperature"], "sampling.temperature"),
+           "top_k": _int(s["top_k"], "sampling.top_k", 1, n_vocab + 1),
+           "seed": None if s["seed"] is None else _int(s["seed"], "sampling.seed", 0, 2**63)}
+    if out["temperature"] < 0:
+        raise InvalidInsight(f"evidence sampling.temperature must be >= 0, got {out['temperature']}")
+    given = {k: _number(s[k], f"sampling.{k}") for k in CONTROL_KEYS if k in s and k != "logit_bias"}
+    if "logit_bias" in s:
+        if not isinstance(s["logit_bias"], dict):
+            raise InvalidInsight("evidence sampling.logit_bias must be an object of token ids (as strings) -> "
+                                 f"a bias in -100..100, got {type(s['logit_bias']).__name__}")
+        try:
+            given["logit_bias"] = bias_from_json(s["logit_bias"])
+        except ValueError as e:
+            raise InvalidInsight(f"evidence sampling.logit_bias: {e}") from None
+    try:  # the bounds /v1 and the page have: sampling.py's one check
+        controls = Sampling(out["temperature"], out["top_k"], out["seed"], **given).check(n_vocab)
+    except ValueError as e:
+        raise InvalidInsight(f"evidence sampling.{e}") from None
+    return out | controls_json(controls)
+
+
+def _counts_generated(sampling: dict) -> bool:
+    """Whether the controls count the tokens the model generated (OpenAI's penalties)."""
+    return bool(sampling.get("presence_penalty") or sampling.get("frequency_penalty"))
+
+
+def _generated(ps, position: int) -> list[int]:
+    """The positions before ``position`` the model generated, increasing (a presence or frequency
+    penalty counts their tokens, so replay needs them)."""
+    if ps is None:
+        raise InvalidInsight(f"evidence generated is needed with a presence or frequency penalty (they count the "
+                             f"tokens the model generated): list the positions before {position} it generated, "
+                             "[] for none")
+    if not isinstance(ps, list):
+        raise InvalidInsight(f"evidence generated must be a list of positions, got {type(ps).__name__}")
+    out = [_int(q, f"generated[{i}]", 1, position) for i, q in enumerate(ps)]
+    if any(b <= a for a, b in zip(out, out[1:], strict=False)):
+        raise InvalidInsight("evidence generated must list each position once, in increasing order")
     return out
 
 

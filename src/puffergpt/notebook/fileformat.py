@@ -11,8 +11,17 @@ import unicodedata
 import yaml
 
 from puffergpt.model import tokenizer
+from puffergpt.notebook import controls
 from puffergpt.notebook.checks import check_evidence
-from puffergpt.notebook.insight import EVIDENCE_FORMAT, FORMAT_VERSION, FORMATS, Insight, InvalidInsight, NotebookError
+from puffergpt.notebook.insight import (
+    CONTROLS_FORMAT,
+    FORMAT_VERSION,
+    FORMATS,
+    UPGRADE,
+    Insight,
+    InvalidInsight,
+    NotebookError,
+)
 
 
 def _fence(text: str, char: str = "`") -> str:
@@ -38,6 +47,7 @@ def render_evidence(ev: dict) -> str:
              f"- model: {_shown(ev['model'])}",
              f"- position {p}: token {ev['token_id']} {_shown(token)}",
              f"- sampling: temperature {s['temperature']:g}, top-k {s['top_k']}, seed {s['seed']}",
+             *controls.readable(ev),
              "", f"What the model had read ({p} tokens):", "", fence + "text", prompt, fence, "",
              f"Its {len(ev['candidates'])} candidates, best first:", ""]
     rows = [f"{'rank':>4}  {'token id':>8}  {'logit':>12}  token"]
@@ -57,7 +67,8 @@ def render_evidence(ev: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-JSON_HEADING = f"### Evidence data (format {EVIDENCE_FORMAT})"
+def json_heading(version: int) -> str:
+    return f"### Evidence data (format {version})"
 
 
 def evidence_json(ev: dict) -> str:
@@ -78,14 +89,15 @@ def evidence_json(ev: dict) -> str:
 
 def render(ins: Insight) -> str:
     ev = ins.evidence
-    front = {"version": EVIDENCE_FORMAT if ev else FORMAT_VERSION, "id": ins.id, "title": ins.title, "date": ins.date,
-             "model": ins.model, "kind": ev["kind"] if ev else None, "tags": ins.tags}
+    front = {"version": controls.version_of(ev) if ev else FORMAT_VERSION, "id": ins.id, "title": ins.title,
+             "date": ins.date, "model": ins.model, "kind": ev["kind"] if ev else None, "tags": ins.tags}
     yaml_text = yaml.safe_dump(front, allow_unicode=True, sort_keys=False, width=10**6)
     if ev is None:  # format 2: the words only
         return f"---\n{yaml_text}---\n\n{ins.body}\n" if ins.body else f"---\n{yaml_text}---\n"
     data = evidence_json(ins.evidence)
     body = ins.body + "\n\n" if ins.body else ""
-    return f"---\n{yaml_text}---\n\n{body}{render_evidence(ins.evidence)}\n{JSON_HEADING}\n\n```json\n{data}\n```\n"
+    heading = json_heading(front["version"])
+    return f"---\n{yaml_text}---\n\n{body}{render_evidence(ins.evidence)}\n{heading}\n\n```json\n{data}\n```\n"
 
 
 def _scalar(v) -> bool:
@@ -108,7 +120,7 @@ def parse(text: str, path: str) -> Insight:
         raise NotebookError(f"{path}: the front matter lacks id, title, date, model, tags or version")
     if front["version"] not in FORMATS:
         raise NotebookError(f"{path}: format {front['version']!r}; this puffergpt reads formats "
-                            f"{', '.join(map(str, FORMATS))}: upgrade puffergpt")
+                            f"{', '.join(map(str, FORMATS))}: upgrade puffergpt ({UPGRADE})")
     no_evidence = front["version"] == 2
     needed = ("id", "title", "date") if no_evidence else ("id", "title", "date", "model")
     # A list or a mapping (YAML aliases can nest one a billion strings deep) is not what a save
@@ -133,6 +145,9 @@ def parse(text: str, path: str) -> Insight:
         ev = check_evidence(json.loads(text[start + 9:stop]))
     except (ValueError, InvalidInsight) as e:
         raise NotebookError(f"{path}: the evidence data does not read back: {e}") from None
+    if controls.controlled(ev) and front["version"] < CONTROLS_FORMAT:  # what an older puffergpt would misread
+        raise NotebookError(f"{path}: format {front['version']} has no sampling controls, and its evidence records "
+                            f"some: a file with them is format {CONTROLS_FORMAT} (version: {CONTROLS_FORMAT})")
     heading = text.rfind(f"\n### Evidence data (format {front['version']})", 0, start)  # format 1's too
     rest = text[end + 5:heading if heading >= 0 else start]
     readable = render_evidence(ev)

@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
+from puffergpt.model.sampling import Sampling
 from puffergpt.texts.text import KEEP_CANDIDATES
 
 FORMAT_VERSION = 2  # an insight without evidence is written in format 2
@@ -14,7 +15,12 @@ FORMAT_VERSION = 2  # an insight without evidence is written in format 2
 # "ablation" and the data replay re-checks. A format 1 file still reads (its data is re-checked
 # too); a puffergpt older than format 3 refuses a format 3 file, naming the upgrade.
 EVIDENCE_FORMAT = 3
-FORMATS = (1, 2, 3)  # the formats this puffergpt reads
+# Evidence whose sampling sets a control (penalties, logit_bias, min_p) is written in format 4:
+# format 3 with those in its sampling and the positions the model generated (``generated``). Evidence
+# without one is still format 3, which a puffergpt older than format 4 reads.
+CONTROLS_FORMAT = 4
+FORMATS = (1, 2, 3, 4)  # the formats this puffergpt reads
+UPGRADE = "pip install -U puffergpt"  # what reads a newer format
 NO_EVIDENCE = "no evidence (saved from a conversation)"
 NOTHING_TO_REPLAY = ("nothing to replay: this insight has no evidence (it was saved from a conversation, "
                      "not from the playground), so there are no scores to recompute")
@@ -37,15 +43,18 @@ ID_RE = re.compile(r"[a-z0-9][a-z0-9-]{0,99}")
 TAG_RE = re.compile(r"[\w][\w.+-]*")
 SLUG_CHARS = 60
 EVIDENCE_KEYS = ("kind", "model", "prompt_ids", "position", "token_id", "sampling", "candidates")
-OPTIONAL_KEYS = ("requests", "data")
+OPTIONAL_KEYS = ("requests", "data", "generated")
+# The sampling's controls an evidence may record (format 4), as /v1 takes them (``sampling.controls_json``)
+CONTROL_KEYS = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias")
 GIT_TIMEOUT_S = 60
 PUSH_TIMEOUT_S = 300
 # Used only where the user's git has no identity configured.
 DEFAULT_NAME, DEFAULT_EMAIL = "puffergpt notebook", "notebook@puffergpt.invalid"
 
-CandidatesAt = Callable[[Sequence[int], int, int], tuple[Sequence[int], Sequence[float]]]
-"""candidates_at(prompt_ids, position, k) -> (ids, logits): the model's top-k for the token
-at ``position``, having read prompt_ids[:position], best first."""
+CandidatesAt = Callable[[Sequence[int], int, int, Sampling, Sequence[int]], tuple[Sequence[int], Sequence[float]]]
+"""candidates_at(prompt_ids, position, k, sampling, generated) -> (ids, logits): the model's top-k
+for the token at ``position``, having read prompt_ids[:position], after the sampling's controls
+(the penalties count the tokens at the positions ``generated``, those the model wrote), best first."""
 
 
 class NotebookError(Exception):

@@ -52,6 +52,10 @@ function controlsBody() {
   return body;
 }
 
+// The controls a sampling body sets (controlsBody's keys), as an insight records them.
+const CONTROL_KEYS = ["min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"];
+const controlsOf = (body) => Object.fromEntries(CONTROL_KEYS.filter((k) => k in body).map((k) => [k, body[k]]));
+
 function samplingBody() {
   const body = {
     max_tokens: readNumber("max-tokens", 1, S.info ? S.info.max_new_tokens : 512, "Max tokens", 20),
@@ -75,15 +79,16 @@ async function ensureText() {
 
 // A new text for this prompt (the old one is closed): the prompt box shows it.
 // Open a new text from the prompt box's text, or from exact token ids (a reopened
-// insight: the text is those tokens even where the tokenizer would split its text otherwise).
-export async function openPrompt(prompt, ids = null) {
+// insight: the text is those tokens even where the tokenizer would split its text otherwise),
+// with `reopen` the positions of them the model generated (the penalties count their tokens).
+export async function openPrompt(prompt, ids = null, reopen = null) {
   $("prompt").value = prompt;
   const old = S.textId;
   resetText();
   setNotice("");
   renderAll();
   if (old) api("DELETE", textPath(old)).catch(() => {});
-  const t = await api("POST", "/api/texts", ids ? { prompt_ids: ids } : { prompt });
+  const t = await api("POST", "/api/texts", ids ? { prompt_ids: ids, ...(reopen ? { reopen } : {}) } : { prompt });
   S.prompt = prompt;
   S.promptLen = t.length;
   applyText(t);
@@ -95,7 +100,7 @@ function onToken(data, got, live, body) {
   applyStep(data);
   const step = S.memo.get(keyAt(data.position));
   if (step) {
-    step.sampling = { temperature: body.temperature, top_k: body.top_k, seed: body.seed };
+    step.sampling = { temperature: body.temperature, top_k: body.top_k, seed: body.seed, ...controlsOf(body) };
     // The server draws a generation's tokens from one seeded stream, in turn: a seeded
     // token is drawn again only by the same generation from its start (notebook.js, Reopen).
     step.generation = { start: data.position - (got - 1) };

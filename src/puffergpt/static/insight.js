@@ -11,12 +11,21 @@ const SHOWN_CANDIDATES = 10; // listed in the readable evidence; the rest are co
 
 // --- the evidence -----------------------------------------------------------------
 
-// The sampling a step was generated with: the page records it as it generates
-// (actions.js); a step it did not generate (none today) falls back to what it carries.
+// The sampling a step was generated with, its controls too: the page records it as it generates
+// (actions.js); a step it did not generate here (a reopened text's) falls back to what it carries
+// (its temperature, and the controls its JSON names).
 function samplingOf(step) {
   if (step.sampling) return { ...step.sampling };
-  return { temperature: step.temperature ?? 1, top_k: Math.max(1, step.candidates.length), seed: null };
+  return { temperature: step.temperature ?? 1, top_k: Math.max(1, step.candidates.length), seed: null, ...(step.controls || {}) };
 }
+
+const CONTROLS = ["min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "logit_bias"];
+const hasControls = (s) => CONTROLS.some((k) => k in s);
+
+// The positions before p the model generated (those with a step, as a reopen sends them: state.js,
+// rebuildBody): the presence and frequency penalties count their tokens, so an insight with controls
+// records them to replay.
+const generatedBefore = (p) => Array.from({ length: Math.max(0, p - 1) }, (_, i) => i + 1).filter((q) => stepAt(q));
 
 // Scalars only: the notebook keeps each request as a flat record.
 const requestsOf = (step) => (step.request_log || []).map((r) => Object.fromEntries(
@@ -51,6 +60,7 @@ export function tokenEvidence(kind, p = S.selected, view = null) {
     sampling: step ? samplingOf(step) : { temperature: 0, top_k: candidates.length, seed: null },
     candidates,
   };
+  if (hasControls(ev.sampling)) ev.generated = generatedBefore(p);
   const requests = step ? requestsOf(step) : [];
   if (requests.length) ev.requests = requests;
   if (step && step.generation) ev.data = { generation: { start: step.generation.start } };
@@ -71,6 +81,8 @@ export function readable(ev, texts) {
     `kind: ${ev.kind}`, `model: ${ev.model}`,
     `position ${ev.position}: token ${tok(ev.token_id)}`,
     `sampling: temperature ${s.temperature}, top-k ${s.top_k}, seed ${s.seed === null ? "none" : s.seed}`,
+    ...(hasControls(s) ? [`controls: ${CONTROLS.filter((k) => k in s).map((k) => `${k} ${JSON.stringify(s[k])}`).join(", ")}` +
+      (ev.generated ? `; the penalties count the tokens the model generated at ${ev.generated.length ? "positions " + ev.generated.join(", ") : "no position before it"}` : "")] : []),
     "", `What the model had read (${ev.position} tokens):`,
     // as a JSON string: its spaces and new lines are seen, and nothing ends the block
     texts.prompt === null ? `token ids ${ev.prompt_ids.slice(0, ev.position).join(" ")}` : JSON.stringify(texts.prompt),

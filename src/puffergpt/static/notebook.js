@@ -180,6 +180,12 @@ function setSampling(s) {
   temp.dispatchEvent(new Event("input"));
   $("top-k").value = String(s.top_k);
   $("seed").value = s.seed === null ? "" : String(s.seed);
+  // the controls it recorded (format 4), the others back at "none"
+  $("frequency-penalty").value = String(s.frequency_penalty ?? 0);
+  $("presence-penalty").value = String(s.presence_penalty ?? 0);
+  $("repetition-penalty").value = String(s.repetition_penalty ?? 1);
+  $("min-p").value = String(s.min_p ?? 0);
+  $("logit-bias").value = Object.entries(s.logit_bias || {}).map(([t, b]) => `${t}=${b}`).join(", ");
 }
 
 // Where a seeded, sampled token's generation began (the page records it with the
@@ -195,13 +201,17 @@ function generationOf(ev) {
 
 const same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
 
-// A new text of exactly these ids, checked.
-async function openIds(ids) {
-  await openPrompt(joined(ids, await lookUp(ids, knownTokens())) ?? "", ids);
+// A new text of exactly these ids, checked; the positions of them the insight says the model
+// generated are reopened as generated (its penalties count their tokens, as when it was saved).
+async function openIds(ids, ev) {
+  const gen = (ev.generated || []).filter((q) => q < ids.length);
+  const reopen = gen.length ? { length: ids.length, generated: gen.map((q) => ({ position: q, temperature: ev.sampling.temperature })) } : null;
+  await openPrompt(joined(ids, await lookUp(ids, knownTokens())) ?? "", ids, reopen);
   if (!same(S.tokens.map((t) => t.id), ids)) throw new Error("the server opened other tokens than the recorded ones");
 }
 
-const sampling = (ev, n) => ({ max_tokens: n, temperature: ev.sampling.temperature, top_k: ev.sampling.top_k, seed: ev.sampling.seed });
+// The insight's sampling for a generation of n tokens, with the controls it recorded (format 4).
+const sampling = (ev, n) => ({ ...ev.sampling, max_tokens: n });
 const textOf = (id) => { const t = knownTokens().get(id); return t ? ` (${JSON.stringify(t.text)})` : ""; };
 
 // The insight's text, back at its token. A seeded sampled token is drawn again: its
@@ -239,7 +249,7 @@ async function reopen(ins, out, button) {
 async function rerun(ev, gen, say) {
   if (!gen) return false;
   const ids = ev.prompt_ids.slice(0, gen.start);
-  await openIds(ids);
+  await openIds(ids, ev);
   say.push(`Opened a new text of the ${ids.length} tokens the model had read when this generation began, the recorded token ids.`);
   await generate({ keepText: true, sampling: sampling(ev, gen.n) });
   const want = [...ev.prompt_ids.slice(gen.start, ev.position), ev.token_id];
@@ -255,7 +265,7 @@ async function rerun(ev, gen, say) {
 async function atToken(ev, say) {
   const p = ev.position;
   const ids = ev.prompt_ids.slice(0, p);
-  await openIds(ids);
+  await openIds(ids, ev);
   say.push(`Opened a new text of the ${ids.length} tokens the model had read, the recorded token ids.`);
   await generate({ keepText: true, sampling: sampling(ev, 1) });
   if (!S.tokens[p]) return false;
