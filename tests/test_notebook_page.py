@@ -389,3 +389,65 @@ def test_an_insight_from_a_conversation_shows_no_evidence_and_no_replay(page, se
     expect(detail.locator(".nb-body")).to_have_text("Words only.")
     expect(detail.locator(".nb-no-evidence")).to_have_text("no evidence (saved from a conversation): nothing to replay")
     expect(detail.locator(".nb-replay")).to_have_count(0)
+
+
+def test_a_token_generated_with_a_penalty_and_a_bias_saves_reopens_and_replays_after_them(browser, page, served):
+    """The controls (issue 44) on a token an insight is saved from: the evidence records them and the
+    positions the model generated (format 4), replay matches after them, Reopen at this token gives the
+    same candidates; and the text itself, reopened on a server that lost it, shows the same candidates."""
+    url, book, demo = served
+    p = page.page
+    p.locator("#penalties").evaluate("d => { d.open = true; }")
+    p.fill("#frequency-penalty", "0.8")
+    p.fill("#logit-bias", "13=2, 198=-3")  # 198 ("\n") is among the best candidates there
+    generate(p, "Perl was created by Larry Wall in", n=4)
+    expect(generated(p)).to_have_count(4)
+    text = text_of(url, p)
+    first = int(generated(p).nth(0).get_attribute("data-position"))
+    position = int(generated(p).nth(1).get_attribute("data-position"))
+    generated(p).nth(1).click()
+    p.click("#candidates .save-insight")
+    expect(p.locator("#insight-evidence")).to_contain_text('controls: frequency_penalty 0.8, logit_bias {"13":2,"198":-3}')
+    p.click("#insight-cancel")
+    path, _ = save_from_token(p, "A penalty and a bias")
+    p.click("#insight-cancel")
+    content = (book / path).read_text(encoding="utf-8")
+    assert content.startswith("---\nversion: 4\n") and "### Evidence data (format 4)" in content
+    ev = json.loads(content.split("```json\n")[1].split("\n```")[0])
+    assert ev["sampling"] == {"temperature": 0.0, "top_k": 40, "seed": None, "frequency_penalty": 0.8,
+                              "logit_bias": {"13": 2.0, "198": -3.0}}
+    assert ev["position"] == position and ev["generated"] == [first]
+    step = text["steps"][str(position)]
+    assert ev["candidates"] == [{"token_id": c["token_id"], "logit": c["logit"]} for c in step["candidates"]]
+    ids = ev["prompt_ids"]
+    assert numpy_top(demo, ids, position, 40)[0] != [c["token_id"] for c in ev["candidates"]]  # the controls matter
+    insight_id = path.split("/")[1][:-3]
+    api = httpx.post(f"{url}/api/insights/{insight_id}/replay").json()
+    assert api["matches"] and api["controls"] == {"frequency_penalty": 0.8, "logit_bias": {"13": 2.0, "198": -3.0}}
+
+    # The text's server loses it: the page reopens it with each step's controls, and the candidates are the same.
+    old_id = text["id"]
+    httpx.delete(f"{url}/api/texts/{old_id}")
+    generated(p).nth(2).click()  # its probabilities over every token: the server answers text_not_found
+    expect(p.locator("#notice")).to_contain_text("reopened", timeout=TIMEOUT_MS)
+    again = text_of(url, p)
+    assert again["id"] != old_id
+    for q, s in text["steps"].items():
+        got = again["steps"][q]
+        assert got["phase"] == "reopened" and got["controls"] == s["controls"]
+        assert [c["token_id"] for c in got["candidates"][:40]] == [c["token_id"] for c in s["candidates"][:40]]
+
+    # Reopen at this token, on a fresh page: the candidates are the recorded ones, after the same controls.
+    ctx, w = open_page(browser, url)
+    fresh = w.page
+    fresh.locator(f'#nb-list .nb-item[data-id="{insight_id}"] .nb-open').click()
+    fresh.locator("#nb-detail .nb-reopen").click()
+    said = fresh.locator("#nb-detail .nb-reopened")
+    expect(said.last).to_contain_text(f"Back at position {position}")
+    expect(said.last).to_contain_text("have the same ids")
+    reopened = text_of(url, fresh)
+    assert [c["token_id"] for c in reopened["steps"][str(position)]["candidates"]] == \
+        [c["token_id"] for c in ev["candidates"]]
+    assert fresh.locator("#frequency-penalty").input_value() == "0.8"
+    assert not w.errors, w.errors
+    ctx.close()
