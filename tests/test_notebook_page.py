@@ -430,6 +430,7 @@ def test_a_token_generated_with_a_penalty_and_a_bias_saves_reopens_and_replays_a
     httpx.delete(f"{url}/api/texts/{old_id}")
     generated(p).nth(2).click()  # its probabilities over every token: the server answers text_not_found
     expect(p.locator("#notice")).to_contain_text("reopened", timeout=TIMEOUT_MS)
+    expect(p.locator("#tokens")).to_have_attribute("data-text-id", re.compile(rf"^(?!{old_id})[0-9a-f]{{12}}$"))
     again = text_of(url, p)
     assert again["id"] != old_id
     for q, s in text["steps"].items():
