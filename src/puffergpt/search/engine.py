@@ -82,6 +82,7 @@ class Engine:
         if not text_ttl_s > 0:
             raise ValueError(f"the text TTL must be a positive number of seconds, got {text_ttl_s!r}")
         self.text_ttl_s, self.clock = float(text_ttl_s), clock
+        self.keeper = sweeper.Keeper(self.text_ttl_s)  # the leases of texts held now, renewed (sweeper.py)
         self.output_search = check_output_search(output_search)
         self._output_index: dict | None = None  # the index's record, once the store said it holds it
         if output_search == "approximate":

@@ -8,7 +8,8 @@
 - ``GET /metrics``: Prometheus' text format, from the maintained ``prometheus_client``, in a
   registry of the app's own: HTTP requests answered (method, route, status), tokens the
   generations wrote, requests to the store (op, outcome) and their seconds (a histogram),
-  texts running, queued and open, the texts' searches asked and merged. Behind
+  texts running, queued and open, the texts' searches asked and merged, the texts whose keys'
+  lease renewals are failing (``sweeper.Keeper``). Behind
   ``serve --workers N`` the front adds the workers' up (``front.py``).
 """
 
@@ -47,6 +48,9 @@ class EngineCollector:
         yield GaugeMetricFamily("puffergpt_texts_running", "texts generating now", value=s["running"])
         yield GaugeMetricFamily("puffergpt_texts_queued", "texts waiting their turn to generate", value=s["queued"])
         yield GaugeMetricFamily("puffergpt_texts_open", "texts open on this server", value=len(self.texts))
+        yield GaugeMetricFamily("puffergpt_text_leases_failing", "texts held now whose keys' last lease renewal "
+                                "failed (retried; the text expires if it keeps failing)",
+                                value=self.engine.keeper.failing())
         yield CounterMetricFamily("puffergpt_text_searches", "searches the texts asked (several may share one "
                                                              "store request)", value=s["searches"]["asks"])
         yield CounterMetricFamily("puffergpt_text_searches_merged", "searches answered by a store request shared "
