@@ -17,6 +17,7 @@ Every request is logged with its kind, rows scored, bytes and latency; a decode 
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 
@@ -25,8 +26,9 @@ import numpy as np
 from puffergpt.model import token_counts, untrained
 from puffergpt.model.checkpoints import GPT2Config
 from puffergpt.model.session import Run
-from puffergpt.search import documents, space, sweeper
+from puffergpt.search import documents, space, sweeper, verify
 from puffergpt.search.documents import Encoding
+from puffergpt.search.pace import Pace
 from puffergpt.search.scheduler import Batcher, Scheduler
 from puffergpt.search.session import SearchSession
 from puffergpt.search.weights import SearchWeights
@@ -35,6 +37,7 @@ from puffergpt.stores.base import NoIndex, Query, Store, StoreError
 KEY_SCHEMA = {"layer": "int", "head": "int", "pos": "int"}
 OUTPUT_SEARCHES = ("exact", "approximate")  # how the next token is found: every wte row, or the ANN index
 INDEX_VERSION = 1  # of the manifest's record of the approximate index (``indexes``); another: rebuild it
+log = logging.getLogger("puffergpt")
 
 
 def check_output_search(how) -> str:
@@ -83,10 +86,18 @@ class Engine:
             raise ValueError(f"the text TTL must be a positive number of seconds, got {text_ttl_s!r}")
         self.text_ttl_s, self.clock = float(text_ttl_s), clock
         self.keeper = sweeper.Keeper(self.text_ttl_s)  # the leases of texts held now, renewed (sweeper.py)
+        self.pace = Pace()  # seconds a token read, scored, generated: measured as texts run (pace.py)
+        self.reserve: space.Reserve | None = None  # room held for the texts in flight (a server's: hold_reserve)
         self.output_search = check_output_search(output_search)
-        self._output_index: dict | None = None  # the index's record, once the store said it holds it
+        self._output_index: dict | None = None  # the index's record, once the store said it holds it, whole
+        self._no_index: str | None = None  # or why it can't be used, found once
         if output_search == "approximate":
-            self.output_index()  # no index: said now, not at the first token
+            self.output_index()  # no index, or a damaged one: said now, not at the first token
+        elif "wte" in manifest.get("indexes", {}):
+            try:  # digested at the start all the same: damage is said now, and refused where asked for
+                self.output_index()
+            except NoIndex as e:
+                log.warning("%s", e)
 
     def probe(self) -> None:
         """One search of one row, the first token's (/ready: the store answers with the model's
@@ -113,6 +124,8 @@ class Engine:
         """The run of one text: its session, with a namespace of its own for the text's keys, and
         its weights; ``output_search``: how its next token is found (None: the engine's default)."""
         how = self.output_search if output_search is None else check_output_search(output_search)
+        if self.reserve is not None:
+            self.reserve.check_text()  # let go to the texts in flight: no new one until there is room
         space.check(self.store, space.text_bytes(self.config), "a text's keys")  # a full disk: an error, not SIGBUS
         if how == "approximate":
             self.output_index()
@@ -133,10 +146,20 @@ class Engine:
 
     def output_index(self) -> dict:
         """The manifest's record of the approximate index over wte, or NoIndex naming the command
-        that builds it (where it is missing, of another version, or gone from the store). Asked of
-        the store once: every token's search asks for it, and costs one request."""
+        that builds it (where it is missing, of another version, gone from the store, or damaged:
+        ``verify.index_damage``). Asked of the store once: every token's search asks for it."""
         if self._output_index is not None:
             return self._output_index
+        if self._no_index is not None:
+            raise NoIndex(self._no_index)
+        try:
+            self._output_index = self._check_output_index()
+        except NoIndex as e:
+            self._no_index = str(e)
+            raise
+        return self._output_index
+
+    def _check_output_index(self) -> dict:
         build = (f"run `puffergpt load --model {self.model} {self.store.cli_args()} --output-index` "
                  "to build it, or use --output-search exact")
         info = self.manifest.get("indexes", {}).get("wte")
@@ -151,7 +174,8 @@ class Engine:
         if not self.store.has_index(ns, (documents.PARTITION, "wte"), self.encoding.metric):
             raise NoIndex(f"the manifest of model {self.model!r} records an approximate index that the "
                           f"{self.store.name} store does not hold: {rebuild}")
-        self._output_index = info
+        if (why := verify.index_damage(self.store, self.manifest)) is not None:  # its files read in full
+            raise NoIndex(verify.index_message(self.model, self.store, why))
         return info
 
     def ready_texts(self, n: int) -> int:
@@ -167,6 +191,20 @@ class Engine:
             for run in opened:
                 run.session.close()
         return len(opened)
+
+    def hold_reserve(self) -> None:
+        """A server's: room on the store's disk held for the texts in flight, let go when the disk
+        runs low while they write (``space.Reserve``), so a full disk never meets a memory map
+        unprepared. NoSpace where there is no room for it; nothing where the store's disk is not
+        this machine's."""
+        if self.reserve is None and self.store.reserve_path() is not None:
+            self.reserve = space.Reserve(self.store)
+
+    def guard_disk(self) -> None:
+        """Before a text's keys are written (``SearchSession.write_keys``): the reserve let go if
+        the disk is nearly full."""
+        if self.reserve is not None:
+            self.reserve.guard()
 
     def weight_namespaces(self) -> list[str]:
         """The namespaces of this model's documents: one a matrix input width."""

@@ -97,7 +97,7 @@ class SearchSession:
     def recording(self, extra: bool = False) -> Iterator[list[Request]]:
         """The requests made inside the block (``model.session.Session``); nothing is kept outside one."""
         got: list[Request] = []
-        was = self._extra
+        was, t0 = self._extra, time.perf_counter()
         with self.holding():  # the text works: its keys are kept however long the block takes
             self._recordings.append(got)
             self._extra = was or extra
@@ -106,6 +106,8 @@ class SearchSession:
             finally:
                 self._extra = was
                 del self._recordings[next(i for i, r in enumerate(self._recordings) if r is got)]  # not by ==
+        if not self._recordings:  # the outermost block: a step's or a position's work, timed (pace.py)
+            self.engine.pace.observe(got, time.perf_counter() - t0)
 
     # --- a turn among texts ---
     @contextlib.contextmanager
@@ -138,6 +140,7 @@ class SearchSession:
         self._record(req)
 
         def write():
+            self.engine.guard_disk()  # a disk nearly full: the reserve let go first, never a SIGBUS in the map
             t = time.perf_counter()
             try:
                 self.store.upsert(self.keys_ns, ids, keys, attrs)
