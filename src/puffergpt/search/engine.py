@@ -26,7 +26,7 @@ import numpy as np
 from puffergpt.model import token_counts, untrained
 from puffergpt.model.checkpoints import GPT2Config
 from puffergpt.model.session import Run
-from puffergpt.search import documents, space, sweeper, verify
+from puffergpt.search import documents, space, sweeper
 from puffergpt.search.documents import Encoding
 from puffergpt.search.pace import Pace
 from puffergpt.search.scheduler import Batcher, Scheduler
@@ -62,12 +62,16 @@ class Engine:
 
     def __init__(self, store: Store, manifest: dict, model: str, key: str, key_metric: str | None = None,
                  scheduler: Scheduler | None = None, text_ttl_s: float = sweeper.DEFAULT_TTL_S,
-                 clock: Callable[[], float] = time.time, output_search: str = "exact"):
+                 clock: Callable[[], float] = time.time, output_search: str = "exact",
+                 index_damage: str | None = None):
         """``manifest``: the model's, read and checked by the caller (``manifest.open_engine``);
         ``scheduler``: the bound on texts generating at once (a server's own; default 16);
         ``text_ttl_s``: a text unused this long may have its keys dropped by any server
         (``sweeper.py``), read on ``clock`` (unix seconds); ``output_search``: how a text's next
-        token is found unless it says (``OUTPUT_SEARCHES``: "approximate" needs the index)."""
+        token is found unless it says (``OUTPUT_SEARCHES``: "approximate" needs the index);
+        ``index_damage``: what the caller found wrong with the approximate index's files, with the
+        command that repairs it (``manifest.open_engine``: ``verify.index_damage``): the index is
+        then refused with it."""
         self.store = store
         self.batcher = Batcher(store)  # the same product of several texts, one request (scheduler.py)
         self.scheduler = scheduler or Scheduler()
@@ -91,6 +95,7 @@ class Engine:
         self.output_search = check_output_search(output_search)
         self._output_index: dict | None = None  # the index's record, once the store said it holds it, whole
         self._no_index: str | None = None  # or why it can't be used, found once
+        self.index_damage = index_damage
         if output_search == "approximate":
             self.output_index()  # no index, or a damaged one: said now, not at the first token
         elif "wte" in manifest.get("indexes", {}):
@@ -174,8 +179,8 @@ class Engine:
         if not self.store.has_index(ns, (documents.PARTITION, "wte"), self.encoding.metric):
             raise NoIndex(f"the manifest of model {self.model!r} records an approximate index that the "
                           f"{self.store.name} store does not hold: {rebuild}")
-        if (why := verify.index_damage(self.store, self.manifest)) is not None:  # its files read in full
-            raise NoIndex(verify.index_message(self.model, self.store, why))
+        if self.index_damage is not None:  # its files, read in full by whoever opened the engine
+            raise NoIndex(self.index_damage)
         return info
 
     def ready_texts(self, n: int) -> int:
