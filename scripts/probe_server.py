@@ -24,6 +24,13 @@ What it sends:
   sent a byte at a time (a 408 at the header deadline, 2 s here), a 1 MB header line (431), a
   body sent a byte at a time (a 408 at the body deadline, 3 s here), one connection past the
   cap (503); each must come within its deadline and a second;
+- saves retried (issue 43): a save sent twice with one Idempotency-Key (the same insight), and
+  one answered 503 (git's index locked) then retried with its key once git is back (one
+  insight, committed, the same id);
+- a damaged approximate index (issue 43), after the server: on copies of its data directory,
+  a truncated graph file, garbage in built.json, bytes flipped with the mtime kept; `verify`
+  and `generate --output-search approximate` must each exit 1 naming
+  `load --output-index --repair`, never a traceback;
 - notebook attacks: an insight file that is not UTF-8, a YAML alias bomb, a FIFO, a file
   over the size bound, a symbolic link to a file outside, the insights folder a symbolic
   link to a folder outside, and a read-only notebook (a 503 with the reason is its right
@@ -42,8 +49,10 @@ import itertools
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -341,6 +350,62 @@ def slow_clients(p: Probe, port: int, cap: int) -> None:
     p.alive()
 
 
+def retried_saves(p: Probe, book: nb.Notebook, good: dict) -> None:
+    """A save sent twice with its key: one insight; one answered 503 (git's index locked) and
+    retried with its key once git is back: one insight, committed, the same id."""
+    key = {"content-type": "application/json", "Idempotency-Key": f"probe-{time.time_ns()}"}
+    first = p.send("POST", "/api/insights", {**good, "title": "retried once"}, expect={201}, headers=key)
+    again = p.send("POST", "/api/insights", {**good, "title": "retried once"}, expect={201}, headers=key)
+    if first is None or again is None or first.json().get("id") != again.json().get("id"):
+        p.wrong.append(("POST", "/api/insights", "the same Idempotency-Key twice", "two insights"))
+    lock = book.path / ".git" / "index.lock"
+    lock.write_text("")
+    key = {**key, "Idempotency-Key": f"probe-503-{time.time_ns()}"}
+    stuck = p.send("POST", "/api/insights", {**good, "title": "answered 503"}, expect={503}, headers=key)
+    lock.unlink()
+    retry = p.send("POST", "/api/insights", {**good, "title": "answered 503"}, expect={201}, headers=key)
+    saved = [i for i in book.list() if i.title == "answered 503"]
+    if stuck is None or retry is None or len(saved) != 1 or saved[0].commit is None:
+        p.wrong.append(("POST", "/api/insights", "a 503 then its retry", f"{len(saved)} insights, not one committed"))
+
+
+def truncate_graph(data: Path) -> None:
+    (f,) = data.glob("zvec-index/*/*/col/*/ann.index.*.proxima")
+    os.truncate(f, f.stat().st_size // 2)
+
+
+def garbage_built(data: Path) -> None:
+    (f,) = data.glob("zvec-index/*/*/built.json")
+    f.write_text("{not json")
+
+
+def flip_graph(data: Path) -> None:
+    (f,) = data.glob("zvec-index/*/*/col/*/ann.index.*.proxima")
+    st = f.stat()
+    with open(f, "r+b") as fh:
+        fh.seek(st.st_size // 2)
+        b = fh.read(64)
+        fh.seek(st.st_size // 2)
+        fh.write(bytes(x ^ 0x5A for x in b))
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def damaged_index(p: Probe, data: Path, model: str, tmp: Path) -> None:
+    """Each damage on a copy of the (closed) data directory: verify and an approximate generate
+    exit 1 naming the repair, no traceback."""
+    env = {k: v for k, v in os.environ.items() if k != "PUFFERGPT_DATA"}
+    for damage in (truncate_graph, garbage_built, flip_graph):
+        copy = Path(shutil.copytree(data, tmp / f"damaged-{damage.__name__}"))
+        damage(copy)
+        for args in (["verify"], ["generate", "hi", "-n", "1", "--output-search", "approximate"]):
+            r = subprocess.run([sys.executable, "-m", "puffergpt.cli", *args, "--model", model, "--data", str(copy)],
+                               capture_output=True, text=True, timeout=300, env=env)
+            ok = r.returncode == 1 and "--output-index --repair" in r.stderr and "Traceback" not in r.stderr
+            p.counts["expected" if ok else "5xx"] += 1
+            if not ok:
+                p.wrong.append(("cli", " ".join(args[:1]), damage.__name__, r.returncode, r.stderr[-200:]))
+
+
 def print_matrix(matrix: dict[str, dict[str, int]]) -> None:
     kinds = list(CROSS_SITE)
     print("cross-site matrix (route x kind -> status):")
@@ -366,6 +431,7 @@ def main() -> None:
     ckpt = checkpoints.load(str(checkpoints.make_model(tmp / "tiny", "tiny", 0)))
     store = open_store("embedded", tmp / "data")
     load.load(store, ckpt, manifest.model_key(ckpt.name), progress=False)
+    load.build_output_index(store, manifest.model_key(ckpt.name), ckpt.name, progress=False)  # damaged at the end
     engine = open_engine(store, ckpt.name)
     book = nb.Notebook(tmp / "notebook")
     (tmp / "outside").mkdir()
@@ -398,17 +464,20 @@ def main() -> None:
         matrix = cross_site(p, app, book, fields)
         budget(p)
         slow_clients(p, port, CAP)
+        retried_saves(p, book, fields["/api/insights"])
         notes += notebook_attacks(p, book, fields["/api/insights"], tmp / "outside")
         before = len(app.state.texts)
     srv.should_exit = True
     thread.join(30)
+    store.close()
+    damaged_index(p, tmp / "data", ckpt.name, tmp)
     counts = p.counts
     t = time.strftime("%Y-%m-%d %H:%M")
     print(
         f"{t}: {sum(counts.values())} inputs: {counts['4xx']} refused (4xx), {counts['5xx']} 5xx, "
         f"{counts['hang']} hangs, {counts['expected']} answered with their expected status (a saved insight, the "
         f"notebook's list, the read-only notebook's 503, the cross-site refusals, the work budget's 400, "
-        f"the slow clients' 200, 408, 431 and 503), "
+        f"the slow clients' 200, 408, 431 and 503, the retried saves' 201 and 503, the damaged index's refusals), "
         f"{counts.get('2xx', 0)} accepted (values that are valid for "
         f"their field, e.g. 0 tokens, a seed of 0, token ids as a prompt: listed below); {before} texts open at the end"
     )
@@ -417,7 +486,6 @@ def main() -> None:
     for n in notes:
         print("  note:", n)
     print_matrix(matrix)
-    store.close()
 
 
 if __name__ == "__main__":

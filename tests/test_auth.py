@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 
+import click
 import pytest
 from click.testing import CliRunner
 from fastapi.testclient import TestClient
@@ -176,3 +177,40 @@ def test_what_may_serve_where():
         check_exposure("0.0.0.0", *ok)
     with pytest.raises(ValueError, match="reachable from other machines"):
         check_exposure("puffer.example.org", (), False, False)
+
+
+def test_serve_reads_its_keys_from_a_file_never_its_command_line(tmp_path, monkeypatch):
+    """--api-key-file PATH (issue 43): keys one a line, comments left out, beside --api-key; an open
+    address with only the file is served with its keys; a file that can't serve says why, no key shown."""
+    import puffergpt.cli.serving as serving_cli
+    import puffergpt.server.guards.auth as auth
+
+    seen = []
+
+    def exposure(host, keys, *rest):
+        seen.append(keys)
+        return check_exposure(host, keys, *rest)
+
+    def stop(model):  # after the keys are read and checked: before anything loads
+        raise click.UsageError("stopped here")
+
+    monkeypatch.setattr(auth, "check_exposure", exposure)
+    monkeypatch.setattr(serving_cli, "resolve_model", stop)
+    f = tmp_path / "keys"
+    f.write_text(f"# the team's keys\n{KEYS[0]}\n\n  {KEYS[1]}  \n")
+    f.chmod(0o600)
+    env = {"PUFFERGPT_DATA": None, "PUFFERGPT_API_KEY": None}
+    r = CliRunner().invoke(main, ["serve", "--host", "0.0.0.0", "--api-key-file", str(f)], env=env)
+    assert "stopped here" in r.output and seen == [tuple(KEYS[:2])], r.output  # an open address, served with them
+    other = "third-key-89ab"
+    r = CliRunner().invoke(main, ["serve", "--api-key", other, "--api-key-file", str(f)], env=env)
+    assert seen[-1] == (other, *KEYS[:2]), r.output
+    for text, words in (("# none\n", "holds no key"), ("shortkey\nabc\n", "at least 8 characters"),
+                        (None, "can't read")):
+        bad = tmp_path / "bad"
+        bad.unlink(missing_ok=True)
+        if text is not None:
+            bad.write_text(text)
+        r = CliRunner().invoke(main, ["serve", "--api-key-file", str(bad)], env=env)
+        assert r.exit_code == 2 and "--api-key-file" in r.output and words in r.output, r.output
+        assert "abc" not in r.output  # never a key itself

@@ -760,3 +760,52 @@ def test_cli_shows_and_replays_an_insight_without_evidence(tmp_path):
     assert r.exit_code == 0 and r.output.strip() == f"{ins.id}: {nb.NOTHING_TO_REPLAY}"
     r = run("replay", ins.id, "--json", "--notebook", str(book.path))
     assert json.loads(r.output)["replayable"] is False
+
+
+# --- saves retried safely (issue 43): the same Idempotency-Key, the same insight -------------------
+
+def test_a_save_retried_with_its_key_returns_the_same_insight(tmp_path, evidence):
+    root = tmp_path / "nb"
+    book = Notebook(root)
+    first = book.save("Heads copy", "my words", ["attention"], evidence, key="retry-me-0001")
+    again = book.save("Heads copy", "my words", ["attention"], evidence, key="retry-me-0001")
+    assert (again.id, again.path, again.commit) == (first.id, first.path, first.commit)
+    assert len(list((root / "insights").glob("*.md"))) == 1 and commits(root) == [first.commit]
+    other = book.save("Heads copy", "my words", ["attention"], evidence, key="another-key")  # a new key: a new one
+    assert other.id != first.id and len(commits(root)) == 2
+    assert "retry-me" not in (root / first.path).read_text(encoding="utf-8")  # only a digest of the key is kept
+    assert "request" not in book.get(first.id).to_json()
+    with pytest.raises(InvalidInsight, match="saved another insight"):
+        book.save("Something else", "", [], evidence, key="retry-me-0001")
+    for bad in ("", "has space", "x" * 256):
+        with pytest.raises(InvalidInsight, match="Idempotency-Key"):
+            book.save("t", "", [], evidence, key=bad)
+
+
+def test_a_save_whose_commit_failed_is_committed_by_its_retry_not_saved_twice(tmp_path, evidence):
+    """The issue's case: a save answered 503 (git, a full disk) may have written its file; the client
+    retries as told, with its key: one insight, committed now, the same id."""
+    root = tmp_path / "nb"
+    book = Notebook(root)
+    lock = root / ".git" / "index.lock"
+    lock.write_text("")
+    with pytest.raises(GitError, match="index is locked"):
+        book.save("Stuck", "kept on disk", [], evidence, key="key-of-the-save")
+    lock.unlink()
+    retry = Notebook(root).save("Stuck", "kept on disk", [], evidence, key="key-of-the-save")  # another server, say
+    assert len(list((root / "insights").glob("*.md"))) == 1 and retry.commit == commits(root)[0]
+    assert git(root, "show", "--name-only", "--format=", retry.commit).split() == [retry.path]
+    assert git(root, "status", "--porcelain") == ""
+
+
+def test_http_save_takes_an_idempotency_key(client, evidence):
+    c, book = client
+    body = {"title": "Once", "body": "", "tags": [], "evidence": evidence}
+    a = c.post("/api/insights", json=body, headers={"Idempotency-Key": "7d9c1f0e-retry"})
+    b = c.post("/api/insights", json=body, headers={"Idempotency-Key": "7d9c1f0e-retry"})
+    assert a.status_code == b.status_code == 201 and a.json() == b.json(), (a.text, b.text)
+    assert len(c.get("/api/insights").json()["insights"]) == 1
+    bad = c.post("/api/insights", json=body, headers={"Idempotency-Key": "x" * 300})
+    assert bad.status_code == 400 and "Idempotency-Key" in bad.json()["error"]["message"] and "xxxx" not in bad.text
+    other = c.post("/api/insights", json={**body, "title": "Twice"}, headers={"Idempotency-Key": "7d9c1f0e-retry"})
+    assert other.status_code == 400 and "saved another insight" in other.json()["error"]["message"]

@@ -293,3 +293,15 @@ def test_public_url_fills_servers_and_is_checked(loaded, demo):
             ServerConfig(public_url=bad)
         r = CliRunner().invoke(main, ["serve", "--model", "demo", "--public-url", bad], env={"PUFFERGPT_DATA": None})
         assert r.exit_code == 2 and "--public-url" in r.output and words in r.output, r.output  # before any loading
+
+
+def test_an_unknown_tag_is_named_only_when_it_looks_like_one(loaded, demo):
+    """The probe's case: /openapi.json?tags=<5,000 characters> was echoed back in the 400."""
+    store, key = loaded(demo)
+    c = TestClient(create_app(open_engine(store, demo.name, key)), base_url="http://127.0.0.1:8000")
+    junk = "<script>" + "A" * 5000
+    r = c.get("/openapi.json", params={"tags": f"notebok,{junk},openai"})
+    assert r.status_code == 400, r.text
+    said = r.json()["error"]["message"]
+    assert "no operations are tagged notebok, 1 other value (not shown)" in said and "AAAA" not in r.text, said
+    assert "<script>" not in r.text and len(r.text) < 1000 and "the tags are" in said

@@ -1,9 +1,15 @@
 """The next token from an approximate index (issue 35), against numpy: exact stays as it was;
 the approximate path's candidates are tokens of the vocabulary with their true logits; recall
 is computed against numpy's exact top k, not assumed; a store without the index says which
-command builds it; /v1's ``output_search`` is validated."""
+command builds it; /v1's ``output_search`` is validated; a damaged index (truncated, garbage,
+flipped bytes with the mtime kept) is refused by ``verify`` and at the start, naming the repair."""
 
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +20,7 @@ from starlette.testclient import TestClient
 from puffergpt.cli import main
 from puffergpt.lens import output_search
 from puffergpt.model import tokenizer
-from puffergpt.search import manifest
+from puffergpt.search import load, manifest, verify
 from puffergpt.server import ServerConfig, create_app
 from puffergpt.stores import open_store
 from puffergpt.stores.base import NoIndex
@@ -199,5 +205,104 @@ def test_the_store_seam_returns_exact_scores_and_brings_copies(tmp_path, copies)
         assert {7, *range(100, 100 + copies)} <= set(rows.tolist()), "the best vector, with every copy of it"
         with pytest.raises(NoIndex):
             store.search_approximate("ns", ("matrix", "wpe"), [Query(q, top_k=5)], "inner_product")
+    finally:
+        store.close()
+
+
+# --- a damaged index (issue 43, item 5): checked like the weights, refused naming the repair ----------
+
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PUFFERGPT_DATA"}
+    return subprocess.run([sys.executable, "-c", "from puffergpt.cli import main; main()", *args],
+                          check=False, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def clean_index(tmp_path_factory, tiny_dir, tiny):
+    """A closed data directory holding the tiny model and its approximate index, to copy and damage."""
+    data = tmp_path_factory.mktemp("index") / "data"
+    store = open_store("embedded", data)
+    load.load(store, tiny, manifest.model_key(str(tiny_dir)), progress=False)
+    load.build_output_index(store, manifest.model_key(str(tiny_dir)), str(tiny_dir), progress=False)
+    store.close()
+    return data
+
+
+def index_file(data: Path, name: str) -> Path:
+    (p,) = data.glob(f"zvec-index/*/*/{name}")
+    return p
+
+
+def truncate(data: Path) -> None:
+    p = index_file(data, "col/*/ann.index.*.proxima")
+    os.truncate(p, p.stat().st_size // 2)
+
+
+def garbage(data: Path) -> None:
+    index_file(data, "built.json").write_text("{not json at all")
+
+
+def flip_bytes(data: Path) -> None:
+    """Bit rot: 64 bytes flipped in the middle of the graph's file, its mtime put back."""
+    p = index_file(data, "col/*/ann.index.*.proxima")
+    st = p.stat()
+    with open(p, "r+b") as f:
+        f.seek(st.st_size // 2)
+        b = f.read(64)
+        f.seek(st.st_size // 2)
+        f.write(bytes(x ^ 0x5A for x in b))
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+DAMAGED = {"truncated": (truncate, r"proxima holds [\d,]+ bytes, [\d,]+ when it was built \(truncated or rewritten\)"),
+           "garbage in built.json": (garbage, r"built\.json holds [\d,]+ bytes, [\d,]+ when it was built"),
+           "flipped bytes, mtime kept": (flip_bytes, r"ann\.index\.\d+\.proxima does not match its digest")}
+
+
+@pytest.mark.parametrize("kind", list(DAMAGED))
+def test_a_damaged_index_is_refused_naming_the_repair(tmp_path, clean_index, tiny_dir, tiny, kind, caplog):
+    damage, named = DAMAGED[kind]
+    data = Path(shutil.copytree(clean_index, tmp_path / "data"))
+    damage(data)
+    model = str(tiny_dir)
+    fix = f"run `puffergpt load --model {model} --backend embedded --data {data} --output-index --repair`"
+    said = cli("verify", "--model", model, "--data", str(data))
+    assert said.returncode == 1 and "Traceback" not in said.stderr, said.stderr[-2000:]
+    assert re.search(named, said.stderr) and fix in said.stderr, said.stderr[-2000:]
+    store = open_store("embedded", data)
+    try:
+        with pytest.raises(NoIndex, match=re.escape(fix)):  # a server asked to search it does not start
+            manifest.open_engine(store, model, output_search="approximate")
+        engine = manifest.open_engine(store, model)  # exact serves, the damage said at the start
+        assert "is damaged" in caplog.text
+        with pytest.raises(NoIndex, match=named):
+            engine.open(output_search="approximate")
+    finally:
+        store.close()
+    if kind == "flipped bytes, mtime kept":  # repaired by the command named
+        r = cli("load", "--model", model, "--data", str(data), "--output-index", "--repair")
+        assert r.returncode == 0, r.stderr[-2000:]
+        ok = cli("verify", "--model", model, "--data", str(data))
+        assert ok.returncode == 0 and "and its approximate index match" in ok.stdout, ok.stderr[-2000:]
+
+
+@pytest.mark.parametrize("damage", [truncate, garbage], ids=["truncated", "garbage in built.json"])
+def test_an_index_built_without_digests_is_probed_and_said_damaged(tmp_path, clean_index, tiny_dir, damage):
+    """An index whose manifest records no digests (a server's database; an older puffergpt) must
+    answer one search: a file that can't be read is an error naming it and the repair, no traceback."""
+    data = Path(shutil.copytree(clean_index, tmp_path / "data"))
+    store = open_store("embedded", data)
+    key, model = manifest.model_key(str(tiny_dir)), str(tiny_dir)
+    m = manifest.read_manifest(store, key, model)
+    del m["indexes"]["wte"]["files"]
+    store.put_meta(f"manifest:{key}", m)
+    assert verify.index_damage(store, m) is None  # whole: it answers
+    store.close()
+    damage(data)
+    store = open_store("embedded", data)
+    try:
+        why = verify.index_damage(store, m)
+        assert why is not None and "can't be read" in why and "--output-index --repair" in why, why
+        assert str(index_file(data, "built.json").parent) in why
     finally:
         store.close()

@@ -128,3 +128,37 @@ def test_refusals_are_counted_under_their_routes(loaded, tiny):
 def tiny_name_of(ckpt) -> str:
     from puffergpt.model.info import model_name
     return model_name(ckpt.name)
+
+
+def test_ready_answers_within_a_second_while_the_store_is_busy(loaded, tiny, monkeypatch):
+    """One process under load (issue 43: a balancer's check timed out at a load average of 9):
+    /ready answers within about a second whatever the store does, from the last probe while it
+    was recent, then says the store does not answer; and ready again once it does."""
+    import threading
+    import time
+
+    from puffergpt.server.processes import probes
+
+    store, key = loaded(tiny)
+    app = create_app(open_engine(store, tiny.name, key), ServerConfig(trusted_hosts=("127.0.0.1",)))
+    monkeypatch.setattr(probes, "RECENT_S", 2.0)
+    free, search = threading.Event(), store.search
+
+    def held(*args, **kwargs):  # every search waits, as on a machine whose cores are all busy
+        free.wait(30)
+        return search(*args, **kwargs)
+
+    def timed(c) -> tuple[float, int, dict]:
+        t = time.monotonic()
+        r = c.get("/ready")
+        return time.monotonic() - t, r.status_code, r.json()
+
+    with TestClient(app, base_url="http://127.0.0.1:8000") as c:
+        assert c.get("/ready").status_code == 200
+        monkeypatch.setattr(store, "search", held)
+        got = [timed(c) for _ in range(4)]  # ~4 s: the first ones from the last probe, then not ready
+        assert all(s < probes.READY_S + 0.5 for s, _, _ in got), got
+        assert got[0][1] == 200 and got[-1][1] == 503 and "did not answer within 1 s" in got[-1][2]["reason"], got
+        free.set()
+        time.sleep(0.2)
+        assert timed(c)[1] == 200

@@ -160,3 +160,49 @@ def test_a_whole_answer_stops_when_its_client_goes(server):
     s.close()
     quiet(counted, store)
     assert len(app.state.generations) == 0
+
+
+# --- a budget that fits the time limit (issue 43, item 6) ---------------------------------------------
+
+@pytest.mark.parametrize("server", [5.0], indirect=True)
+def test_work_within_the_token_budget_that_cannot_finish_in_time_is_refused_up_front(server):
+    """The issue's body: 64 x 64 ids, echo, logprobs: 8,192 tokens, within the default budget, but
+    far past 5 s at the pace the server measured on a small request: a 400 naming both limits at
+    once, nothing run; a request that fits the time still runs."""
+    url, app, counted, store = server
+    small = {"prompt": [5, 6, 7], "max_tokens": 2, "echo": True, "logprobs": 1, "temperature": 0}
+    assert httpx.post(url + "/v1/completions", json=small, timeout=60).status_code == 200
+    pace = app.state.served.engine.pace.seconds()
+    assert set(pace) == {"read", "scored", "new"} and all(s > 0.01 for s in pace.values()), pace  # 20 ms a search
+    n, t = counted.n, time.monotonic()
+    r = httpx.post(url + "/v1/completions", json={"prompt": [[5] * 64] * 64, "max_tokens": 0, "echo": True,
+                                                  "logprobs": 5}, timeout=60)
+    assert r.status_code == 400 and time.monotonic() - t < 1, r.text
+    err = r.json()["error"]
+    assert err["code"] == "request_too_long", err
+    assert "8,192 tokens" in err["message"] and "--max-request-tokens" in err["message"], err
+    assert "of 5 s a request (puffergpt serve --max-request-seconds)" in err["message"], err
+    assert "measured pace" in err["message"] and "ms a position scored" in err["message"], err
+    assert counted.n == n and not store.namespaces("text-")  # refused before anything ran
+    assert httpx.post(url + "/v1/completions", json={**small, "max_tokens": 1}, timeout=60).status_code == 200
+
+
+def test_the_pace_is_read_from_a_blocks_requests():
+    from puffergpt.search.pace import Pace, Work
+    from puffergpt.search.session import Request
+
+    def req(kind, queries, extra=False):
+        return Request(kind, "search", queries, 0, 0, 0, 1.0, extra=extra)
+
+    pace = Pace()
+    assert pace.estimate(Work(10, 0, 0)) is None  # nothing measured: nothing refused on a guess
+    pace.observe([req("h.0.attn.c_attn", 10), req("wte.top_k", 1)], 0.5)  # a prefill of 10 tokens
+    assert pace.seconds() == {"read": pytest.approx(0.05)}
+    assert pace.estimate(Work(0, 0, 4)) == pytest.approx(0.2)  # not measured: at the cheapest kind
+    pace.observe([req("h.0.attn.c_attn", 1), req("wte.top_k", 1)], 0.3)  # a decode step
+    pace.observe([req("wte.all", 1)], 0.1)  # a position scored
+    pace.observe([req("h.0.attn.c_attn", 1, extra=True)], 9.0)  # a learning view's: left out
+    assert pace.seconds() == {"read": pytest.approx(0.05), "new": pytest.approx(0.3), "scored": pytest.approx(0.1)}
+    pace.observe([req("h.0.attn.c_attn", 1)], 0.8)
+    assert pace.seconds()["new"] == pytest.approx(0.8 * 0.3 + 0.2 * 0.8)  # a moving average
+    assert pace.estimate(Work(100, 99, 2)) == pytest.approx(100 * 0.05 + 99 * 0.1 + 2 * 0.4)

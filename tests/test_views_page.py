@@ -19,6 +19,8 @@ import pytest
 from playwright.sync_api import Page, expect
 
 from test_playground import (  # noqa: F401  (browser: a fixture)
+    OWN_LARGEST,
+    OWN_ROWS,
     TIMEOUT_MS,
     Watched,
     api_get,
@@ -93,7 +95,7 @@ def test_every_panel_counts_the_same_requests_round_trips_and_cost(page, server)
         p.locator(f'#tokens .token[data-position="{pos}"]').click()
         expect(wf.locator(".stat-requests b")).to_have_text(str(s["requests"]))
         expect(wf.locator(".stat-trips b")).to_have_text(str(s["round_trips"]))
-        expect(wf.locator("tr.wf-row[data-kind]")).to_have_count(s["requests"])
+        expect(wf.locator(OWN_ROWS)).to_have_count(s["requests"])
         assert (
             abs(number(wf.locator(".stat-cost b").inner_text()) - s["cost_usd"]) <= 5e-3 * s["cost_usd"]
         )  # shown to 3 significant digits
@@ -155,7 +157,7 @@ def test_the_waterfall_draws_concurrent_writes_in_their_own_lane(page):
     step = api_get(p, f"/api/texts/{text_id(p)}")["steps"][generated(p).nth(1).get_attribute("data-position")]
     log = step["request_log"]
     assert any(r["concurrent"] for r in log)
-    rows = p.locator("#waterfall tr.wf-row[data-kind]")
+    rows = p.locator("#waterfall").locator(OWN_ROWS)
     expect(rows).to_have_count(len(log))
     got = rows.evaluate_all("""rs => rs.map(r => { const b = r.querySelector('.bar');
       return [r.classList.contains('concurrent'), parseFloat(b.style.left), parseFloat(b.style.width)]; })""")
@@ -178,7 +180,7 @@ def test_the_waterfall_draws_concurrent_writes_in_their_own_lane(page):
         )
     # The slowest request named is the slowest on the critical path.
     path = [(r["ms"], i) for i, r in enumerate(log) if not r["concurrent"]]
-    expect(p.locator("#waterfall tr.largest td.idx")).to_have_text(str(max(path)[1] + 1))
+    expect(p.locator("#waterfall").locator(OWN_LARGEST).locator("td.idx")).to_have_text(str(max(path)[1] + 1))
     expect(p.locator("#waterfall .stat-largest")).to_contain_text("the slowest round trip")
     assert p.locator("#waterfall tr.concurrent .lane-tag").count() == sum(r["concurrent"] for r in log)
     shot(p, "waterfall-1400", p.locator("#waterfall"))

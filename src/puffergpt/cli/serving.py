@@ -40,6 +40,10 @@ def serve(model, backend_settings, **given) -> None:
     from puffergpt.server.guards.hosts import trusted_hosts
 
     s = SimpleNamespace(**given)  # every serve setting, by its name in puffergpt.settings
+    if s.api_key_file is not None:  # checked by its option already: keys out of the command line
+        from puffergpt.server.guards.auth import read_key_file
+
+        given["api_keys"] = s.api_keys = tuple(dict.fromkeys((*s.api_keys, *read_key_file(s.api_key_file))))
     try:  # before anything loads: a server open to anyone, a bad name
         check_exposure(s.host, s.api_keys, s.public_read_only, s.no_auth)
         trusted = trusted_hosts(s.host, s.allowed_hosts, s.public_url)  # no DNS rebinding onto a local server
@@ -68,12 +72,18 @@ def serve(model, backend_settings, **given) -> None:
 
 
 def room_for_spares(store, workers: int, max_running: int) -> None:
-    """NoSpace (search/space.py) where the disk can't hold every process's spare text namespaces."""
+    """NoSpace (search/space.py) where the disk can't hold every process's spare text namespaces
+    and its reserve."""
     from puffergpt.search import space
     from puffergpt.server.processes.workers import share
 
     n = workers * min(share(max_running, workers), store.keeps_spares)
-    space.check(store, n * space.NAMESPACE_BYTES, f"the server's {n} spare text namespaces")
+    if store.reserve_path() is None:
+        space.check(store, n * space.NAMESPACE_BYTES, f"the server's {n} spare text namespaces")
+        return
+    space.check(store, n * space.NAMESPACE_BYTES + workers * space.RESERVE,
+                f"the server's {n} spare text namespaces and {space.mb(workers * space.RESERVE)} MB held for "
+                "the texts in flight")
 
 
 def server_config(given: dict, **worked_out):
@@ -111,6 +121,7 @@ def serve_here(opened, model: str, config, notebook, host: str, port: int, max_r
 
     app = create_app(opened.engine, config, reference=reference, notebook=notebook)
     opened.engine.ready_texts(max_running)  # the first learners open their texts at once
+    opened.engine.hold_reserve()  # room for the texts in flight should the disk fill (search/space.py)
     run(server(app, host, port))  # its shutdown stops running generations first
 
 

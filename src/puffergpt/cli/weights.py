@@ -76,6 +76,9 @@ def verify(model, backend, backend_settings, data_dir) -> None:
             key = manifest.model_key(model)
             m = manifest.read_manifest(store, key, model)
             verify.check_on_open(store, key, model, m, progress=True, force=True)  # StoreDamaged: what, and the fix
+            if (why := verify.index_damage(store, m)) is not None:
+                raise verify.StoreDamaged(verify.index_message(model, store, why))
         finally:
             store.close()
-    click.echo(f"{model}: all {m['documents']:,} documents match the manifest")
+    index = " and its approximate index" if "wte" in m.get("indexes", {}) else ""
+    click.echo(f"{model}: all {m['documents']:,} documents{index} match the manifest")

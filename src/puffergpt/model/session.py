@@ -25,6 +25,15 @@ from typing import Protocol
 from puffergpt.model.reference import Weights
 
 
+class KeysExpired(KeyError):
+    """The text's keys are past their lease (``search/sweeper.py``): any server may have dropped
+    them, so the text is gone and must be reopened from its token ids. A 404 ``text_not_found``
+    on the playground's paths, as a text this server does not hold; never "the store failed"."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
 class Session(Protocol):
     """What a text's run needs of what runs it, beside the weights' products."""
 
@@ -50,7 +59,9 @@ class Session(Protocol):
 
     def touch(self) -> bool:
         """The text is in use: its keys kept from other servers' sweeps (``sweeper.py``). False
-        when they may be gone already (unused past their TTL): the text must be reopened."""
+        when they may be gone already (unused past their TTL): the text must be reopened. While
+        the text waits for a ``slot`` or works inside ``recording``, its keys are kept without a
+        touch, however long that lasts; a block that finds them gone raises ``KeysExpired``."""
 
     def close(self) -> None:
         """Let go of what the run holds (a text's namespace of keys)."""

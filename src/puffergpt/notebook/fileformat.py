@@ -91,6 +91,8 @@ def render(ins: Insight) -> str:
     ev = ins.evidence
     front = {"version": controls.version_of(ev) if ev else FORMAT_VERSION, "id": ins.id, "title": ins.title,
              "date": ins.date, "model": ins.model, "kind": ev["kind"] if ev else None, "tags": ins.tags}
+    if ins.request is not None:  # a save that may be retried: the retry finds it by this
+        front["request"] = ins.request
     yaml_text = yaml.safe_dump(front, allow_unicode=True, sort_keys=False, width=10**6)
     if ev is None:  # format 2: the words only
         return f"---\n{yaml_text}---\n\n{ins.body}\n" if ins.body else f"---\n{yaml_text}---\n"
@@ -133,9 +135,11 @@ def parse(text: str, path: str) -> Insight:
         bad.append(f"tags must be a list of words, got one that is {_kind(next(t for t in tags if not _scalar(t)))}")
     if bad:
         raise NotebookError(f"{path}: the front matter's {'; its '.join(bad)}")
+    request = str(front["request"]) if _scalar(front.get("request")) else None
     if no_evidence:  # the rest is the learner's words, whatever they hold (a ```json block too)
         return Insight(id=str(front["id"]), path=path, title=str(front["title"]), body=text[end + 5:].strip("\n"),
-                       tags=[str(t) for t in front["tags"] or []], date=str(front["date"]), model=None, evidence=None)
+                       tags=[str(t) for t in front["tags"] or []], date=str(front["date"]), model=None, evidence=None,
+                       request=request)
     # The JSON block is the last fenced block: JSON lines never start with a fence.
     start = text.rfind("\n```json\n")
     stop = text.rfind("\n```")
@@ -164,4 +168,5 @@ def parse(text: str, path: str) -> Insight:
         date=str(front["date"]),
         model=str(front["model"]),
         evidence=ev,
+        request=request,
     )

@@ -90,6 +90,7 @@ class Insight:
     model: str | None  # the evidence's model; None without evidence
     evidence: dict | None  # None for an insight from a conversation
     commit: str | None = None  # the last commit that holds the file; None until committed
+    request: str | None = None  # the digest of the save's Idempotency-Key: a retry finds this insight
 
     def summary(self) -> dict:
         return {"id": self.id, "path": self.path, "title": self.title, "tags": self.tags, "date": self.date,
@@ -97,5 +98,5 @@ class Insight:
                 "evidence": self.evidence is not None, "commit": self.commit}
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k != "request"}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import fcntl
+import hashlib
 import logging
 import os
 import secrets
@@ -154,15 +155,20 @@ class Notebook:
 
     # --- insights ---
 
-    def save(self, title: str, body: str, tags: Sequence[str] | None, evidence: dict | None = None) -> Insight:
+    def save(self, title: str, body: str, tags: Sequence[str] | None, evidence: dict | None = None,
+             key: str | None = None) -> Insight:
         """Write one insight file and commit it (with any earlier uncommitted ones). On a
         git failure the file stays and GitError says where; the next save commits it.
-        ``evidence`` None is an insight from a conversation: the words only."""
+        ``evidence`` None is an insight from a conversation: the words only. ``key``: the
+        client's idempotency key (``check_key``): a save retried with it (its answer lost, or a
+        503 after the file was written) returns the insight the first one saved, committed."""
         ev = None if evidence is None else check_evidence(evidence)
         ins = Insight(id="", path="", title=check_title(title), body=check_body(body), tags=check_tags(tags),
                       date=dt.datetime.now(dt.UTC).replace(microsecond=0).isoformat(),
-                      model=ev["model"] if ev else None, evidence=ev)
+                      model=ev["model"] if ev else None, evidence=ev, request=request_digest(key))
         with self._exclusive():
+            if ins.request is not None and (saved := self._saved(ins)) is not None:
+                return saved
             self._write(ins)
             earlier = [f for f in self._pending_or_empty() if f != ins.path]
             message = self._message(ins, earlier)
@@ -172,6 +178,24 @@ class Notebook:
                 raise GitError(f"the insight is saved in {self.path / ins.path} but not committed ({e}). "
                                "It will be committed with the next save.") from None
         return ins
+
+    def _saved(self, ins: Insight) -> Insight | None:
+        """The insight an earlier save with ins's key wrote (committed now if it was not), or
+        None; InvalidInsight if that key saved other words (the lock held)."""
+        old = next((i for i in self._read_all() if i.request == ins.request), None)
+        if old is None:
+            return None
+        if (old.title, old.body.strip("\n"), old.tags) != (ins.title, ins.body.strip("\n"), ins.tags):
+            raise InvalidInsight(f"this Idempotency-Key saved another insight ({old.id}): use a new key for a new "
+                                 "insight, the same one only to retry the same save")
+        old.commit = self._commits().get(old.path)
+        if old.commit is None:  # the first save wrote the file, and its commit failed
+            try:
+                old.commit = self._commit(self._message(old, [f for f in self._pending_or_empty() if f != old.path]))
+            except GitError as e:
+                raise GitError(f"the insight is saved in {self.path / old.path} but not committed ({e}). "
+                               "It will be committed with the next save.") from None
+        return old
 
     def _pending_or_empty(self) -> list[str]:
         try:
@@ -299,3 +323,18 @@ class Notebook:
             )
         except GitError:
             return None
+
+
+MAX_KEY_CHARS = 255
+
+
+def request_digest(key: str | None) -> str | None:
+    """What an insight file keeps of its save's idempotency key: a digest (the key is the
+    client's, and may say more than it should), or None without one. InvalidInsight for a key
+    that is not 1 to 255 visible ASCII characters."""
+    if key is None:
+        return None
+    if not 1 <= len(key) <= MAX_KEY_CHARS or not all("!" <= c <= "~" for c in key):
+        raise InvalidInsight(f"an Idempotency-Key is 1 to {MAX_KEY_CHARS} visible ASCII characters (a UUID will do), "
+                             f"not one of {len(key)} characters")
+    return hashlib.sha256(key.encode()).hexdigest()[:32]

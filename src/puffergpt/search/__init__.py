@@ -6,7 +6,8 @@
   ``weights.py``, the products it supplies to the forward pass, each a search; ``session.py``, the
   text's session: its requests (counted and priced, ``costs.py``), its turn, its namespace of keys;
 - ``scheduler.py``: many texts' searches batched into one request per matrix;
-- ``sweeper.py``: the key namespaces of texts no server holds any more, dropped;
+- ``sweeper.py``: the key namespaces of texts no server holds any more, dropped, and those it holds kept;
+- ``pace.py``: how long a token read, scored or generated takes on this engine, measured as texts run;
 - ``load.py``: a checkpoint written into a store (and the approximate index over its token vectors);
 - ``verify.py``: every stored document read back against the manifest;
 - ``manifest.py``: the manifest that vouches for a load, read and checked, and the engine opened over it.

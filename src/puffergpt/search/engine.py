@@ -17,6 +17,7 @@ Every request is logged with its kind, rows scored, bytes and latency; a decode 
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable
 
@@ -27,6 +28,7 @@ from puffergpt.model.checkpoints import GPT2Config
 from puffergpt.model.session import Run
 from puffergpt.search import documents, space, sweeper
 from puffergpt.search.documents import Encoding
+from puffergpt.search.pace import Pace
 from puffergpt.search.scheduler import Batcher, Scheduler
 from puffergpt.search.session import SearchSession
 from puffergpt.search.weights import SearchWeights
@@ -35,6 +37,7 @@ from puffergpt.stores.base import NoIndex, Query, Store, StoreError
 KEY_SCHEMA = {"layer": "int", "head": "int", "pos": "int"}
 OUTPUT_SEARCHES = ("exact", "approximate")  # how the next token is found: every wte row, or the ANN index
 INDEX_VERSION = 1  # of the manifest's record of the approximate index (``indexes``); another: rebuild it
+log = logging.getLogger("puffergpt")
 
 
 def check_output_search(how) -> str:
@@ -59,12 +62,16 @@ class Engine:
 
     def __init__(self, store: Store, manifest: dict, model: str, key: str, key_metric: str | None = None,
                  scheduler: Scheduler | None = None, text_ttl_s: float = sweeper.DEFAULT_TTL_S,
-                 clock: Callable[[], float] = time.time, output_search: str = "exact"):
+                 clock: Callable[[], float] = time.time, output_search: str = "exact",
+                 index_damage: str | None = None):
         """``manifest``: the model's, read and checked by the caller (``manifest.open_engine``);
         ``scheduler``: the bound on texts generating at once (a server's own; default 16);
         ``text_ttl_s``: a text unused this long may have its keys dropped by any server
         (``sweeper.py``), read on ``clock`` (unix seconds); ``output_search``: how a text's next
-        token is found unless it says (``OUTPUT_SEARCHES``: "approximate" needs the index)."""
+        token is found unless it says (``OUTPUT_SEARCHES``: "approximate" needs the index);
+        ``index_damage``: what the caller found wrong with the approximate index's files, with the
+        command that repairs it (``manifest.open_engine``: ``verify.index_damage``): the index is
+        then refused with it."""
         self.store = store
         self.batcher = Batcher(store)  # the same product of several texts, one request (scheduler.py)
         self.scheduler = scheduler or Scheduler()
@@ -82,10 +89,20 @@ class Engine:
         if not text_ttl_s > 0:
             raise ValueError(f"the text TTL must be a positive number of seconds, got {text_ttl_s!r}")
         self.text_ttl_s, self.clock = float(text_ttl_s), clock
+        self.keeper = sweeper.Keeper(self.text_ttl_s)  # the leases of texts held now, renewed (sweeper.py)
+        self.pace = Pace()  # seconds a token read, scored, generated: measured as texts run (pace.py)
+        self.reserve: space.Reserve | None = None  # room held for the texts in flight (a server's: hold_reserve)
         self.output_search = check_output_search(output_search)
-        self._output_index: dict | None = None  # the index's record, once the store said it holds it
+        self._output_index: dict | None = None  # the index's record, once the store said it holds it, whole
+        self._no_index: str | None = None  # or why it can't be used, found once
+        self.index_damage = index_damage
         if output_search == "approximate":
-            self.output_index()  # no index: said now, not at the first token
+            self.output_index()  # no index, or a damaged one: said now, not at the first token
+        elif "wte" in manifest.get("indexes", {}):
+            try:  # digested at the start all the same: damage is said now, and refused where asked for
+                self.output_index()
+            except NoIndex as e:
+                log.warning("%s", e)
 
     def probe(self) -> None:
         """One search of one row, the first token's (/ready: the store answers with the model's
@@ -112,6 +129,8 @@ class Engine:
         """The run of one text: its session, with a namespace of its own for the text's keys, and
         its weights; ``output_search``: how its next token is found (None: the engine's default)."""
         how = self.output_search if output_search is None else check_output_search(output_search)
+        if self.reserve is not None:
+            self.reserve.check_text()  # let go to the texts in flight: no new one until there is room
         space.check(self.store, space.text_bytes(self.config), "a text's keys")  # a full disk: an error, not SIGBUS
         if how == "approximate":
             self.output_index()
@@ -132,10 +151,20 @@ class Engine:
 
     def output_index(self) -> dict:
         """The manifest's record of the approximate index over wte, or NoIndex naming the command
-        that builds it (where it is missing, of another version, or gone from the store). Asked of
-        the store once: every token's search asks for it, and costs one request."""
+        that builds it (where it is missing, of another version, gone from the store, or damaged:
+        ``verify.index_damage``). Asked of the store once: every token's search asks for it."""
         if self._output_index is not None:
             return self._output_index
+        if self._no_index is not None:
+            raise NoIndex(self._no_index)
+        try:
+            self._output_index = self._check_output_index()
+        except NoIndex as e:
+            self._no_index = str(e)
+            raise
+        return self._output_index
+
+    def _check_output_index(self) -> dict:
         build = (f"run `puffergpt load --model {self.model} {self.store.cli_args()} --output-index` "
                  "to build it, or use --output-search exact")
         info = self.manifest.get("indexes", {}).get("wte")
@@ -150,7 +179,8 @@ class Engine:
         if not self.store.has_index(ns, (documents.PARTITION, "wte"), self.encoding.metric):
             raise NoIndex(f"the manifest of model {self.model!r} records an approximate index that the "
                           f"{self.store.name} store does not hold: {rebuild}")
-        self._output_index = info
+        if self.index_damage is not None:  # its files, read in full by whoever opened the engine
+            raise NoIndex(self.index_damage)
         return info
 
     def ready_texts(self, n: int) -> int:
@@ -166,6 +196,20 @@ class Engine:
             for run in opened:
                 run.session.close()
         return len(opened)
+
+    def hold_reserve(self) -> None:
+        """A server's: room on the store's disk held for the texts in flight, let go when the disk
+        runs low while they write (``space.Reserve``), so a full disk never meets a memory map
+        unprepared. NoSpace where there is no room for it; nothing where the store's disk is not
+        this machine's."""
+        if self.reserve is None and self.store.reserve_path() is not None:
+            self.reserve = space.Reserve(self.store)
+
+    def guard_disk(self) -> None:
+        """Before a text's keys are written (``SearchSession.write_keys``): the reserve let go if
+        the disk is nearly full."""
+        if self.reserve is not None:
+            self.reserve.guard()
 
     def weight_namespaces(self) -> list[str]:
         """The namespaces of this model's documents: one a matrix input width."""

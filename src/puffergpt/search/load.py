@@ -40,6 +40,7 @@ from puffergpt.search.verify import (
     checksum,
     counts_ok,
     inconsistent,
+    index_damage,
     record_verified,
     row_norm2,
     unchanged_since_verified,
@@ -193,7 +194,8 @@ def build_output_index(store: Store, key: str, model: str, params: dict | None =
                        progress: bool = True, rebuild: bool = False) -> dict:
     """Build the approximate index over the token vectors (wte) that ``--output-search
     approximate`` searches, check it against the exact search and record both in the manifest
-    (``indexes``, with INDEX_VERSION). Kept as it is where one alike is built, unless ``rebuild``.
+    (``indexes``, with INDEX_VERSION, and its files' digests where the store can read them: ``verify``
+    and the start check them). Kept as it is where one alike is built and whole, unless ``rebuild``.
     The weights are not touched: a store whose files were verified stays verified. -> the manifest"""
     from tqdm import tqdm
 
@@ -202,8 +204,8 @@ def build_output_index(store: Store, key: str, model: str, params: dict | None =
     ns = m["matrices"]["wte"]["namespace"]
     old = m.get("indexes", {}).get("wte")
     if (not rebuild and old and old.get("version") == INDEX_VERSION and all(old.get(p) == params[p] for p in params)
-            and store.has_index(ns, (PARTITION, "wte"), m["metric"])):
-        return m  # built already, alike
+            and index_damage(store, m) is None):
+        return m  # built already, alike, and whole
     verified = store.stamp([]) is not None and unchanged_since_verified(store, key, m)
 
     def went_in(done: int, total: int) -> None:
@@ -221,8 +223,9 @@ def build_output_index(store: Store, key: str, model: str, params: dict | None =
         built = store.build_index(ns, (PARTITION, "wte"), m["metric"], params, went_in)
         bar.set_postfix_str(f"built: all {rows:,} rows found through the graph")
     probe = index_recall(store, ns, m, int(params["ef"]))
+    files = store.index_stamp(ns, (PARTITION, "wte"), m["metric"])  # what verify and the start digest again
     m = {**m, "indexes": {"wte": {**built, "ef": int(params["ef"]), "recall_at_build": probe,
-                                  "version": INDEX_VERSION}}}
+                                  "version": INDEX_VERSION} | ({"files": files} if files is not None else {})}}
     store.put_meta(f"manifest:{key}", m)
     if verified:
         record_verified(store, key, m)  # the same files, under the manifest that now names the index

@@ -14,7 +14,14 @@ from pathlib import Path
 
 from puffergpt.search.documents import ENCODING_VERSION, Encoding
 from puffergpt.search.engine import Engine
-from puffergpt.search.verify import StoreDamaged, check_on_open, damage_message, inconsistent
+from puffergpt.search.verify import (
+    StoreDamaged,
+    check_on_open,
+    damage_message,
+    inconsistent,
+    index_damage,
+    index_message,
+)
 from puffergpt.stores.base import Store, StoreError
 
 
@@ -121,7 +128,10 @@ def open_engine(store: Store, model: str, key: str | None = None, verify: bool =
     ``manifest``) here, so the engine is handed one it can trust. ``options`` go to ``Engine``
     (``key_metric``, ``scheduler``)."""
     key = key or model_key(model)
-    return Engine(store, manifest(store, key, model, verify=verify, progress=progress), model, key, **options)
+    m = manifest(store, key, model, verify=verify, progress=progress)
+    if (why := index_damage(store, m)) is not None:  # the approximate index's files, digested at every start
+        options.setdefault("index_damage", index_message(model, store, why))
+    return Engine(store, m, model, key, **options)
 
 
 def stored_bytes(m: dict) -> int:

@@ -6,7 +6,8 @@ weights' products (``weights.py``).
 - the text's namespace of keys, ``text-<16 hex>``: made when the text opens, written as
   ``attention_scores`` asks (``write_keys``: a prefill's now, a decode step's on a writer thread of
   its own, beside the searches), counted (the KV cache view), its expiry moved on while the text
-  is used (``touch``, ``sweeper.Lease``), dropped when the text closes;
+  is used (``touch``, ``sweeper.Lease``) and all the while the text waits for its turn or works
+  (``holding``: the engine's ``sweeper.Keeper``), dropped when the text closes;
 - a turn among the engine's texts (``Scheduler.slot``) and lockstep with their steps
   (``Batcher.stepping``).
 """
@@ -23,7 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from puffergpt.model.session import KeysExpired
 from puffergpt.search import costs, sweeper
+from puffergpt.stores.base import StoreError
 
 
 @dataclass
@@ -94,19 +97,25 @@ class SearchSession:
     def recording(self, extra: bool = False) -> Iterator[list[Request]]:
         """The requests made inside the block (``model.session.Session``); nothing is kept outside one."""
         got: list[Request] = []
-        was = self._extra
-        self._recordings.append(got)
-        self._extra = was or extra
-        try:
-            yield got
-        finally:
-            self._extra = was
-            del self._recordings[next(i for i, r in enumerate(self._recordings) if r is got)]  # not by ==
+        was, t0 = self._extra, time.perf_counter()
+        with self.holding():  # the text works: its keys are kept however long the block takes
+            self._recordings.append(got)
+            self._extra = was or extra
+            try:
+                yield got
+            finally:
+                self._extra = was
+                del self._recordings[next(i for i, r in enumerate(self._recordings) if r is got)]  # not by ==
+        if not self._recordings:  # the outermost block: a step's or a position's work, timed (pace.py)
+            self.engine.pace.observe(got, time.perf_counter() - t0)
 
     # --- a turn among texts ---
+    @contextlib.contextmanager
     def slot(self, should_stop=None):
-        """A generation's turn on the engine (``Scheduler.slot``): the text generates inside it."""
-        return self.engine.scheduler.slot(should_stop)
+        """A generation's turn on the engine (``Scheduler.slot``): the text generates inside it,
+        and its keys are kept while it waits for the turn and while it generates."""
+        with self.holding(), self.engine.scheduler.slot(should_stop) as turn:
+            yield turn
 
     def stepping(self):
         """A step computed inside the block: other texts' searches of the weights wait for its own."""
@@ -131,6 +140,7 @@ class SearchSession:
         self._record(req)
 
         def write():
+            self.engine.guard_disk()  # a disk nearly full: the reserve let go first, never a SIGBUS in the map
             t = time.perf_counter()
             try:
                 self.store.upsert(self.keys_ns, ids, keys, attrs)
@@ -159,15 +169,50 @@ class SearchSession:
         return out
 
     def touch(self) -> bool:
-        """The text is in use: its namespace's expiry moved on (``sweeper.Lease``); False when
-        it is past, and another server may have dropped the keys."""
-        return self.lease is None or self.lease.renew()
+        """The text is in use: its namespace's expiry moved on (``sweeper.Lease.keep``: a failed
+        write is logged and tried again); False when it is past, and another server may have
+        dropped the keys."""
+        return self.lease is None or self.lease.keep()
+
+    @contextlib.contextmanager
+    def holding(self) -> Iterator[None]:
+        """The text is held for the block (waiting, working): the engine's keeper renews its lease
+        however long the block lasts. KeysExpired if the lease is over already."""
+        if self.lease is None:
+            yield
+            return
+        if self.lease.lapsed is not None:
+            raise KeysExpired(self.expired())
+        with self.engine.keeper.holding(self.lease):
+            yield
+
+    def expired(self) -> str:
+        return f"this text expired: {self.lease.lapsed}. Reopen it from its token ids"
+
+    def explain(self, e: StoreError) -> Exception:
+        """A failed request of the text's keys, said as what it is: KeysExpired when the lease is
+        over, or the namespace is gone (another server swept it, the text closed meanwhile), else
+        the store's error as it was (the store failed: it could not even list its namespaces)."""
+        if self.lease is None:
+            return e
+        if self.lease.lapsed is not None:
+            return KeysExpired(self.expired())
+        try:
+            there = self.keys_ns in self.store.namespaces(sweeper.PREFIX)
+        except StoreError:
+            return e
+        if there:
+            return e
+        return KeysExpired(f"this text's keys are gone from the store ({e}): it expired or was closed. "
+                           "Reopen it from its token ids")
 
     def close(self) -> None:
         """Wait for the key writes in flight, then drop the text's namespace."""
         if self._closed.is_set():
             return
         self._closed.set()
+        if self.lease is not None:
+            self.lease.ended = True  # the keeper leaves it be
         try:
             for f in list(self._pending.values()):
                 f.exception()  # wait; a failed write matters no more: the namespace goes

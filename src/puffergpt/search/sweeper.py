@@ -16,6 +16,13 @@ would ever drop that namespace. So:
   search a namespace to read it). A namespace without one (made this instant, or by an older
   puffergpt) is dropped once it has been seen for a whole TTL.
 
+- ``Keeper``: while a text is held, waiting for its turn (``Scheduler.slot``) or working (a step,
+  a view: ``SearchSession.recording``), a thread of the engine renews its lease, so that a text
+  queued behind long generations, or inside one long step, is never swept. A renewal that fails
+  (the store did not answer) is logged and tried again at the next tick (``keep_interval``); one
+  that keeps failing until the expiry is near lapses the lease, and the text says it expired and
+  why (``model.session.KeysExpired``), never that the store failed.
+
 The server that holds a text stops using it a little before its expiry (``Lease.renew`` says
 False from ``GRACE`` of the TTL before it): a text idle that long is gone on every server alike,
 and the page reopens it (``registry.Texts.get``). Clocks: the expiry is wall-clock time; servers'
@@ -25,12 +32,13 @@ clocks may differ by up to that grace (NTP keeps them within far less).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -75,17 +83,25 @@ class Lease:
         self.store, self.ns, self.schema, self.dim = store, ns, schema, dim
         self.ttl_s, self.clock = float(ttl_s), clock
         self.expires: float | None = None  # the expiry written last
+        self.lapsed: str | None = None  # why the lease is over (then for good): the text is gone
+        self.failures = 0  # renewals failed in a row (``keep``)
+        self.error: str | None = None  # the last one's error
+        self.ended = False  # the text closed: nothing more to keep
         self._lock = threading.Lock()
         self.renew()
 
     def renew(self) -> bool:
         """The text is being used: move its expiry on (a write, at most once a RENEW of the TTL).
         False when the expiry is past or near (GRACE): another server may have dropped the
-        namespace, so the text is gone and must be reopened; nothing is written then."""
+        namespace, so the text is gone and must be reopened; nothing is written then, nor ever
+        after. A StoreError if the write failed (``keep`` retries it)."""
         with self._lock:
+            if self.lapsed is not None:
+                return False
             now = self.clock()
             if self.expires is not None:
                 if now >= self.expires - GRACE * self.ttl_s:
+                    self.lapsed = self._why()
                     return False
                 if now < self.expires - (1 - RENEW) * self.ttl_s:
                     return True  # written less than a RENEW of the TTL ago
@@ -93,6 +109,84 @@ class Lease:
             self.store.upsert(self.ns, *expiry_document(self.schema, self.dim, at))
             self.expires = math.ceil(at)
             return True
+
+    def _why(self) -> str:
+        if self.failures:
+            return (f"its keys' lease could not be renewed ({self.failures} tries failed, the last: {self.error}), "
+                    f"so they expired and any server may drop them")
+        return f"it was unused past its TTL of {self.ttl_s:g} s, and its keys expired"
+
+    def keep(self) -> bool:
+        """``renew``, where a failed write is no end: it is logged (the first of a run, then each
+        tenth) and counted, and the next call tries again; the lease lapses only when the expiry
+        comes near with no write done. -> False once lapsed."""
+        if self.ended:
+            return True
+        try:
+            ok = self.renew()
+        except StoreError as e:
+            self.failures, self.error = self.failures + 1, str(e)
+            if self.failures % 10 == 1:
+                log.warning("renewing the lease of %s failed (%d in a row; tried again): %s", self.ns, self.failures, e)
+            return True
+        if not ok and self.failures:
+            log.error("the keys of %s expired: %s", self.ns, self.lapsed)
+        elif self.failures:
+            log.info("renewed the lease of %s after %d failed tries", self.ns, self.failures)
+        self.failures = 0 if ok else self.failures
+        return ok
+
+
+def keep_interval(ttl_s: float) -> float:
+    """How often the keeper renews the leases it holds: a sixteenth of the TTL (a write is due
+    every quarter: about five tries before one that fails lapses), within 0.05 s and 60 s."""
+    return min(60.0, max(0.05, ttl_s / 16))
+
+
+class Keeper:
+    """An engine's texts held by the server right now (waiting for a turn, working): their leases
+    renewed on one thread of its own, started while any is held."""
+
+    def __init__(self, ttl_s: float):
+        self.every = keep_interval(ttl_s)
+        self._held: dict[Lease, int] = {}  # lease -> blocks holding it (they nest)
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def holding(self, lease: Lease) -> Iterator[None]:
+        """The lease kept for the block, however long it lasts."""
+        with self._cond:
+            self._held[lease] = self._held.get(lease, 0) + 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="puffergpt-leases", daemon=True)
+                self._thread.start()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._held[lease] -= 1
+                if not self._held[lease]:
+                    del self._held[lease]
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait(self.every)
+                leases = list(self._held)
+                if not leases:  # nothing held: the thread goes, the next hold starts another
+                    self._thread = None
+                    return
+            for lease in leases:
+                try:
+                    lease.keep()
+                except Exception as e:  # a bug in one lease must not stop the others' renewals
+                    log.exception("keeping the lease of %s: %s", lease.ns, e)
+
+    def failing(self) -> int:
+        """Leases held now whose last renewal failed (``/metrics``)."""
+        with self._cond:
+            return sum(1 for lease in self._held if lease.failures)
 
 
 class Sweeper:

@@ -7,6 +7,12 @@ files hash, read in full at every start (mtimes are not trusted: bit rot leaves 
 alone), to the digests last found to match the manifest (the stamp under
 ``verified:KEY``). The read-back runs where the database may abort
 (``Store.read_isolated``): Qdrant aborts the process on some damaged files.
+
+The approximate index over the token vectors (``load --output-index``) is checked the same way:
+its files' digests are recorded in the manifest when it is built, and read in full by ``verify``
+and when an engine opens (``index_damage``); where the store can't digest them (a server's
+database), one approximate search must answer. Damage is refused naming
+``puffergpt load --output-index --repair`` (``index_message``), never with a traceback.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from puffergpt.model.checkpoints import GPT2Config
-from puffergpt.search.documents import ids, matrices, n_in_of, namespace, norms, whole_matrix
+from puffergpt.search.documents import PARTITION, doc_id, ids, matrices, n_in_of, namespace, norms, whole_matrix
 from puffergpt.stores.base import Query, ReaderDied, Store, StoreError
 
 BATCH = 2048  # documents a request writes or fetches
@@ -261,3 +267,47 @@ def counts_ok(store: Store, manifest: dict) -> bool:
 def verify(store: Store, m: dict, progress: bool = False) -> dict[str, str]:
     """Every matrix (or namespace, or the manifest) that does not match the manifest, with what is wrong."""
     return check(store, m, progress=progress)[0]
+
+
+# --- the approximate index over the token vectors ---
+
+def index_damage(store: Store, m: dict) -> str | None:
+    """What is wrong with the approximate index the manifest ``m`` records, or None (none recorded,
+    or it matches): its files against their digests where the store can read them (in full: bit
+    rot leaves the mtime alone), else one approximate search that must answer."""
+    info = m.get("indexes", {}).get("wte")
+    if info is None:
+        return None
+    ns, on, metric = m["matrices"]["wte"]["namespace"], (PARTITION, "wte"), m["metric"]
+    try:
+        if not store.has_index(ns, on, metric):
+            return "the manifest records it, the store does not hold it"
+        files = store.index_stamp(ns, on, metric)
+        want = info.get("files")
+        if files is not None and isinstance(want, dict):
+            return _files_differ(files, want)
+        q = store.fetch(ns, [doc_id("wte", 0)])[0]  # a token's own vector: the index must find one hit
+        hits = store.search_approximate(ns, on, [Query(q, top_k=1)], metric, ("row",), int(info.get("ef", 128)))
+        return None if len(hits.query) == 1 else f"a search through it returned {len(hits.query)} hits, not 1"
+    except StoreError as e:
+        return str(e)
+
+
+def _files_differ(got: dict, want: dict) -> str | None:
+    for name in sorted(set(got) | set(want)):
+        if name not in got:
+            return f"its file {name} is missing"
+        if name not in want:
+            return f"its file {name} was not there when it was built"
+        if got[name][0] != want[name][0]:
+            return (f"its file {name} holds {got[name][0]:,} bytes, {want[name][0]:,} when it was built "
+                    "(truncated or rewritten)")
+        if got[name][1] != want[name][1]:
+            return f"its file {name} does not match its digest (altered)"
+    return None
+
+
+def index_message(model: str, store: Store, why: str) -> str:
+    """What `puffergpt verify` says of a damaged index, and what an approximate search is refused with."""
+    return (f"the approximate index of model {model!r} over its token vectors is damaged ({why}): run "
+            f"`puffergpt load --model {model} {store.cli_args()} --output-index --repair` to build it again")

@@ -108,6 +108,12 @@ class SearchWeights:
         return self.enc.outputs(dist, q, self.M[name])  # (T, out)
 
     def attention_scores(self, layer, q, k, pos):
+        try:
+            return self._attention_scores(layer, q, k, pos)
+        except StoreError as e:  # the text's keys gone (swept, closed): said so, not as a store failure
+            raise self.session.explain(e) from e
+
+    def _attention_scores(self, layer, q, k, pos):
         if self.session.keys_ns is None:
             raise StoreError(
                 "these weights were opened for the embedding views (Engine.views): open a text to read tokens"

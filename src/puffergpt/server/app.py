@@ -83,6 +83,8 @@ async def lifespan(app: FastAPI):
         task.cancel()
     served.generations.stop_all()  # each ends within a token and closes what it holds
     served.texts.close_all()
+    if served.engine.reserve is not None:
+        served.engine.reserve.close()
 
 
 def create_app(engine: Engine, config: ServerConfig | None = None, reference: Callable[[], Run] | None = None,

@@ -1,6 +1,7 @@
 """How an error becomes a response, in one place: a ``TextError`` is the request's fault
 (400; 409 while the text generates), a text this server does not hold a 404 with the code
-``text_not_found`` (the page reopens it), a ``StoreError`` or an unreadable reference
+``text_not_found`` (the page reopens it), as is a text whose keys expired (``KeysExpired``: a
+503 ``text_expired`` on ``/v1``, whose request a retry runs again), a ``StoreError`` or an unreadable reference
 checkpoint the server's (503), a request the server ended (``streaming.Ended``: its limit,
 its shutdown) says why. Every error, on every path, has one shape, OpenAI's, which the
 OpenAPI document declares as ``ErrorBody``: ``{"error": {"message", "type", "param",
@@ -17,6 +18,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from puffergpt.model.checkpoints import CheckpointError
+from puffergpt.model.session import KeysExpired
 from puffergpt.server.openai.protocol import OpenAIError
 from puffergpt.server.streaming import Ended
 from puffergpt.stores.base import NoSpace, StoreError
@@ -67,6 +69,12 @@ async def text_not_found(_, e: TextNotFound) -> JSONResponse:
     return error(404, str(e), code="text_not_found")
 
 
+async def keys_expired(request: Request, e: KeysExpired) -> JSONResponse:
+    if openai_shaped(request.url.path):  # the request's own text: asking again opens another
+        return error(503, str(e), code="text_expired")
+    return error(404, str(e), code="text_not_found")
+
+
 async def store_error(request: Request, e: StoreError) -> JSONResponse:
     if isinstance(e, NoSpace):  # 507: the learner's texts are as they were; a retry after room is made works
         return refusal(request, 507, str(e), kind="server_error", code="insufficient_storage")
@@ -106,6 +114,7 @@ async def not_unicode(request: Request, e: UnicodeEncodeError) -> JSONResponse:
 
 
 HANDLERS = {OpenAIError: openai_error, TextError: text_error, TextNotFound: text_not_found, StoreError: store_error,
+            KeysExpired: keys_expired,
             CheckpointError: checkpoint_error, Ended: ended, HTTPException: http_error,
             RequestValidationError: invalid, UnicodeEncodeError: not_unicode}
 

@@ -26,6 +26,7 @@ from puffergpt.server.guards.auth import needs_key
 from puffergpt.server.playground.responses import WHY
 
 OPENAPI_URL = "/openapi.json"
+TAG_LIKE = re.compile(r"[a-z][a-z0-9-]{0,31}")  # what an unknown ?tags= value may be shown as: a word, never more
 TAGS = [  # the groups of operations, in the document's order
     {"name": "notebook", "description": "The learner's notebook of insights: save, list, read and replay. "
                                         "An action imports these alone: /openapi.json?tags=notebook"},
@@ -112,6 +113,16 @@ def tagged(doc: dict, tags: set[str]) -> dict:
     return out
 
 
+def unknown(tags: set[str]) -> str:
+    """Tags no operation has, as an error may show them: a short tag-like word as it is, anything
+    else (a long or odd value) counted, never echoed back."""
+    if not tags:
+        return "(none given)"
+    shown = sorted(t for t in tags if TAG_LIKE.fullmatch(t))[:5]
+    hidden = len(tags) - len(shown)
+    return ", ".join(shown + ([f"{hidden} other value{'s' if hidden > 1 else ''} (not shown)"] if hidden else []))
+
+
 def document(app: FastAPI, server: str, tags: str | None, keys: bool = False) -> dict:
     """The document served at ``server`` (an absolute URL); ``tags`` (comma-separated) keep
     only their operations; ``keys``: the server wants an API key. ValueError for a tag no
@@ -121,7 +132,7 @@ def document(app: FastAPI, server: str, tags: str | None, keys: bool = False) ->
         wanted = {t.strip() for t in tags.split(",") if t.strip()}
         known = {t for item in doc["paths"].values() for op in item.values() for t in op.get("tags", ())}
         if not wanted or wanted - known:
-            raise ValueError(f"tags: no operations are tagged {', '.join(sorted(wanted - known)) or '(none given)'}; "
+            raise ValueError(f"tags: no operations are tagged {unknown(wanted - known)}; "
                              f"the tags are {', '.join(sorted(known))}")
         doc = tagged(doc, wanted)
     doc["servers"] = [{"url": server, "description": "this server"}]

@@ -79,6 +79,9 @@ SERVER: tuple[Setting, ...] = (
                         "state or costs work; repeat for more [env PUFFERGPT_API_KEY, keys separated by commas] "
                         "(docs/deploy.md#keys)", (), tuple[str, ...], "--api-key", env="PUFFERGPT_API_KEY",
             metavar="KEY", check="puffergpt.server.guards.auth:check_key", secret=True, to=("config",)),
+    Setting("api_key_file", "read the keys from this file, one a line (# comments), beside --api-key: unlike a "
+                            "flag, never seen in `ps` (docs/deploy.md#keys)", None, Path | None, "--api-key-file",
+            metavar="PATH", check="puffergpt.server.guards.auth:check_key_file"),
     Setting("public_read_only", "anyone may generate; the notebook's writes need the key (with none set: no one "
                                 "may write)", False, bool, "--public-read-only", to=("config",)),
     Setting("no_auth", "on an address other machines reach, without a key: let anyone do anything, notebook "

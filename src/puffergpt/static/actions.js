@@ -120,7 +120,9 @@ async function streamed(body, seen) {
     else if (event === "done") {
       done = data;
       applyText(data.text);
-    } else if (event === "error") throw new Error(data.detail);
+    } else if (event === "error") {
+      throw Object.assign(new Error(data.detail), { expired: data.code === "text_not_found" }); // reopened, carried on
+    }
   }));
   return done;
 }
@@ -131,8 +133,9 @@ async function generation(body, first, seen) {
   try {
     return await streamed(body, seen);
   } catch (e) {
-    if (!e.lost || S.stopping) throw e;
-    setStatus(`the server went away after ${seen.got} token${seen.got === 1 ? "" : "s"}: carrying on…`);
+    if (!(e.lost || e.expired) || S.stopping) throw e;
+    const why = e.expired ? "the text expired on the server" : "the server went away";
+    setStatus(`${why} after ${seen.got} token${seen.got === 1 ? "" : "s"}: carrying on…`);
     await withText(async () => applyText(await api("GET", textPath(S.textId))));
     const left = body.max_tokens - (S.length - first);
     return left > 0 ? streamed({ ...body, max_tokens: left }, seen) : null;

@@ -48,8 +48,8 @@ async function send(path, opts) {
   }
 }
 
-export async function api(method, path, body) {
-  const opts = { method, headers: {} };
+export async function api(method, path, body, headers = {}) {
+  const opts = { method, headers: { ...headers } };
   if (body !== undefined) {
     opts.headers["content-type"] = "application/json";
     opts.body = JSON.stringify(body);

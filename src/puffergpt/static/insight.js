@@ -144,6 +144,10 @@ function pageTexts(ev, extra) {
 // --- the form ----------------------------------------------------------------------
 
 let pending = null; // the evidence the open form will save
+// A save's Idempotency-Key (getRandomValues: randomUUID needs https): a retry after a failure sends
+// the same one, and gets the insight that save wrote, never a second one.
+const newKey = () => Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, "0")).join("");
+let saveKey = newKey();
 let onSaved = () => {};
 export function whenSaved(fn) { onSaved = fn; }
 
@@ -151,6 +155,7 @@ const tagsOf = (s) => s.split(/[\s,]+/).filter(Boolean);
 
 function open(evidence, texts, what) {
   pending = evidence;
+  saveKey = newKey(); // one save: a retry after a failure sends it again
   $("insight-what").textContent = what;
   $("insight-evidence").textContent = readable(evidence, texts);
   $("insight-json").textContent = JSON.stringify(evidence, null, 1);
@@ -168,11 +173,13 @@ async function save() {
   $("insight-save").disabled = true;
   result.replaceChildren(h("p", { class: "placeholder", text: "saving and committing…" }));
   try {
-    const r = await api("POST", "/api/insights", { title, body: $("insight-body").value, tags: tagsOf($("insight-tags").value), evidence: pending });
+    const r = await api("POST", "/api/insights", { title, body: $("insight-body").value, tags: tagsOf($("insight-tags").value), evidence: pending },
+      { "Idempotency-Key": saveKey });
     result.replaceChildren(h("p", { class: "insight-saved" },
       "Saved as ", h("code", { class: "insight-path", text: r.path }), " in the notebook, commit ",
       h("code", { class: "insight-commit", title: r.commit || "", text: r.commit ? r.commit.slice(0, 12) : "none" }), "."));
     for (const id of ["insight-title", "insight-body", "insight-tags"]) $(id).value = "";
+    saveKey = newKey(); // the next save is another insight
     onSaved(r);
   } catch (e) {
     $("insight-save").disabled = false;

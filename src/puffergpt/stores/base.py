@@ -36,6 +36,7 @@ import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -486,6 +487,16 @@ class Store(ABC):
         return self._has_index(ns, self._on(on, self.layout(ns)), metric)
 
     @_serial
+    def index_stamp(self, ns: str, on: tuple[str, str], metric: str) -> dict | None:
+        """{file: [size, digest]} of the approximate index's files, read in full (bit rot leaves
+        the mtime alone), recorded in the manifest when it is built and checked by ``verify`` and
+        at the start (``verify.index_damage``); None where the store can't say (a server's
+        database, whose files are its own) or where no index is built."""
+        layout = self.layout(ns)
+        self._check_metric(metric)
+        return self._index_stamp(ns, self._on(on, layout), metric)
+
+    @_serial
     def search_approximate(self, ns: str, on: tuple[str, str], queries: Sequence[Query], metric: str,
                            include: Sequence[str] = (), ef: int = 128) -> Hits:
         """Approximate top-k through the index ``build_index`` made: each query's ``top_k`` hits
@@ -517,6 +528,9 @@ class Store(ABC):
     def _has_index(self, ns, on, metric) -> bool:
         return False
 
+    def _index_stamp(self, ns, on, metric) -> dict | None:
+        return None
+
     def _search_approximate(self, ns, layout, on, queries, metric, include, ef) -> Hits:
         """The searches; NoIndex where none is built (checked here, not by a request of its own
         before every search: the output search costs one request, as the exact one does)."""
@@ -537,6 +551,12 @@ class Store(ABC):
         store is not read again through the database until they change), or None where the
         store can't say: a database on a server, whose files are its own (those are checked by
         count on open, and read in full by `puffergpt verify`)."""
+        return None
+
+    def reserve_path(self) -> Path | None:
+        """A directory of this process's, on the disk its memory-mapped writes go to, where a server
+        holds a reserve of free space (``search/space.Reserve``), removed with the store's leftovers;
+        None where the store writes through no memory map of this machine (a server's database)."""
         return None
 
     def release(self, namespaces: Sequence[str]) -> None:  # noqa: B027 - optional: nothing to release by default

@@ -19,7 +19,7 @@ The data directory (one process at a time; ``datadir.Home``):
     zvec/             the weights on zvec (zvec.py)
     zvec-index/       approximate (HNSW) indexes over the token vectors, where built (zvec.py)
     qdrant/           the weights on Qdrant Edge, where zvec can't run (qdrant_edge.py)
-    tmp/              a text's keys, wiped at open
+    tmp/              a text's keys, and a server's reserve of free space (search/space.py), wiped at open
 
 A data directory made by an earlier puffergpt (``edge/``, or the zvec study's ``zvec/`` without
 a format.json) is refused with the commands that rebuild it; one made in one mode and opened in
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shlex
 import shutil
 from pathlib import Path
@@ -124,6 +125,9 @@ class EmbeddedStore(Store):
     def _has_index(self, ns, on, metric):
         return not self.fallback and self.weights._has_index(ns, on, metric)
 
+    def _index_stamp(self, ns, on, metric):
+        return None if self.fallback else self.weights._index_stamp(ns, on, metric)
+
     def _search_approximate(self, ns, layout, on, queries, metric, include, ef):
         return self._indexer()._search_approximate(ns, layout, on, queries, metric, include, ef)
 
@@ -158,6 +162,10 @@ class EmbeddedStore(Store):
 
     def free_bytes(self) -> int:
         return shutil.disk_usage(self.root).free
+
+    def reserve_path(self) -> Path:
+        """Under tmp/, which the next process to hold the directory wipes (a killed server's too)."""
+        return self.texts.tmp / f".reserve-{os.getpid()}"
 
     def disk_bytes(self) -> int:
         """Bytes of this store's files (weights, keys, metadata), not those of others sharing

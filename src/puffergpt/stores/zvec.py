@@ -623,19 +623,32 @@ class ZvecStore(datadir.NamespaceDirs, Store):
             raise _error(f"build an index over {ns} {on[0]}={on[1]}", e) from None
         return built
 
+    def _index_stamp(self, ns, on, metric):
+        d = self._index_dir(ns, on, metric)
+        if not (d / BUILT).exists():
+            return None
+        return datadir.fingerprint([d], self.root, _file_digest, skip=("LOCK",))
+
     def _index(self, ns: str, on: tuple[str, str], metric: str) -> tuple[object, float, dict, int]:
         """The index's collection, opened read-only once (searches share it), its vectors' length M,
-        the copies left out of its graph (first copy's slot -> the others' slots), its vectors' count."""
+        the copies left out of its graph (first copy's slot -> the others' slots), its vectors' count.
+        Files that can't be read are a StoreError naming them and the command that builds it again."""
         k = (ns, on, metric)
         with self.lock:
             if k not in self._indexes:
                 d = self._index_dir(*k)
                 if not (d / BUILT).exists():
                     raise NoIndex(f"the embedded store has no approximate index over {ns} {on[0]}={on[1]}")
-                built = json.loads((d / BUILT).read_text())
-                copies = _groups(*np.load(d / COPIES))
-                self._indexes[k] = (zvec.open(str(d / "col"), zvec.CollectionOption(read_only=True)),
-                                    float(built["M"]), copies, int(built["distinct"]))
+                try:
+                    built = json.loads((d / BUILT).read_text())
+                    copies = _groups(*np.load(d / COPIES))
+                    M, distinct = float(built["M"]), int(built["distinct"])
+                    col = zvec.open(str(d / "col"), zvec.CollectionOption(read_only=True))
+                except Exception as e:  # garbage in built.json, a truncated file: zvec's RuntimeError
+                    raise StoreError(f"the approximate index of {ns} {on[0]}={on[1]} in {d} can't be read "
+                                     f"({type(e).__name__}: {e}): it is damaged; build it again "
+                                     "(`puffergpt load --model M --output-index --repair`)") from None
+                self._indexes[k] = (col, M, copies, distinct)
             return self._indexes[k]
 
     def _close_index(self, ns: str, on: tuple | None = None, metric: str | None = None) -> None:
@@ -858,8 +871,10 @@ def _index_digest(p: Path) -> str:
 
 
 def _rewritten(p: Path) -> list[tuple[int, int]]:
-    """(offset, length) of what zvec rewrites in a Flat index file at every close, in order; []
-    where the file is not the one meta section with its footer where zvec 0.8.0 puts it."""
+    """(offset, length) of what zvec rewrites in a Flat index file (or an HNSW graph's: the same
+    footer, and the update time at byte 96 of its 'HnswT2S0' segment, beside its creation time)
+    at every close, in order; [] where the file is not the one meta section with its footer
+    where zvec 0.8.0 puts it."""
     with open(p, "rb") as f:
         head = f.read(_HEADER.size)
         if len(head) < _HEADER.size:
@@ -876,6 +891,9 @@ def _rewritten(p: Path) -> list[tuple[int, int]]:
         table = f.read(table_size)
     for i in range(count):
         id_at, _, index, size, _ = _SEGMENT.unpack_from(table, i * _SEGMENT.size)
-        if table[id_at:table.index(b"\0", id_at)] == b"flat.linear_meta" and size >= 16:
+        name = table[id_at:table.index(b"\0", id_at)]
+        if name == b"flat.linear_meta" and size >= 16:
             return [(foff, 4), (foff + 48, 8), (content + index + 8, 8)]
+        if name == b"HnswT2S0" and size >= 104:  # an HNSW graph's file (the approximate index): its update time
+            return [(foff, 4), (foff + 48, 8), (content + index + 96, 8)]
     return []

@@ -80,7 +80,8 @@ class Texts:
                 self.close(text_id)
             except KeyError:
                 pass  # closed meanwhile
-            raise TextNotFound(f"text {text_id!r} was unused past its TTL and is closed: reopen it from its token ids")
+            raise TextNotFound(f"text {text_id!r} expired (its keys were unused past their TTL, or their lease could "
+                               "not be renewed) and is closed: reopen it from its token ids")
         return text
 
     def close(self, text_id: str) -> None:

@@ -1,5 +1,6 @@
 """Who may use the server, in one place: ``serve --api-key KEY`` (repeatable, or
-``PUFFERGPT_API_KEY``, keys separated by commas), ``--public-read-only`` and ``--no-auth``.
+``PUFFERGPT_API_KEY``, keys separated by commas, or ``--api-key-file PATH``, one a line: the
+two a process's command line never shows), ``--public-read-only`` and ``--no-auth``.
 ``Auth`` (a middleware, after the cross-site checks and before any route reads a body)
 applies the rule to every request:
 
@@ -22,11 +23,16 @@ Keys are compared in constant time (``hmac.compare_digest``), against every key.
 from __future__ import annotations
 
 import hmac
+import logging
+import os
+from pathlib import Path
 
 from starlette.datastructures import Headers
 
 from puffergpt.server.errors import refuse
 from puffergpt.server.guards.hosts import is_loopback
+
+log = logging.getLogger("puffergpt")
 
 UNSAFE = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 NOTEBOOK = "/api/insights"
@@ -45,6 +51,30 @@ def check_key(key: str) -> str:
         raise ValueError("an API key is visible ASCII characters without spaces or commas (commas separate "
                          "keys in PUFFERGPT_API_KEY)")
     return key
+
+
+def read_key_file(path: Path) -> tuple[str, ...]:
+    """The keys in a file, one a line (blank lines and ``#`` comments left out), each checked as
+    ``--api-key``'s; ValueError naming the file (never a key) if it can't be read or holds none."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"can't read the key file {path}: {e}") from None
+    keys = [s for s in (line.strip() for line in lines) if s and not s.startswith("#")]
+    if not keys:
+        raise ValueError(f"the key file {path} holds no key (one a line; lines starting with # are comments)")
+    try:
+        return tuple(check_key(k) for k in keys)
+    except ValueError as e:
+        raise ValueError(f"in the key file {path}: {e}") from None
+
+
+def check_key_file(path: Path) -> Path:
+    """``--api-key-file``: a file that holds keys (``read_key_file``); a warning where others may read it."""
+    read_key_file(path)
+    if os.stat(path).st_mode & 0o077:
+        log.warning("the key file %s can be read by other users: chmod 600 %s", path, path)
+    return path
 
 
 def check_exposure(host: str, keys: tuple[str, ...], public_read_only: bool, no_auth: bool) -> None:

@@ -16,6 +16,7 @@ from fastapi.responses import StreamingResponse
 
 from puffergpt.app.completion import Piece, Usage, choice_pieces
 from puffergpt.model import tokenizer
+from puffergpt.model.session import KeysExpired
 from puffergpt.server.openai.protocol import (
     CommonBody,
     OpenAIError,
@@ -95,6 +96,9 @@ def streamed(generations: Generations, produce: Callable[[threading.Event], Iter
     def safe(stop: threading.Event) -> Iterator[str]:
         try:
             yield from produce(stop)
+            yield DONE
+        except KeysExpired as e:
+            yield _sse(OpenAIError(503, str(e), code="text_expired", kind="server_error").body())
             yield DONE
         except (TextError, StoreError) as e:
             yield _sse(OpenAIError(400 if isinstance(e, TextError) else 503, str(e),

@@ -15,7 +15,9 @@
   transcript (``openai_bodies.chat_prompt``) and lets the model continue the assistant's turn,
   stopping at the next turn's prefix.
 - A request's work is counted before anything runs (``check_work``: tokens read, scored
-  and written over its choices, at most ``--max-request-tokens``); a completion still
+  and written over its choices, at most ``--max-request-tokens``; and the seconds they would
+  take at the engine's measured pace, at most ``--max-request-seconds``: a 400 naming both
+  limits, up front, ``search/pace.py``); a completion still
   running after ``--max-request-seconds``, or at shutdown, is ended (``streaming.py``):
   an error, and ``[DONE]`` when streamed. Whole answers stop when the client goes, too.
 - Every error on ``/v1`` has OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``
@@ -35,6 +37,7 @@ from pydantic import BaseModel, ValidationError
 from puffergpt.model import tokenizer
 from puffergpt.model.info import model_name
 from puffergpt.search.engine import Engine
+from puffergpt.search.pace import Work
 from puffergpt.server.bodies import BodyError, parse_json
 from puffergpt.server.openai.protocol import (
     ERROR_RESPONSES,
@@ -153,11 +156,15 @@ def opener(engine: Engine, body: CommonBody):
     return partial(engine.open, output_search=body.output_search)
 
 
-def check_work(config: ServerConfig, lengths: list[int], choices: int, max_tokens: int, scored: bool) -> None:
+def check_work(engine: Engine, config: ServerConfig, lengths: list[int], choices: int, max_tokens: int,
+               scored: bool) -> None:
     """The request's bound on work, before anything runs: the tokens its choices compute (each
     prompt token read, again each scored over the whole vocabulary with echo and logprobs,
-    each new one), at most ``config.max_request_tokens``."""
+    each new one), at most ``config.max_request_tokens``; and the time they would take at the
+    engine's measured pace (``search/pace.py``), at most ``config.max_request_s``."""
     work = choices * sum(n * (2 if scored else 1) + max_tokens for n in lengths)
+    check_time(engine, config, Work(choices * sum(lengths), choices * sum(lengths) if scored else 0,
+                                    choices * len(lengths) * max_tokens), work)
     if work > config.max_request_tokens:
         how = " read and scored over the whole vocabulary (echo with logprobs)" if scored else " read"
         raise OpenAIError(400, f"this request would compute {work:,} tokens ({len(lengths)} prompt(s) of "
@@ -166,6 +173,24 @@ def check_work(config: ServerConfig, lengths: list[int], choices: int, max_token
                                f"{config.max_request_tokens:,} a request (puffergpt serve --max-request-tokens): "
                                "send fewer or shorter prompts a request (lm-eval: a smaller --batch_size), "
                                "or fewer choices or new tokens", "prompt", "request_too_large")
+
+
+PACE_UNITS = {"read": "prompt token read", "scored": "position scored", "new": "new token"}
+
+
+def check_time(engine: Engine, config: ServerConfig, work: Work, tokens: int) -> None:
+    """A 400 naming both limits for work inside the token budget that could not finish in time."""
+    limit = config.max_request_s
+    seconds = engine.pace.estimate(work) if limit else None
+    if seconds is None or seconds <= limit or tokens > config.max_request_tokens:
+        return  # nothing measured yet, in time, or over the budget (said next)
+    pace = ", ".join(f"{s * 1e3:,.1f} ms a {PACE_UNITS[k]}" for k, s in engine.pace.seconds().items())
+    raise OpenAIError(400, f"this request would compute {tokens:,} tokens, within this server's "
+                           f"{config.max_request_tokens:,} a request (puffergpt serve --max-request-tokens), but "
+                           f"take about {seconds:,.0f} s at its measured pace ({pace}), over its limit of "
+                           f"{limit:g} s a request (puffergpt serve --max-request-seconds): send fewer or shorter "
+                           "prompts a request (lm-eval: a smaller --batch_size), or fewer choices or new tokens",
+                      "prompt", "request_too_long")
 
 
 # --- the routes ---
@@ -205,7 +230,8 @@ async def completions(body: Annotated[CompletionBody, Depends(body_of(Completion
     for ids in prompts:
         check_prompt(engine, config, ids, body, body.new_tokens())
     open_run = opener(engine, body)
-    check_work(config, list(map(len, prompts)), best_of, body.new_tokens(), body.echo and body.logprobs is not None)
+    check_work(engine, config, list(map(len, prompts)), best_of, body.new_tokens(),
+               body.echo and body.logprobs is not None)
     how = Choices(open_run, engine.config.n_vocab, body, body.new_tokens(), body.stop,
                   body.needs_full() or best_of > n, body.echo, body.logprobs, clocked(request, sum(map(len, prompts))))
     reply = Reply(f"cmpl-{uuid.uuid4().hex[:24]}", "text_completion", model_name(engine.model))
@@ -224,7 +250,7 @@ async def chat(body: Annotated[ChatBody, Depends(body_of(ChatBody))], engine: En
     assistant, stopping at the next turn."""
     ids = tokenizer.encode(chat_prompt(body.messages))
     check_prompt(engine, config, ids, body, body.new_tokens())
-    check_work(config, [len(ids)], body.n or 1, body.new_tokens(), False)
+    check_work(engine, config, [len(ids)], body.n or 1, body.new_tokens(), False)
     how = Choices(opener(engine, body), engine.config.n_vocab, body, body.new_tokens(), body.stop + TURN_STOPS,
                   body.needs_full(), False, body.top_logprobs_k(), clocked(request, len(ids)))
     reply = Reply(f"chatcmpl-{uuid.uuid4().hex[:24]}", "chat.completion.chunk", model_name(engine.model))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from pydantic import Field, StringConstraints
 
 from puffergpt import notebook as nb
@@ -75,12 +75,15 @@ NO_INSIGHT = {404: "no insight with this id"}
              summary="Save an insight to the notebook",
              responses=errors(*BODY, 401, 409, 503, why=UNREADABLE | {400: "a bad title, body, tag or evidence: the "
                                                                            "message names it"}))
-def save(body: InsightBody, b: BookDep) -> dict:
-    """Save what the learner understood as an insight: one Markdown file and one git commit
-    in their notebook. Give a short title, the learner's words as body, and one-word tags.
-    Returns the new insight's id, file path and commit."""
+def save(body: InsightBody, b: BookDep,
+         idempotency_key: Annotated[str | None, Header(description="any unique string (a UUID): a save retried "
+                                                                   "with the same key returns the same insight, "
+                                                                   "never a second one")] = None) -> dict:
+    """Save what the learner understood as an insight: one Markdown file and one git commit in
+    their notebook. Give a short title, the learner's words as body, and one-word tags. A retry
+    with the same Idempotency-Key returns the first save's insight."""
     with http_errors():
-        ins = b.notebook.save(body.title, body.body, body.tags, body.evidence)
+        ins = b.notebook.save(body.title, body.body, body.tags, body.evidence, key=idempotency_key)
     return ins.summary()
 
 

@@ -24,6 +24,7 @@ from puffergpt.app.protocol import (
 from puffergpt.lens import inspector, output_search, views
 from puffergpt.model import tokenizer
 from puffergpt.model.sampling import Sampling
+from puffergpt.model.session import KeysExpired
 from puffergpt.server.bodies import (
     AblateBody,
     AppendBody,
@@ -154,6 +155,8 @@ def generation_events(t: Text, n: int, s: Sampling, inspect: int, stop: threadin
             done = text_json(t, full=False)  # each step came with its token: not again
         yield sse("done", {"tokens": count, "requests": requests, "ms": round((time.perf_counter() - t0) * 1e3, 1),
                            "stopped": stop.is_set(), "text": done})
+    except KeysExpired as e:  # gone on every server alike: the page reopens the text and carries on
+        yield sse("error", {"detail": str(e), "code": "text_not_found"})
     except (TextError, StoreError) as e:
         yield sse("error", {"detail": str(e)})
 

@@ -4,14 +4,18 @@
 - ``GET /ready``: readiness: the store answers a search of one row of the model
   (``Engine.probe``) and still holds the manifest this server opened, complete and current
   (``manifest.read_manifest``; ``serve`` checked the documents against it when it started):
-  200 ``{"status": "ready"}``, else 503 ``{"status": "unavailable", "reason": ...}``;
+  200 ``{"status": "ready"}``, else 503 ``{"status": "unavailable", "reason": ...}``. Always
+  within about READY_S, however busy the process (``Ready``): one probe at a time, on a thread
+  of its own (never the pool the generations' work queues on); one slower than that leaves
+  the answer to the last probe, if it was within RECENT_S (a balancer's check under load);
 - ``GET /metrics``: Prometheus' text format, from the maintained ``prometheus_client``, in a
   registry of the app's own: HTTP requests answered (method, route, status: a refusal before
   routing, a 401 or 403, under the route it was refused from), tokens the generations wrote,
   the prompt tokens they read and the generated tokens by route, the time to a generation's
   first token and between its tokens (histograms, by route), requests to the store (op,
   outcome) and their seconds (a histogram), texts running, queued and open, the texts'
-  searches asked and merged; the served model in a ``model`` label on the generation's figures
+  searches asked and merged, the texts whose keys' lease renewals are failing
+  (``sweeper.Keeper``); the served model in a ``model`` label on the generation's figures
   and ``puffergpt_model_info``. No ``*_created`` samples (a start time each, which a dashboard
   never plots: ``disable_created_metrics``). Behind ``serve --workers N`` the front adds the
   workers' up (``front.py``). ``docs/grafana-dashboard.json`` plots them.
@@ -20,8 +24,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
@@ -44,7 +50,8 @@ from puffergpt.search.engine import Engine
 from puffergpt.server.state import ServedDep
 from puffergpt.texts.registry import Texts
 
-READY_S = 5.0  # /ready waits this long for the store: a balancer's probe must not hang
+READY_S = 1.0  # /ready waits this long for a probe of the store: a balancer's check (2 s, say) must not time out
+RECENT_S = 10.0  # past READY_S, a probe that said ready this recently still does: the store is busy, not down
 STORE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 # a first token reads the whole prompt (a prefill) and may wait its turn; the next ones cost a decode each
 FIRST_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
@@ -73,6 +80,9 @@ class EngineCollector:
         yield GaugeMetricFamily("puffergpt_texts_running", "texts generating now", value=s["running"])
         yield GaugeMetricFamily("puffergpt_texts_queued", "texts waiting their turn to generate", value=s["queued"])
         yield GaugeMetricFamily("puffergpt_texts_open", "texts open on this server", value=len(self.texts))
+        yield GaugeMetricFamily("puffergpt_text_leases_failing", "texts held now whose keys' last lease renewal "
+                                "failed (retried; the text expires if it keeps failing)",
+                                value=self.engine.keeper.failing())
         yield CounterMetricFamily("puffergpt_text_searches", "searches the texts asked (several may share one "
                                                              "store request)", value=s["searches"]["asks"])
         yield CounterMetricFamily("puffergpt_text_searches_merged", "searches answered by a store request shared "
@@ -200,14 +210,49 @@ READY_RESPONSES = {200: {"model": Readiness, "description": '`{"status": "ready"
                                                              'failed, or no longer holds the model served'}}
 
 
+class Ready:
+    """An app's readiness probes: one at a time, each on a thread of its own; callers meanwhile
+    share it. ``answer``: why not ready (None: ready), within READY_S."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self._lock = threading.Lock()
+        self._probe: Future | None = None
+        self.last: tuple[float, str | None] | None = None  # (monotonic time, why) of the last probe done
+
+    def _started(self) -> Future:
+        with self._lock:
+            if self._probe is None or self._probe.done():
+                self._probe = f = Future()
+                threading.Thread(target=self._run, args=(f,), name="puffergpt-ready", daemon=True).start()
+            return self._probe
+
+    def _run(self, f: Future) -> None:
+        why = "the readiness probe failed"
+        try:
+            why = readiness(self.engine)
+        finally:
+            self.last = (time.monotonic(), why)
+            f.set_result(why)
+
+    async def answer(self) -> str | None:
+        probe = asyncio.wrap_future(self._started())
+        done, _ = await asyncio.wait({probe}, timeout=READY_S)  # never cancels the probe: the next call shares it
+        if done:
+            return probe.result()
+        if self.last is not None and self.last[1] is None and time.monotonic() - self.last[0] < RECENT_S:
+            return None  # busy, not down: it answered a moment ago
+        return f"the store did not answer within {READY_S:g} s"
+
+
 @router.get("/ready", operation_id="ready", summary="Readiness: the store answers a one-row search",
             responses=READY_RESPONSES)
-async def ready(served: ServedDep) -> JSONResponse:
+async def ready(served: ServedDep, request: Request) -> JSONResponse:
     """Readiness: the store answers a one-row search, and holds the manifest served."""
-    try:
-        why = await asyncio.wait_for(asyncio.to_thread(readiness, served.engine), READY_S)
-    except TimeoutError:
-        why = f"the store did not answer within {READY_S:.0f} s"
+    state = request.app.state
+    if getattr(state, "readiness", None) is None:
+        state.readiness = Ready(served.engine)
+    why = await state.readiness.answer()
     if why is not None:
         return JSONResponse({"status": "unavailable", "reason": why}, status_code=503)
     return JSONResponse({"status": "ready"})

@@ -245,6 +245,7 @@ def worker_main() -> None:
         app = create_app(engine, config, reference=lambda: Run(NumpyWeights(checkpoints.load(spec.model))),
                          notebook=notebook)
         engine.ready_texts(spec.max_running)
+        engine.hold_reserve()
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         print(json.dumps({"port": sock.getsockname()[1]}), flush=True)
