@@ -12,6 +12,7 @@ import click
 
 from puffergpt.app.protocol import MAX_CONTEXT_CHARS, step_line
 from puffergpt.cli.options import (
+    ENGINE,
     MODEL_HELP,
     BackendCommand,
     clear_errors,
@@ -29,8 +30,7 @@ from puffergpt.model.sampling import Sampling
 @click.argument("prompt")
 @click.option("--model", default=None,
               help=MODEL_HELP + " [default: gpt2, or the demo model when GPT-2 small can't be had]")
-@click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
-              help="search: every product a vector search; reference: the numpy GPT-2")
+@ENGINE
 @option("backend")
 @option("data_dir")
 @option("output_search")
@@ -209,8 +209,7 @@ def analogy(a, b, c, model, backend, backend_settings, data_dir, k, as_json) -> 
 @click.argument("word")
 @click.argument("prompts", nargs=-1)
 @click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
-@click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
-              help="search: every product a vector search; reference: the numpy GPT-2")
+@ENGINE
 @option("backend")
 @option("data_dir")
 @click.option("--control", default=None, metavar="PROMPT",
@@ -283,8 +282,7 @@ def render_contexts(got: dict) -> None:
 @click.argument("head", metavar="L.H")
 @click.argument("prompt")
 @click.option("--model", default=None, help=MODEL_HELP + " [default: as serve]")
-@click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
-              help="search: every product a vector search; reference: the numpy GPT-2")
+@ENGINE
 @option("backend")
 @option("data_dir")
 @click.option("--json", "as_json", is_flag=True,

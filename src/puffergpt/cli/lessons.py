@@ -8,6 +8,7 @@ import json
 import click
 
 from puffergpt.cli.options import (
+    ENGINE,
     MODEL_HELP,
     BackendCommand,
     clear_errors,
@@ -16,9 +17,6 @@ from puffergpt.cli.options import (
     option,
     resolve_model,
 )
-
-ENGINE = click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
-                      help="search: every product a vector search; reference: the numpy GPT-2")
 
 
 @click.command(cls=BackendCommand)

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 MODEL_HELP = "gpt2 (downloaded once), demo (ships with puffergpt), another GPT-2 family name, or a checkpoint directory"
 SERVING = "serving.json"  # written by serve in its data directory: where it listens, for the other commands
+# The engine a command asks: the searches, or the numpy GPT-2 they are held to.
+ENGINE = click.option("--engine", type=click.Choice(["search", "reference"]), default="search", show_default=True,
+                      help="search: every product a vector search; reference: the numpy GPT-2")
 
 
 def fail(msg: str) -> NoReturn:

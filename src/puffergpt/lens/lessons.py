@@ -21,9 +21,8 @@ from pathlib import Path
 
 import yaml
 
-from puffergpt.lens import lesson_checks  # noqa: F401  (registers the checks)
+from puffergpt.lens import lesson_checks, patching  # noqa: F401  (lesson_checks registers the checks)
 from puffergpt.lens.lab import CHECKS, Lab
-from puffergpt.model import tokenizer
 from puffergpt.model.checkpoints import GPT2Config
 from puffergpt.model.session import Run
 from puffergpt.texts.text import TextError
@@ -155,15 +154,7 @@ def get(lesson_id, extra: Path | None = None) -> Lesson:
 
 
 def check_prompt(prompt) -> list[int]:
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise TextError("a lesson's prompt must be some text")
-    if len(prompt) > MAX_LESSON_PROMPT:
-        raise TextError(f"a lesson's prompt has at most {MAX_LESSON_PROMPT} characters, this one {len(prompt)}")
-    ids = tokenizer.encode(prompt)
-    if len(ids) > MAX_LESSON_TOKENS:
-        raise TextError(f"a lesson's prompt has at most {MAX_LESSON_TOKENS} tokens, this one {len(ids)}: each step "
-                        "reads it again")
-    return ids
+    return patching.bounded_ids(prompt, "lesson's", MAX_LESSON_PROMPT, MAX_LESSON_TOKENS, "each step reads it again")
 
 
 def run(lesson: Lesson, open_run: Callable[[], Run], config: GPT2Config, prompt: str | None = None) -> dict:

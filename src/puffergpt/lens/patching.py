@@ -110,16 +110,22 @@ def one_token(word, what: str) -> int:
     return ids[0]
 
 
-def prompt_ids(prompt, what: str) -> list[int]:
-    if not isinstance(prompt, str) or not prompt:
+def bounded_ids(prompt, what: str, max_chars: int, max_tokens: int, why: str) -> list[int]:
+    """The prompt's token ids, refused by name when it is empty or past its bounds (a lesson's and
+    patching's prompts each cost one forward pass per step, position or head: ``why``)."""
+    if not isinstance(prompt, str) or not prompt.strip():
         raise TextError(f"the {what} prompt is empty: give some text")
-    if len(prompt) > MAX_PATCH_CHARS:
-        raise TextError(f"the {what} prompt has {len(prompt)} characters, over {MAX_PATCH_CHARS}")
+    if len(prompt) > max_chars:
+        raise TextError(f"the {what} prompt is {len(prompt)} characters; at most {max_chars} characters")
     ids = tokenizer.encode(prompt)
-    if len(ids) > MAX_PATCH_TOKENS:
-        raise TextError(f"the {what} prompt is {len(ids)} tokens, over {MAX_PATCH_TOKENS}: each position of each "
-                        "layer is a forward pass of its own")
+    if len(ids) > max_tokens:
+        raise TextError(f"the {what} prompt is {len(ids)} tokens; at most {max_tokens} tokens: {why}")
     return ids
+
+
+def prompt_ids(prompt, what: str) -> list[int]:
+    return bounded_ids(prompt, what, MAX_PATCH_CHARS, MAX_PATCH_TOKENS,
+                       "each position of each layer is a forward pass of its own")
 
 
 def check_prompts(clean, corrupt) -> tuple[list[int], list[int]]:
